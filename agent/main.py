@@ -1,0 +1,349 @@
+"""The node agent: takes commands as JSON lines on stdin, reports as JSON lines on stdout.
+
+Policy: the console owns restarts and cross-node decisions; the agent owns its node's processes.
+When a rank fails, the agent stops its node-local siblings at once (the console stops the other
+nodes). When stdin closes (the console or its SSH channel is gone), the agent stops everything
+and exits, so a crashed console leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import platform
+import queue
+import socket
+import sys
+import tarfile
+import threading
+import time
+
+from . import procs as procmod
+from . import protocol as P
+from .tail import FileTail, extract_traceback, parse_loss_line, parse_metrics_line
+
+_TAIL_KEEP = 200  # lines kept per process for the exit report
+_BATCH_MAX = 500  # lines per LogBatch message
+
+
+class ConsoleGone(Exception):
+    pass
+
+
+class Watched:
+    """Per-process streaming state."""
+
+    def __init__(self, proc: procmod.Proc) -> None:
+        self.proc = proc
+        self.log = FileTail(proc.log_path, start_at_end=True)
+        self.metrics = FileTail(proc.metrics_path, start_at_end=True)
+        self.seq = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=_TAIL_KEEP)
+        self.has_metrics_file = False
+
+
+class Agent:
+    def __init__(self, node: str, out=None) -> None:  # noqa: ANN001
+        self.node = node
+        self.out = out or sys.stdout
+        self.out_lock = threading.Lock()
+        self.inbox: queue.Queue = queue.Queue()
+        self.watched: list[Watched] = []
+        self.start_cmd: P.Start | None = None
+        self.all_exited_sent = False
+        self.failed = False
+        self._last_flush = 0.0
+        self._last_telemetry = 0.0
+
+    # ------------------------------------------------------------ I/O
+
+    def send(self, msg: P.Message) -> None:
+        line = P.encode(msg)
+        with self.out_lock:
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                raise ConsoleGone() from exc
+
+    def _read_stdin(self) -> None:
+        for line in sys.stdin:
+            if line.strip():
+                self.inbox.put(line)
+        self.inbox.put(None)  # EOF
+
+    # ------------------------------------------------------------ main loop
+
+    def run(self) -> int:
+        threading.Thread(target=self._read_stdin, name="stdin", daemon=True).start()
+        try:
+            self.send(
+                P.Hello(
+                    node=self.node,
+                    protocol=P.PROTOCOL_VERSION,
+                    pid=os.getpid(),
+                    hostname=socket.gethostname(),
+                    python=sys.version.split()[0],
+                    platform=platform.platform(),
+                )
+            )
+            while True:
+                try:
+                    line = self.inbox.get(timeout=0.02)
+                except queue.Empty:
+                    line = ""
+                if line is None:  # console gone
+                    self.stop("console closed the connection", self._grace())
+                    return 0
+                if line:
+                    if not self.handle(line):
+                        return 0
+                self.tick()
+        except ConsoleGone:
+            self.stop("console output closed", self._grace(), report=False)
+            return 0
+        except KeyboardInterrupt:
+            self.stop("agent interrupted", self._grace(), report=False)
+            return 130
+
+    def _grace(self) -> float:
+        return self.start_cmd.grace_s if self.start_cmd else 3.0
+
+    def handle(self, line: str) -> bool:
+        """Carry out one command; False when the agent should exit."""
+        try:
+            msg = P.decode(line)
+        except P.ProtocolError as exc:
+            self.send(P.AgentError(node=self.node, message=str(exc)))
+            return True
+        if isinstance(msg, P.Start):
+            self.start(msg)
+        elif isinstance(msg, P.Stop):
+            self.stop(msg.reason, msg.grace_s)
+        elif isinstance(msg, P.Shutdown):
+            self.stop("shutdown", self._grace())
+            return False
+        return True
+
+    # ------------------------------------------------------------ commands
+
+    def start(self, cmd: P.Start) -> None:
+        if self.start_cmd is not None and any(w.proc.alive for w in self.watched):
+            self.send(P.AgentError(node=self.node, message="start refused: processes still running"))
+            return
+        self.start_cmd = cmd
+        self.watched = []
+        self.all_exited_sent = False
+        self.failed = False
+        log_dir = os.path.join(cmd.run_dir, "attempt_%d" % cmd.attempt)
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            if cmd.workdir_archive:
+                _unpack(cmd.workdir_archive, cmd.cwd)
+            if not os.path.isdir(cmd.cwd):
+                raise OSError("working directory %s does not exist" % cmd.cwd)
+        except (OSError, tarfile.TarError) as exc:
+            self.send(P.AgentError(node=self.node, message="cannot prepare run: %s" % exc))
+            self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+            self.all_exited_sent = True
+            return
+        base_env = dict(os.environ)
+        # Scheduler first: workers retry their connection to it, but it should be up early.
+        for spec in sorted(cmd.procs, key=lambda s: not s.is_scheduler):
+            try:
+                proc = procmod.launch(spec, cmd.cwd, log_dir, base_env)
+            except OSError as exc:
+                self.send(P.AgentError(node=self.node, message="cannot start %s: %s" % (spec.name, exc)))
+                self.failed = True
+                self.stop("launch failed", cmd.grace_s)
+                self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+                self.all_exited_sent = True
+                return
+            w = Watched(proc)
+            w.log = FileTail(proc.log_path, start_at_end=False)
+            self.watched.append(w)
+            self.send(
+                P.ProcStarted(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    pid=proc.popen.pid,
+                    ts_ns=time.time_ns(),
+                    log_path=proc.log_path,
+                )
+            )
+
+    def stop(self, reason: str, grace_s: float, report: bool = True) -> None:
+        procs = [w.proc for w in self.watched]
+        if not any(p.alive for p in procs):
+            return
+        by_proc = {id(w.proc): w for w in self.watched}
+
+        def on_reap(p: procmod.Proc) -> None:
+            if report:
+                self._report_exit(by_proc[id(p)])
+
+        procmod.stop_all(procs, grace_s, on_reap=on_reap)
+        if report:
+            for w in self.watched:
+                if not w.proc.reported and not w.proc.alive:
+                    self._report_exit(w)
+
+    # ------------------------------------------------------------ supervision
+
+    def tick(self) -> None:
+        if not self.watched or self.all_exited_sent:
+            return
+        now = time.monotonic()
+        exited = [w for w in self.watched if w.proc.poll()]
+        interval = self.start_cmd.flush_interval_s if self.start_cmd else 0.1
+        if exited or now - self._last_flush >= interval:
+            self._last_flush = now
+            for w in self.watched:
+                if not w.proc.reported:
+                    self._flush(w)
+        for w in exited:
+            self._report_exit(w)
+            if w.proc.returncode != 0 and not w.proc.stop_sent and not self.failed:
+                # Root-cause candidate: stop the node-local siblings now, not after a round trip.
+                self.failed = True
+                self.stop("%s failed" % w.proc.spec.name, self._grace())
+        if now - self._last_telemetry >= 1.0:
+            self._last_telemetry = now
+            self._telemetry()
+        if all(w.proc.reported for w in self.watched):
+            self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+            self.all_exited_sent = True
+
+    def _flush(self, w: Watched, final: bool = False) -> None:
+        lines = w.log.read_lines(final=final)
+        for start in range(0, len(lines), _BATCH_MAX):
+            chunk = lines[start : start + _BATCH_MAX]
+            w.recent.extend(chunk)
+            spec = w.proc.spec
+            self.send(
+                P.LogBatch(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    seq=w.seq,
+                    lines=tuple(chunk),
+                    ts_ns=time.time_ns(),
+                )
+            )
+            w.seq += len(chunk)
+            if not w.has_metrics_file:
+                for line in chunk:
+                    parsed = parse_loss_line(line)
+                    if parsed is not None:
+                        self.send(
+                            P.Metric(
+                                node=self.node,
+                                name=spec.name,
+                                rank=spec.rank,
+                                step=parsed[1],
+                                epoch=parsed[0],
+                                loss=parsed[2],
+                                ts=time.time(),
+                                source="parsed",
+                            )
+                        )
+        self._flush_metrics(w, final)
+
+    def _flush_metrics(self, w: Watched, final: bool) -> None:
+        if not os.path.exists(w.proc.metrics_path):
+            return
+        w.has_metrics_file = True  # structured metrics win over parsing the log
+        spec = w.proc.spec
+        for line in w.metrics.read_lines(final=final):
+            obj = parse_metrics_line(line)
+            if obj is None:
+                continue
+            self.send(
+                P.Metric(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    step=obj["step"],
+                    epoch=_opt_int(obj.get("epoch")),
+                    loss=_opt_float(obj.get("loss")),
+                    step_time_s=_opt_float(obj.get("step_time_s")),
+                    samples_per_s=_opt_float(obj.get("samples_per_s")),
+                    ts=_opt_float(obj.get("ts")) or time.time(),
+                    source="metrics",
+                )
+            )
+
+    def _report_exit(self, w: Watched) -> None:
+        p = w.proc
+        if p.reported or p.returncode is None:
+            return
+        self._flush(w, final=True)
+        p.reported = True
+        exitcode, sig, signum = procmod.describe_exit(p.returncode)
+        recent = list(w.recent)
+        self.send(
+            P.ProcExited(
+                node=self.node,
+                name=p.spec.name,
+                rank=p.spec.rank,
+                pid=p.popen.pid,
+                exitcode=exitcode,
+                signal=sig,
+                signum=signum,
+                ts_ns=p.exit_ts_ns,
+                stopped_by_agent=p.stop_sent,
+                tail=tuple(recent[-20:]),
+                traceback=extract_traceback(recent) if exitcode != 0 else None,
+            )
+        )
+
+    def _telemetry(self) -> None:
+        for w in self.watched:
+            if not w.proc.alive:
+                continue
+            cpu, rss = w.proc.sample()
+            self.send(
+                P.Telemetry(
+                    node=self.node,
+                    name=w.proc.spec.name,
+                    rank=w.proc.spec.rank,
+                    cpu_percent=cpu,
+                    rss_bytes=rss,
+                    ts=time.time(),
+                )
+            )
+
+
+def _unpack(archive: str, dest: str) -> None:
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python < 3.12 without the backport: refuse paths that escape dest
+            root = os.path.realpath(dest)
+            for member in tar.getmembers():
+                target = os.path.realpath(os.path.join(dest, member.name))
+                if (
+                    not (target == root or target.startswith(root + os.sep))
+                    or member.issym()
+                    or member.islnk()
+                ):
+                    raise tarfile.TarError("unsafe member %r" % member.name)
+            tar.extractall(dest)
+
+
+def _opt_float(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _opt_int(v: object) -> int | None:
+    return int(v) if isinstance(v, int) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mscon-agent", description="mscon node agent (JSON lines on stdio)")
+    parser.add_argument("--node", required=True, help="this node's name in the inventory")
+    args = parser.parse_args(argv)
+    return Agent(args.node).run()

@@ -1,0 +1,186 @@
+"""Launching, watching and stopping the processes of one node (ranks and the scheduler).
+
+Each process runs in its own session (so its whole process group can be signalled) and writes
+stdout+stderr to a file under the run directory; the agent tails that file. A dropped console
+connection therefore never blocks or SIGPIPEs a rank, and the full log stays on the node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+try:  # psutil is optional on nodes: without it we lose telemetry and the descendant sweep
+    import psutil
+except ImportError:  # pragma: no cover - depends on the node
+    psutil = None  # type: ignore[assignment]
+
+from .protocol import ProcSpec
+
+
+class Proc:
+    """One launched process and what the agent knows about it."""
+
+    def __init__(self, spec: ProcSpec, popen: subprocess.Popen, log_path: str, metrics_path: str) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.log_path = log_path
+        self.metrics_path = metrics_path
+        self.pgid = popen.pid  # start_new_session makes the child its own group leader
+        self.returncode: int | None = None
+        self.exit_ts_ns = 0
+        self.stop_sent = False
+        self.reported = False
+        self.descendants: dict[int, float] = {}  # pid -> create_time, to never kill a reused pid
+        self._ps = _ps_process(popen.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    def poll(self) -> bool:
+        """Reap the process if it has exited; True when it just did."""
+        if self.returncode is not None:
+            return False
+        rc = self.popen.poll()
+        if rc is None:
+            return False
+        self.returncode = rc
+        self.exit_ts_ns = time.time_ns()
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def sample(self) -> tuple:
+        """(cpu_percent, rss_bytes); remembers descendants so a stop can sweep them too."""
+        if self._ps is None or not self.alive:
+            return (None, None)
+        try:
+            cpu = self._ps.cpu_percent(None)
+            rss = self._ps.memory_info().rss
+            for child in self._ps.children(recursive=True):
+                self.descendants[child.pid] = child.create_time()
+            return (cpu, rss)
+        except Exception:  # the process may vanish between calls
+            return (None, None)
+
+
+def _ps_process(pid: int):  # noqa: ANN202 - psutil may be absent
+    if psutil is None:
+        return None
+    try:
+        p = psutil.Process(pid)
+        p.cpu_percent(None)  # prime the counter
+        return p
+    except Exception:
+        return None
+
+
+def _load_prctl():  # noqa: ANN202
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _new_session_dying_with_agent() -> None:
+    """Runs in the child between fork and exec: own session, and KILL if the agent dies.
+
+    The death signal covers an agent that is itself SIGKILLed (no chance to stop its ranks).
+    """
+    os.setsid()
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> Proc:
+    log_path = os.path.join(log_dir, spec.name + ".log")
+    metrics_path = os.path.join(log_dir, spec.name + ".metrics.jsonl")
+    env = dict(base_env)
+    env.update(spec.env)
+    env["MSCON_METRICS"] = metrics_path
+    prepend = env.pop("MSCON_PATH_PREPEND", "")
+    if prepend:
+        env["PATH"] = prepend + os.pathsep + env.get("PATH", os.defpath)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the log file as they are printed
+    # Append so that a restarted attempt never truncates what an earlier one wrote.
+    with open(log_path, "ab", buffering=0) as log:
+        popen = subprocess.Popen(
+            list(spec.argv),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            preexec_fn=_new_session_dying_with_agent,
+        )
+    return Proc(spec, popen, log_path, metrics_path)
+
+
+def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: ANN001
+    """TERM every live process group, wait against one shared deadline, KILL what is left.
+
+    Processes that forked away from their group (seen via psutil while they ran) are killed too,
+    so no descendant keeps holding a device after a stop.
+    """
+    live = [p for p in procs if p.alive]
+    for p in live:
+        p.stop_sent = True
+        p.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + max(grace_s, 0.0)
+    while time.monotonic() < deadline:
+        for p in live:
+            if p.poll() and on_reap is not None:
+                on_reap(p)
+        if all(not p.alive for p in live):
+            break
+        time.sleep(0.02)
+    for p in live:
+        if p.alive:
+            p.signal_group(signal.SIGKILL)
+    for p in live:
+        if p.alive:
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if p.poll() and on_reap is not None:
+                on_reap(p)
+    sweep_descendants(procs)
+
+
+def sweep_descendants(procs: list[Proc]) -> None:
+    """KILL leftovers: members of each group, and descendants that escaped it."""
+    for p in procs:
+        p.signal_group(signal.SIGKILL)
+        for pid, created in p.descendants.items():
+            try:
+                if psutil is not None and psutil.Process(pid).create_time() == created:
+                    os.kill(pid, signal.SIGKILL)
+            except Exception:  # gone already, or not ours to touch
+                pass
+
+
+def describe_exit(returncode: int) -> tuple:
+    """(exitcode, signal name, signal number) from a Popen return code."""
+    if returncode < 0:
+        signum = -returncode
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = "SIG%d" % signum
+        return (None, name, signum)
+    return (returncode, None, None)

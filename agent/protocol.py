@@ -1,0 +1,241 @@
+"""The wire protocol between the console and the node agent: JSON lines, one message a line.
+
+Both sides import this module (the console as ``mscon.agent.protocol``, the agent through a
+relative import), so a message is defined once. Stdlib only, and Python 3.8 syntax at run time,
+because it runs with whatever Python the nodes have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+# The scheduler process is not a rank; it gets this rank number and the name "sched".
+SCHEDULER_RANK = -1
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message; subclasses register under their ``type`` tag."""
+
+    type: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        tag = cls.__dict__.get("type")
+        if tag:
+            if tag in _REGISTRY:
+                raise TypeError(f"duplicate message type {tag!r}")
+            _REGISTRY[tag] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+                value = [dataclasses.asdict(v) for v in value]
+            elif dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
+
+def encode(msg: Message) -> str:
+    """One JSON line, newline included."""
+    return json.dumps(msg.to_dict(), separators=(",", ":"), allow_nan=True) + "\n"
+
+
+def decode(line: str) -> Message:
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {line[:120]!r}") from exc
+    if not isinstance(raw, dict) or "type" not in raw:
+        raise ProtocolError(f"not a message: {line[:120]!r}")
+    cls = _REGISTRY.get(raw.pop("type"))
+    if cls is None:
+        raise ProtocolError(f"unknown message type in {line[:120]!r}")
+    return from_dict(cls, raw)
+
+
+def from_dict(cls: type[Message], raw: dict[str, Any]) -> Message:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value = raw[f.name]
+        hint = str(f.type)
+        if hint.startswith(("tuple[ProcSpec", "Tuple[ProcSpec")):
+            value = tuple(ProcSpec(**{**v, "argv": tuple(v["argv"])}) for v in value)
+        elif hint.lower().startswith("tuple") and isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ProtocolError(f"bad {cls.type} message: {exc}") from exc
+
+
+# ---------------------------------------------------------------- console -> agent
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    """One process the agent launches: a rank, or the MindSpore scheduler."""
+
+    name: str  # "r3" or "sched"
+    rank: int  # global rank; SCHEDULER_RANK for the scheduler
+    local_rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_scheduler(self) -> bool:
+        return self.rank == SCHEDULER_RANK
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    type: ClassVar[str] = "start"
+    run_id: str
+    node: str
+    attempt: int
+    run_dir: str  # per run and node: logs and metrics land here and persist
+    cwd: str  # where the ranks run
+    procs: tuple[ProcSpec, ...]
+    workdir_archive: str | None = None  # a tar.gz the agent unpacks into cwd first
+    grace_s: float = 3.0
+    flush_interval_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    """Stop every process: TERM to each process group, one shared deadline, then KILL."""
+
+    type: ClassVar[str] = "stop"
+    reason: str = ""
+    grace_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class Shutdown(Message):
+    """Stop everything (if still running) and exit."""
+
+    type: ClassVar[str] = "shutdown"
+
+
+# ---------------------------------------------------------------- agent -> console
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    type: ClassVar[str] = "hello"
+    node: str
+    protocol: int
+    pid: int
+    hostname: str
+    python: str
+    platform: str
+
+
+@dataclass(frozen=True)
+class ProcStarted(Message):
+    type: ClassVar[str] = "proc_started"
+    node: str
+    name: str
+    rank: int
+    pid: int
+    ts_ns: int
+    log_path: str
+
+
+@dataclass(frozen=True)
+class LogBatch(Message):
+    """Consecutive whole lines of one process; ``seq`` numbers the first (0-based, per process)."""
+
+    type: ClassVar[str] = "log"
+    node: str
+    name: str
+    rank: int
+    seq: int
+    lines: tuple[str, ...]
+    ts_ns: int
+
+
+@dataclass(frozen=True)
+class Metric(Message):
+    type: ClassVar[str] = "metric"
+    node: str
+    name: str
+    rank: int
+    step: int
+    loss: float | None = None
+    epoch: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    ts: float = 0.0
+    source: str = "parsed"  # "parsed" from LossMonitor lines, or "metrics" from MSCON_METRICS
+
+
+@dataclass(frozen=True)
+class Telemetry(Message):
+    type: ClassVar[str] = "telemetry"
+    node: str
+    name: str
+    rank: int
+    cpu_percent: float | None
+    rss_bytes: int | None
+    ts: float
+
+
+@dataclass(frozen=True)
+class ProcExited(Message):
+    type: ClassVar[str] = "proc_exited"
+    node: str
+    name: str
+    rank: int
+    pid: int
+    exitcode: int | None  # None when killed by a signal
+    signal: str | None  # e.g. "SIGKILL"
+    signum: int | None
+    ts_ns: int
+    stopped_by_agent: bool  # True when the agent had already sent it TERM/KILL
+    tail: tuple[str, ...] = ()
+    traceback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exitcode == 0
+
+    @property
+    def shell_code(self) -> int:
+        """The code a shell would report: 128 + signal number for a signal."""
+        if self.signum is not None:
+            return 128 + self.signum
+        return self.exitcode if self.exitcode is not None else 1
+
+
+@dataclass(frozen=True)
+class AllExited(Message):
+    """Every process of the node has exited and its logs are flushed."""
+
+    type: ClassVar[str] = "all_exited"
+    node: str
+    ts_ns: int
+
+
+@dataclass(frozen=True)
+class AgentError(Message):
+    type: ClassVar[str] = "agent_error"
+    node: str
+    message: str

@@ -1,0 +1,9 @@
+"""Exit codes of the headless commands, in one place (see the README)."""
+
+OK = 0
+INTERNAL = 1  # a bug in mscon, or ranks that ended without a verdict
+USAGE = 2  # bad command line or inventory
+PREFLIGHT = 3  # preflight checks failed
+UNREACHABLE = 4  # a node could not be reached, prepared, or was lost
+INTERRUPTED = 130  # Ctrl-C / SIGTERM
+# A failed run exits with its root-cause rank's code, or 128 + signal number.
