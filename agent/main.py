@@ -36,8 +36,9 @@ class Watched:
 
     def __init__(self, proc: procmod.Proc) -> None:
         self.proc = proc
-        self.log = FileTail(proc.log_path, start_at_end=True)
-        self.metrics = FileTail(proc.metrics_path, start_at_end=True)
+        # Each attempt has its own folder, so both files are read from their start.
+        self.log = FileTail(proc.log_path)
+        self.metrics = FileTail(proc.metrics_path)
         self.seq = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=_TAIL_KEEP)
         self.has_metrics_file = False
@@ -161,7 +162,6 @@ class Agent:
                 self.all_exited_sent = True
                 return
             w = Watched(proc)
-            w.log = FileTail(proc.log_path, start_at_end=False)
             self.watched.append(w)
             self.send(
                 P.ProcStarted(
@@ -217,6 +217,9 @@ class Agent:
             self.all_exited_sent = True
 
     def _flush(self, w: Watched, final: bool = False) -> None:
+        # Structured metrics win over parsing the log: look for the file before parsing lines.
+        if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
+            w.has_metrics_file = True
         lines = w.log.read_lines(final=final)
         for start in range(0, len(lines), _BATCH_MAX):
             chunk = lines[start : start + _BATCH_MAX]
@@ -252,9 +255,8 @@ class Agent:
         self._flush_metrics(w, final)
 
     def _flush_metrics(self, w: Watched, final: bool) -> None:
-        if not os.path.exists(w.proc.metrics_path):
+        if not w.has_metrics_file:
             return
-        w.has_metrics_file = True  # structured metrics win over parsing the log
         spec = w.proc.spec
         for line in w.metrics.read_lines(final=final):
             obj = parse_metrics_line(line)

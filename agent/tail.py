@@ -15,19 +15,14 @@ _MAX_LINE = 16 * 1024  # longer lines are cut so one runaway print cannot flood 
 class FileTail:
     """Reads whole lines appended to a file since the last call."""
 
-    def __init__(self, path: str, start_at_end: bool = False) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.offset = 0
         self._partial = b""
-        self._started = not start_at_end
 
     def read_lines(self, final: bool = False) -> list[str]:
         try:
             with open(self.path, "rb") as f:
-                if not self._started:
-                    f.seek(0, 2)
-                    self.offset = f.tell()
-                    self._started = True
                 f.seek(self.offset)
                 chunk = f.read(4 * 1024 * 1024)
                 self.offset = f.tell()

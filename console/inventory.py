@@ -274,13 +274,13 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
         host = r.string(m["host"], f"{where}.host")
         devices = r.integer(m["devices"], f"{where}.devices", 1, 4096, "a positive integer")
         node_name = r.string(m["name"], f"{where}.name") if "name" in m else host
-        if node_name in seen_names:
-            raise r.fail(m.get("name", m["host"]), f"{where}.name", f"duplicate node name {node_name!r}")
         key = (host, fields.get("port"), fields.get("user"))
         if key in seen_hosts and fields.get("transport", "ssh") == "ssh":
             raise r.fail(
                 m["host"], f"{where}.host", f"duplicate host {host!r} (same port and user as another node)"
             )
+        if node_name in seen_names:
+            raise r.fail(m.get("name", m["host"]), f"{where}.name", f"duplicate node name {node_name!r}")
         seen_names[node_name] = item
         seen_hosts[key] = item
         env = {**defaults.get("env", {}), **fields.pop("env", {})}

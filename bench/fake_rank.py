@@ -1,0 +1,65 @@
+"""A fast fake rank for scale tests and benchmarks: no MindSpore, same env and output shape.
+
+It reads the env the agent gives a rank (MS_ROLE, RANK_ID, MSCON_METRICS) and prints
+LossMonitor-style lines. Knobs, all optional:
+  --steps N          steps to run (default 50)
+  --rate R           steps per second (default 50; 0 = as fast as possible)
+  --lines-per-step K extra log lines per step (for ingest benchmarks)
+  --fail-rank R      this rank exits with --fail-code at --fail-step
+  --hang-rank R      this rank stops making progress at --fail-step (sleeps forever)
+  --metrics          also write MSCON_METRICS JSON lines
+The scheduler role exits at once with 0 (there is no real cluster to coordinate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--rate", type=float, default=50.0)
+    p.add_argument("--lines-per-step", type=int, default=0)
+    p.add_argument("--fail-rank", type=int, default=-2)
+    p.add_argument("--fail-step", type=int, default=10)
+    p.add_argument("--fail-code", type=int, default=3)
+    p.add_argument("--hang-rank", type=int, default=-2)
+    p.add_argument("--metrics", action="store_true")
+    a = p.parse_args()
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        print("fake scheduler: nothing to coordinate")
+        return 0
+    rank = int(os.environ.get("RANK_ID", "0"))
+    metrics = open(os.environ["MSCON_METRICS"], "a") if a.metrics and "MSCON_METRICS" in os.environ else None
+    print(f"fake rank {rank} of {os.environ.get('RANK_SIZE', '1')} starting", flush=True)
+    loss = 2.5
+    filler = "x" * 60
+    for step in range(1, a.steps + 1):
+        if rank == a.fail_rank and step == a.fail_step:
+            print(f"RuntimeError: fake failure on rank {rank} at step {step}", file=sys.stderr, flush=True)
+            return a.fail_code
+        if rank == a.hang_rank and step == a.fail_step:
+            print(f"rank {rank} hanging at step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+        loss *= 0.98
+        out = [f"epoch: 1 step: {step}, loss is {loss:.6f}"]
+        out += [f"rank {rank} step {step} line {i} {filler}" for i in range(a.lines_per_step)]
+        sys.stdout.write("\n".join(out) + "\n")
+        sys.stdout.flush()
+        if metrics is not None:
+            metrics.write(json.dumps({"step": step, "epoch": 1, "loss": loss, "ts": time.time()}) + "\n")
+            metrics.flush()
+        if a.rate > 0:
+            time.sleep(1.0 / a.rate)
+    print("training finished", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

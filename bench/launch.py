@@ -1,0 +1,469 @@
+"""Launch latency: command start -> first training step on EVERY rank, mscon vs msrun.
+
+Same script (trainer/train.py), same topology (NODES nodes x RANKS ranks on loopback), same steps:
+
+* mscon: NODES real sshd servers on 127.0.0.2, 127.0.0.3, ... (tests/sshd_nodes.py), an inventory
+  pointing at them, ``mscon run --no-tui -q INV -- trainer/train.py ARGS``; its stdout
+  (``[node1 r0] epoch: 1 step: 1, loss is ...``) is read line by line and timestamped.
+  Its figure INCLUDES what msrun does not do: SSH connect + auth, SFTP agent deploy (skipped when
+  the content-hashed copy is already on the node), workdir archive + upload (same) + unpack on
+  every node, and the agent start.
+* msrun: NODES ``msrun --node_rank=i`` processes on this machine acting as the nodes; each rank's
+  first step is found by polling its worker_<rank>.log in msrun's --log_dir.
+
+Each launcher runs --repeat times, alternating which goes first. Run from anywhere:
+
+    .venv/bin/python bench/launch.py [--repeat 3] [--steps 5]
+
+Needs root (sshd) and MindSpore in .venv. Prints a table: median and min of "all ranks at first
+step" and "total wall", and the ratio mscon/msrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+PYTHON = VENV_BIN / "python"
+SCRIPT = "trainer/train.py"
+
+# "epoch: 1 step: 1, loss is 2.30" (the trainer's LossMonitor-style line); any step counts as "first".
+STEP_RE = re.compile(r"epoch:\s*\d+\s+step:\s*\d+,\s*loss is")
+MSCON_LINE_RE = re.compile(r"^\[(?P<node>\S+) (?P<proc>\S+)\] (?P<text>.*)$")
+MSRUN_REMOTE = (
+    "import sys; from mindspore.parallel.cluster.process_entity import _api; "
+    "_api._is_local_ip = lambda _ip: False; from mindspore.parallel.cluster.run import main; "
+    "sys.argv[0] = 'msrun'; sys.exit(main())"
+)
+SCHED_MARK = "mscon-trainer scheduler"  # the trainer's first line on the scheduler, before `import mindspore`
+
+
+def sshd_nodes() -> types.ModuleType:
+    """tests/sshd_nodes.py (a test helper, not part of the package)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import sshd_nodes as mod
+
+    return mod
+
+
+@dataclass
+class Trial:
+    launcher: str
+    index: int
+    world: int
+    ok: bool = False
+    first_step: dict[int, float] = field(default_factory=dict)  # rank -> s since command start
+    first_output: float | None = None  # the scheduler's first line (the ranks are running)
+    wall: float = 0.0
+    error: str = ""
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def all_ranks(self) -> float | None:
+        if len(self.first_step) < self.world:
+            return None
+        return max(self.first_step.values())
+
+    def line(self) -> str:
+        if not self.ok:
+            return f"{self.launcher} #{self.index}: FAILED after {self.wall:.1f} s: {self.error}"
+        per_rank = " ".join(f"r{r}={t:.2f}" for r, t in sorted(self.first_step.items()))
+        first = "-" if self.first_output is None else f"{self.first_output:.2f}"
+        return (
+            f"{self.launcher} #{self.index}: scheduler up {first} s; first step {per_rank}; "
+            f"all ranks {self.all_ranks:.2f} s; total wall {self.wall:.2f} s"
+        )
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
+    env["GLOG_v"] = "3"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[bytes], first: int = signal.SIGTERM, grace_s: float = 20.0) -> None:
+    """Stop a process started in its own session: ``first`` to its group, then KILL."""
+    for sig in (first, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _pids_with_sched_port(port: int) -> list[int]:
+    """Processes whose environment carries MS_SCHED_PORT=port: the ranks of one trial (ports are unique)."""
+    needle = f"MS_SCHED_PORT={port}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
+    """Wait for a trial's ranks to be gone; kill (by pid) and report any that outlive their launcher."""
+    deadline = time.monotonic() + wait_s
+    while (pids := _pids_with_sched_port(port)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pids:
+        print(
+            f"  WARNING: {what}: {len(pids)} process(es) still alive {wait_s:.0f} s after the launcher exited"
+        )
+        print(f"  ({pids}); killing them so the next trial starts clean", flush=True)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ---------------------------------------------------------------- mscon
+
+
+def write_inventory(path: Path, cluster: object, ranks_per_node: int, sched_port: int) -> None:
+    nodes = "\n".join(
+        f"  - {{host: {n.host}, name: {n.name}, port: {n.port}, devices: {ranks_per_node}}}"
+        for n in cluster.nodes  # type: ignore[attr-defined]
+    )
+    path.write_text(
+        f"""# written by bench/launch.py
+name: bench-launch
+device_target: CPU
+defaults:
+  user: root
+  transport: ssh
+  identity_file: {cluster.client_key}
+  python: {PYTHON}
+nodes:
+{nodes}
+scheduler: {{port: {sched_port}}}
+job:
+  workdir: {REPO}
+  script: {SCRIPT}
+  env: {{GLOG_v: "3"}}
+ssh:
+  known_hosts: {cluster.known_hosts}
+stop: {{grace_s: 3}}
+""",
+        encoding="utf-8",
+    )
+
+
+def run_mscon(
+    index: int, cluster: object, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
+) -> Trial:
+    port = sshd_nodes().find_free_port(["127.0.0.2"])
+    world = len(cluster.nodes) * ranks_per_node  # type: ignore[attr-defined]
+    inv = tmp / f"mscon-{index}.yaml"
+    write_inventory(inv, cluster, ranks_per_node, port)
+    cmd = [
+        str(VENV_BIN / "mscon"),
+        "run",
+        "--no-tui",
+        "-q",
+        str(inv),
+        "--logs-dir",
+        str(tmp / "mscon-runs"),
+        "--",
+        SCRIPT,
+        *train_args,
+    ]
+    trial = Trial("mscon", index, world)
+    recent: collections.deque[str] = collections.deque(maxlen=40)
+    err: collections.deque[str] = collections.deque(maxlen=40)
+    lock = threading.Lock()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            now = time.monotonic() - t0
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            recent.append(line)
+            m = MSCON_LINE_RE.match(line)
+            if m is None:
+                continue
+            name, text = m.group("proc"), m.group("text")
+            with lock:
+                if name == "sched" and trial.first_output is None and SCHED_MARK in text:
+                    trial.first_output = now
+                elif name.startswith("r") and name[1:].isdigit() and STEP_RE.search(text):
+                    trial.first_step.setdefault(int(name[1:]), now)
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            err.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
+        rc = None
+    for t in readers:
+        t.join(timeout=10)
+    trial.wall = time.monotonic() - t0
+    trial.tail = [*recent, "--- stderr ---", *err]
+    if rc is None:
+        trial.error = f"timed out after {timeout_s:.0f} s"
+    elif rc != 0:
+        trial.error = f"mscon exited with {rc}"
+    elif trial.all_ranks is None:
+        trial.error = f"only ranks {sorted(trial.first_step)} of {world} printed a step"
+    else:
+        trial.ok = True
+    _reap_leftovers(port, "mscon")
+    return trial
+
+
+# ---------------------------------------------------------------- msrun
+
+
+def run_msrun(
+    index: int, nodes: int, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
+) -> Trial:
+    port = sshd_nodes().find_free_port(["127.0.0.1"])
+    world = nodes * ranks_per_node
+    base = tmp / f"msrun-{index}"
+    trial = Trial("msrun", index, world)
+    procs: list[subprocess.Popen[bytes]] = []
+    outs = []
+    t0 = time.monotonic()
+    for node in range(nodes):
+        log_dir = base / f"node{node}"
+        log_dir.mkdir(parents=True)
+        out = open(base / f"msrun-node{node}.out", "wb")  # closed below
+        outs.append(out)
+        # msrun starts a scheduler wherever --master_addr is a local address, i.e. in BOTH processes
+        # here (the second one then fails to bind and msrun exits 1). The other nodes run msrun as
+        # it runs on a second machine: same entry point, but the master address is not local.
+        launcher = [str(VENV_BIN / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
+        cmd = [
+            *launcher,
+            f"--worker_num={world}",
+            f"--local_worker_num={ranks_per_node}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            f"--node_rank={node}",
+            f"--log_dir={log_dir}",
+            "--join=True",
+            SCRIPT,
+            *train_args,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    # rank r of node n logs to <log_dir of n>/worker_<r>.log; the scheduler to node0/scheduler.log
+    logs = {r: base / f"node{r // ranks_per_node}" / f"worker_{r}.log" for r in range(world)}
+    offsets = dict.fromkeys(logs, 0)
+    partial = dict.fromkeys(logs, b"")
+    sched_log = base / "node0" / "scheduler.log"
+    deadline = t0 + timeout_s
+    timed_out = False
+    while True:
+        now = time.monotonic() - t0
+        if trial.first_output is None:
+            try:
+                if SCHED_MARK.encode() in sched_log.read_bytes():
+                    trial.first_output = now
+            except OSError:
+                pass
+        for rank, path in logs.items():
+            if rank in trial.first_step:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets[rank])
+                    data = partial[rank] + f.read()
+                    offsets[rank] = f.tell()
+            except OSError:
+                continue
+            lines = data.split(b"\n")
+            partial[rank] = lines.pop()
+            if any(STEP_RE.search(line.decode("utf-8", errors="replace")) for line in lines):
+                trial.first_step[rank] = now
+        if all(p.poll() is not None for p in procs):
+            break
+        if time.monotonic() > deadline:
+            timed_out = True
+            for p in procs:
+                _kill_group(p)
+            break
+        time.sleep(0.02)
+    trial.wall = time.monotonic() - t0
+    for out in outs:
+        out.close()
+    rcs = [p.wait() for p in procs]
+    for node in range(nodes):
+        text = (base / f"msrun-node{node}.out").read_text(errors="replace").splitlines()
+        trial.tail += [f"--- msrun node_rank={node} (rc {rcs[node]}) ---", *text[-15:]]
+    for path in logs.values():
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            text = ["(no log)"]
+        trial.tail += [f"--- {path.relative_to(tmp)} ---", *text[-8:]]
+    if timed_out:
+        trial.error = f"timed out after {timeout_s:.0f} s"
+    elif any(rcs):
+        trial.error = f"msrun exit codes {rcs}"
+    elif trial.all_ranks is None:
+        trial.error = f"only ranks {sorted(trial.first_step)} of {world} logged a step"
+    else:
+        trial.ok = True
+    _reap_leftovers(port, "msrun")
+    return trial
+
+
+# ---------------------------------------------------------------- report
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):7.2f} ({min(values):.2f})"
+
+
+def _ratio(a: list[float], b: list[float]) -> str:
+    if not a or not b:
+        return "-"
+    return f"{statistics.median(a) / statistics.median(b):.2f}x"
+
+
+def report(trials: list[Trial]) -> None:
+    ok = {name: [t for t in trials if t.launcher == name and t.ok] for name in ("mscon", "msrun")}
+    rows = [
+        ("scheduler's first line", lambda t: t.first_output),
+        ("all ranks at first step", lambda t: t.all_ranks),
+        ("total wall", lambda t: t.wall),
+    ]
+    print()
+    head = ("seconds from command start", "mscon median (min)", "msrun median (min)", "mscon/msrun")
+    print(f"{head[0]:<28}{head[1]:>22}{head[2]:>22}{head[3]:>14}")
+    for label, get in rows:
+        a = [v for t in ok["mscon"] if (v := get(t)) is not None]
+        b = [v for t in ok["msrun"] if (v := get(t)) is not None]
+        print(f"{label:<28}{_stats(a):>22}{_stats(b):>22}{_ratio(a, b):>14}")
+    failed = [t for t in trials if not t.ok]
+    counts = ", ".join(f"{name} {len(v)}" for name, v in ok.items())
+    print(f"successful trials: {counts}; failed: {len(failed)}")
+    print(
+        "note: mscon's times include SSH connect + auth, the agent deploy and the workdir sync\n"
+        "(archive, upload unless already cached on the node, unpack) and the agent start; msrun's\n"
+        "do not (its nodes are local processes reading the repo in place). Detection latency:\n"
+        "mscon lines pass through the agent's log tail (flushed every 0.1 s); msrun logs are\n"
+        "polled every 0.02 s."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3, help="trials per launcher")
+    p.add_argument("--nodes", type=int, default=2, help="nodes (sshd servers / msrun processes)")
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5, help="--steps-per-epoch for the trainer (1 epoch)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per trial before it is stopped")
+    p.add_argument("--only", choices=("mscon", "msrun"), help="run one launcher only")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed `import mindspore` first")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, inventories)")
+    a = p.parse_args(argv)
+    if a.nodes * a.ranks_per_node > 4:
+        p.error("at most 4 MindSpore ranks at once on this machine")
+    if a.repeat < 1:
+        p.error("--repeat must be >= 1")
+    if not (VENV_BIN / "msrun").exists() or not (VENV_BIN / "mscon").exists():
+        p.error(f"need mscon and msrun in {VENV_BIN}")
+    train_args = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", str(a.steps)]
+    world = a.nodes * a.ranks_per_node
+    print(f"launch benchmark: {a.nodes} nodes x {a.ranks_per_node} ranks (world {world}) on loopback")
+    print(f"script: {SCRIPT} {' '.join(train_args)}; {a.repeat} trial(s) per launcher, order alternating")
+    if not a.no_warmup:
+        t = time.monotonic()
+        subprocess.run([str(PYTHON), "-c", "import mindspore"], env=_env(), check=True, capture_output=True)
+        print(f"warm-up (untimed): import mindspore took {time.monotonic() - t:.1f} s")
+
+    tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-launch-"))
+    cluster = None
+    trials: list[Trial] = []
+    try:
+        if a.only != "msrun":
+            cluster = sshd_nodes().start_sshd_cluster(tmp / "sshd", n=a.nodes)
+            where = ", ".join(f"{n.host}:{n.port}" for n in cluster.nodes)
+            print(f"sshd nodes: {where}")
+        launchers = ["mscon", "msrun"] if a.only is None else [a.only]
+        for i in range(1, a.repeat + 1):
+            order = launchers if i % 2 else launchers[::-1]
+            for name in order:
+                if name == "mscon":
+                    trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout)
+                else:
+                    trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout)
+                trials.append(trial)
+                print(trial.line(), flush=True)
+                if not trial.ok:
+                    print("  last output:")
+                    for line in trial.tail[-60:]:
+                        print(f"    {line}")
+    except KeyboardInterrupt:
+        print("interrupted; partial results:")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    report(trials)
+    return 0 if trials and all(t.ok for t in trials) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

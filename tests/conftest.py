@@ -1,0 +1,178 @@
+"""Shared fixtures: real sshd nodes, inventories written for them, and running the `mscon` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+from sshd_nodes import SshdCluster, require_sshd, start_sshd_cluster  # noqa: E402
+
+FAKE_RANK = REPO / "bench" / "fake_rank.py"
+TRAINER = REPO / "trainer" / "train.py"
+
+
+def mindspore_missing() -> str | None:
+    try:
+        import mindspore  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - CI installs it
+        return f"MindSpore is not installed in this Python ({exc}); install with: pip install '.[train]'"
+    return None
+
+
+needs_mindspore = pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
+
+
+@pytest.fixture
+def sshd_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
+    require_sshd()
+    cluster = start_sshd_cluster(tmp_path / "sshd", n=2)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_inventory(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def ssh_inventory(
+    path: Path,
+    cluster: SshdCluster,
+    devices: int,
+    script: str,
+    args: list[str],
+    workdir: Path = REPO,
+    grace_s: float = 2.0,
+) -> Path:
+    return write_inventory(
+        path,
+        {
+            "name": "loopback",
+            "device_target": "CPU",
+            "defaults": {
+                "user": "root",
+                "port": cluster.port,
+                "identity_file": str(cluster.client_key),
+                "python": sys.executable,
+            },
+            "nodes": [{"host": n.host, "name": n.name, "devices": devices} for n in cluster.nodes],
+            "scheduler": {"port": free_port()},
+            "job": {"workdir": str(workdir), "script": script, "args": args},
+            "ssh": {"known_hosts": str(cluster.known_hosts), "connect_timeout_s": 5},
+            "stop": {"grace_s": grace_s},
+        },
+    )
+
+
+def local_inventory(path: Path, devices: int, script: str, args: list[str], workdir: Path = REPO) -> Path:
+    return write_inventory(
+        path,
+        {
+            "name": "local-test",
+            "device_target": "CPU",
+            "nodes": [{"host": "localhost", "name": "local", "transport": "local", "devices": devices}],
+            "scheduler": {"port": free_port()},
+            "job": {"workdir": str(workdir), "script": script, "args": args},
+            "stop": {"grace_s": 2},
+        },
+    )
+
+
+@dataclass
+class Done:
+    code: int
+    out: str
+    err: str
+
+
+def mscon(*args: str | Path, cwd: Path, timeout: float = 240) -> Done:
+    p = subprocess.run(
+        [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Done(p.returncode, p.stdout, p.stderr)
+
+
+def mscon_popen(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes launched for a run: ranks and scheduler carry its id in MSCON_METRICS."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if run_id in p.environ().get("MSCON_METRICS", ""):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def agent_processes(node_names: list[str]) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if p.info["status"] == psutil.STATUS_ZOMBIE or "mscon_agent" not in cmd:
+            continue
+        if any(name in cmd for name in node_names):
+            found.append(p)
+    return found
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process is gone (zombies count as gone); returns the survivors."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in alive if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def cpu_env() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,160 @@
+"""The whole engine on the local transport with fast fake ranks: streaming, failure policy, scale."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import agent_processes, local_inventory, mscon, mscon_popen, run_processes, wait_gone
+
+FAKE = "bench/fake_rank.py"
+
+
+def _summary(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_success_streams_every_line_and_keeps_logs(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, ["--steps", "30", "--rate", "0", "--metrics"])
+    done = mscon(
+        "run", "--no-tui", inv, "--json", tmp_path / "s.json", "--logs-dir", tmp_path / "runs", cwd=tmp_path
+    )
+    assert done.code == 0, done.err
+    for r in range(4):
+        steps = re.findall(rf"^\[local r{r}\] epoch: 1 step: (\d+), loss is", done.out, re.M)
+        assert [int(s) for s in steps] == list(range(1, 31))
+    s = _summary(tmp_path / "s.json")
+    assert s["status"] == "succeeded" and s["exit_code"] == 0 and s["root_cause"] is None
+    workers = [r for r in s["ranks"] if r["rank"] >= 0]
+    assert len(workers) == 4 and all(r["status"] == "ok" and r["last_step"] == 30 for r in workers)
+    # Logs are fetched into ./<logs-dir>/<run id>/<node>/attempt_0/
+    log = Path(s["logs_dir"]) / "local" / "attempt_0" / "r3.log"
+    assert log.read_text().count("loss is") == 30
+    assert (Path(s["logs_dir"]) / "summary.json").is_file()
+
+
+def test_failure_names_root_cause_and_stops_everyone(tmp_path: Path) -> None:
+    args = ["--steps", "400", "--rate", "20", "--fail-rank", "2", "--fail-step", "8", "--fail-code", "7"]
+    inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, args)
+    t0 = time.monotonic()
+    done = mscon("run", "--no-tui", inv, "--json", tmp_path / "s.json", cwd=tmp_path)
+    wall = time.monotonic() - t0
+    assert done.code == 7, done.err
+    assert wall < 15  # 400 steps at 20/s would take 20 s: everyone was stopped early
+    s = _summary(tmp_path / "s.json")
+    assert s["root_cause"]["name"] == "r2" and s["root_cause"]["exitcode"] == 7
+    assert "fake failure on rank 2" in s["root_cause"]["traceback"]
+    roles = {r["name"]: r["role"] for r in s["ranks"]}
+    assert roles["r2"] == "root cause" and roles["r0"] == roles["r1"] == roles["r3"] == "victim"
+    assert "Root cause (first failure" in done.err and "r2 on local, exit code 7" in done.err
+    assert run_processes(s["run_id"]) == []
+
+
+def test_lines_are_never_interleaved(tmp_path: Path) -> None:
+    args = ["--steps", "40", "--rate", "0", "--lines-per-step", "20"]
+    inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, args)
+    done = mscon("run", "--no-tui", "-q", inv, cwd=tmp_path)
+    assert done.code == 0, done.err
+    pat = re.compile(
+        r"^\[local (?:r(\d+)|sched)\] (?:epoch: 1 step: \d+, loss is [0-9.]+|rank (\d+) step \d+ line \d+ x{60}|.*)$"
+    )
+    count = 0
+    for line in done.out.splitlines():
+        m = pat.match(line)
+        assert m, line
+        if m.group(2) is not None:
+            assert m.group(1) == m.group(2), line
+            count += 1
+    assert count == 4 * 40 * 20
+
+
+def test_hundreds_of_fake_ranks(tmp_path: Path) -> None:
+    n = 200
+    inv = local_inventory(tmp_path / "inv.yaml", n, FAKE, ["--steps", "5", "--rate", "5"])
+    done = mscon("run", "--no-tui", "-q", inv, "--json", tmp_path / "s.json", cwd=tmp_path, timeout=300)
+    assert done.code == 0, done.err[-2000:]
+    s = _summary(tmp_path / "s.json")
+    assert sum(1 for r in s["ranks"] if r["status"] == "ok" and r["rank"] >= 0) == n
+    assert len(re.findall(r"^\[local r\d+\] training finished$", done.out, re.M)) == n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_everything(
+    tmp_path: Path, sig: signal.Signals, request: pytest.FixtureRequest
+) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 3, FAKE, ["--steps", "100000", "--rate", "10"])
+    run_id = f"intr-{sig.value}-{tmp_path.name}"
+    proc = mscon_popen("run", "--no-tui", inv, "--run-id", run_id, cwd=tmp_path)
+    request.addfinalizer(proc.kill)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "[local r2] epoch: 1 step: 3," in line:
+            break
+    ranks = run_processes(run_id)
+    agents = agent_processes(["local"])
+    assert len(ranks) == 3 and agents  # the fake scheduler exits at once
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err or "terminated" in err
+    assert wait_gone(ranks + agents, 5) == []
+
+
+def test_console_killed_leaves_no_orphans(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "100000", "--rate", "10"])
+    proc = mscon_popen("run", "--no-tui", inv, "--run-id", f"crash-{tmp_path.name}", cwd=tmp_path)
+    request.addfinalizer(proc.kill)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "[local r1] epoch: 1 step: 2," in line:
+            break
+    ranks = run_processes(f"crash-{tmp_path.name}")
+    assert len(ranks) == 2
+    proc.kill()  # no chance to clean up: the agent must notice its closed stdin
+    proc.wait()
+    assert wait_gone(ranks, 10) == []
+
+
+def test_unmodified_script_after_double_dash(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_job.py").write_text(
+        "import os, sys\n"
+        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"  # what mindspore's init() does in the scheduler
+        "    sys.exit(0)\n"
+        "print('args', sys.argv[1:], 'rank', os.environ['RANK_ID'], flush=True)\n"
+        "for s in range(1, 4):\n"
+        "    print(f'epoch: 1 step: {s}, loss is {1.0 / s:.4f}', flush=True)\n"
+    )
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, [])
+    done = mscon(
+        "run",
+        "--no-tui",
+        "-q",
+        inv,
+        "--workdir",
+        work,
+        "--json",
+        tmp_path / "s.json",
+        "--",
+        "my_job.py",
+        "--arg",
+        "x",
+        cwd=tmp_path,
+    )
+    assert done.code == 0, done.err
+    assert "[local r1] args ['--arg', 'x'] rank 1" in done.out
+    ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
+    assert ranks["r0"]["last_step"] == 3 and ranks["r0"]["last_loss"] == pytest.approx(0.3333)
+
+
+def test_script_outside_workdir_is_a_usage_error(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    (tmp_path / "elsewhere.py").write_text("print(1)\n")
+    done = mscon("run", "--no-tui", inv, "--", str(tmp_path / "elsewhere.py"), cwd=tmp_path)
+    assert done.code == 2 and "not a file inside the job workdir" in done.err
+    assert "Traceback" not in done.err
