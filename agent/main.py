@@ -69,9 +69,21 @@ class Agent:
                 raise ConsoleGone() from exc
 
     def _read_stdin(self) -> None:
-        for line in sys.stdin:
-            if line.strip():
-                self.inbox.put(line)
+        # Raw reads on fd 0, not sys.stdin: a thread blocked inside sys.stdin holds its lock and
+        # would deadlock the interpreter's shutdown.
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(0, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.inbox.put(line.decode("utf-8", errors="replace"))
         self.inbox.put(None)  # EOF
 
     # ------------------------------------------------------------ main loop

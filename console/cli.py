@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
     run.add_argument("--json", metavar="PATH", type=Path, help="also write the run summary as JSON to PATH")
-    run.add_argument("--logs-dir", metavar="DIR", type=Path, default=Path("mscon-runs"), help="where fetched logs go")
+    run.add_argument(
+        "--logs-dir", metavar="DIR", type=Path, default=Path("mscon-runs"), help="where fetched logs go"
+    )
     run.add_argument("--run-id", help="use this run id instead of a generated one")
     run.add_argument("--workdir", type=Path, help="override job.workdir (synced to the nodes)")
     run.add_argument(

@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,11 @@ class Engine:
                 exit_codes.INTERRUPTED,
                 self._stop_reason or "interrupted",
             )
+        except Exception as exc:  # a bug: report it in one line, keep the traceback in the run folder
+            reason = (
+                f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)"
+            )
+            self._save_traceback()
         finally:
             await self._teardown(nodes)
         result = self._result(status, code, reason, time.monotonic() - t0)
@@ -190,13 +196,23 @@ class Engine:
                     f"{n.plan.node.name}: the agent did not start with {n.plan.python}"
                     + (f": {' | '.join(detail)}" if detail else "")
                 )
-            await n.channel.send(self._start_message(n, remote_archive, archive))
-            self.bus.publish(NodeState(n.plan.node.name, NodeStatus.RUNNING, f"agent pid {hello.pid}"))
+            starts[n.plan.node.name] = self._start_message(n, remote_archive, archive)
+            hellos[n.plan.node.name] = hello
 
+        starts: dict[str, Start] = {}
+        hellos: dict[str, Hello] = {}
         errors = await self._each(nodes, deploy)
-        if errors:
-            await self._stop_all(nodes, "a node could not be prepared")
+        if errors:  # no rank starts anywhere unless every node is ready
             return RunStatus.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
+
+        async def start(n: NodeRun) -> None:
+            assert n.channel is not None
+            await n.channel.send(starts[n.plan.node.name])
+            self.bus.publish(
+                NodeState(n.plan.node.name, NodeStatus.RUNNING, f"agent pid {hellos[n.plan.node.name].pid}")
+            )
+
+        await asyncio.gather(*(start(n) for n in nodes))
         # 3. supervise until every node reports all its processes gone
         await self._supervise(nodes)
         return self._verdict()
@@ -447,6 +463,11 @@ class Engine:
             wall_s=wall_s,
             logs_dir=str(self.logs_dir),
         )
+
+    def _save_traceback(self) -> None:
+        with contextlib.suppress(OSError):
+            os.makedirs(self.logs_dir, exist_ok=True)
+            (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
 
     def _write_summary(self, result: RunResult) -> None:
         try:

@@ -105,14 +105,16 @@ def format_summary(result: RunResult) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["", f"mscon: run {result.run_id} {result.status.value} in {result.wall_s:.1f} s: {result.reason}"]
+    head = f"mscon: run {result.run_id} {result.status.value} in {result.wall_s:.1f} s: {result.reason}"
+    lines = ["", head]
     for row in rows:
         lines.append("  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     rc = result.root_cause
     if rc is not None:
         what = f"killed by {rc.signal}" if rc.signal else f"exit code {rc.exitcode}"
         lines.append("")
-        lines.append(f"Root cause (first failure, by the agent clock on {rc.node}): {_who(rc.name, rc.node)}, {what}")
+        clock = f"by the agent clock on {rc.node}"
+        lines.append(f"Root cause (first failure, {clock}): {_who(rc.name, rc.node)}, {what}")
         shown = rc.traceback.splitlines()[-12:] if rc.traceback else list(rc.tail[-10:])
         if shown:
             lines.append("  last lines:")

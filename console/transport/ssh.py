@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
+import secrets
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,8 +152,9 @@ class SshTransport(NodeTransport):
         return bool(host_keys or ca_keys)
 
     async def _learn_host_key(self) -> None:
-        key = await asyncssh.get_server_host_key(
-            self.node.host, port=self.node.port or 22, connect_timeout=self.inv.ssh.connect_timeout_s
+        key = await asyncio.wait_for(
+            asyncssh.get_server_host_key(self.node.host, port=self.node.port or 22),
+            self.inv.ssh.connect_timeout_s,
         )
         if key is None:
             raise NodeUnreachable(f"{self._where}: the server offered no host key")
@@ -170,13 +172,17 @@ class SshTransport(NodeTransport):
 
     async def _put_atomic(self, remote: str, data: bytes) -> None:
         _, sftp = self._require()
-        tmp = f"{remote}.tmp-{os.getpid()}"
+        # Unique per writer: nodes may share one home directory (NFS) and upload the same file at once.
+        tmp = f"{remote}.tmp-{self.node.name}-{secrets.token_hex(4)}"
         async with sftp.open(tmp, "wb") as f:
             await f.write(data)
         try:
             await sftp.posix_rename(tmp, remote)
         except asyncssh.SFTPError:
             await sftp.rename(tmp, remote)
+        finally:
+            if await sftp.exists(tmp):
+                await sftp.remove(tmp)
 
     async def ensure_agent(self, bundle: AgentBundle) -> str:
         _, sftp = self._require()

@@ -60,7 +60,8 @@ def test_lines_are_never_interleaved(tmp_path: Path) -> None:
     done = mscon("run", "--no-tui", "-q", inv, cwd=tmp_path)
     assert done.code == 0, done.err
     pat = re.compile(
-        r"^\[local (?:r(\d+)|sched)\] (?:epoch: 1 step: \d+, loss is [0-9.]+|rank (\d+) step \d+ line \d+ x{60}|.*)$"
+        r"^\[local (?:r(\d+)|sched)\] "
+        r"(?:epoch: 1 step: \d+, loss is [0-9.]+|rank (\d+) step \d+ line \d+ x{60}|.*)$"
     )
     count = 0
     for line in done.out.splitlines():
