@@ -151,6 +151,9 @@ class Agent:
         self.failed = False
         log_dir = os.path.join(cmd.run_dir, "attempt_%d" % cmd.attempt)
         try:
+            if os.path.isdir(log_dir) and os.listdir(log_dir):
+                # Never mix two runs' logs: a reused run id would make old lines look new.
+                raise OSError("%s already holds logs of an earlier run with this run id" % log_dir)
             os.makedirs(log_dir, exist_ok=True)
             if cmd.workdir_archive:
                 _unpack(cmd.workdir_archive, cmd.cwd)

@@ -37,6 +37,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -69,25 +70,30 @@ def _cpu_s(pid: int) -> float | None:
     return (int(rest[11]) + int(rest[12])) / CLK_TCK  # utime + stime
 
 
-def _ppid_and_env_has(pid: int, needle: bytes) -> int | None:
-    """The parent pid of ``pid`` if its environment contains ``needle`` (a KEY=VALUE), else None."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            if needle not in f.read().split(b"\0"):
-                return None
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+def _agent_pids(node_names: list[str]) -> list[int]:
+    """Agents of this run: ``python -m mscon_agent --node NAME`` (the benchmark's node names are unique)."""
+    wanted = {b"mscon_agent\0--node\0" + n.encode() + b"\0" for n in node_names}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if any(w in cmd for w in wanted):
+            found.append(int(entry))
+    return found
 
 
 class CpuSampler(threading.Thread):
-    """Last seen CPU seconds of the console and of the agents (the parents of this run's ranks)."""
+    """Last seen CPU seconds of the console and of its agents (sampled, so slightly low)."""
 
-    def __init__(self, console_pid: int, sched_port: int) -> None:
+    def __init__(self, console_pid: int, node_names: list[str]) -> None:
         super().__init__(daemon=True)
         self.console_pid = console_pid
-        self.needle = f"MS_SCHED_PORT={sched_port}".encode()
+        self.node_names = node_names
         self.console = 0.0
         self.agents: dict[int, float] = {}
         self.done = threading.Event()
@@ -96,14 +102,13 @@ class CpuSampler(threading.Thread):
         while not self.done.is_set():
             if (c := _cpu_s(self.console_pid)) is not None:
                 self.console = c
-            if not self.agents:  # find them once: the parents of the ranks (which carry the port)
-                for entry in os.listdir("/proc"):
-                    if entry.isdigit() and (ppid := _ppid_and_env_has(int(entry), self.needle)):
-                        self.agents.setdefault(ppid, 0.0)
+            if len(self.agents) < len(self.node_names):
+                for pid in _agent_pids(self.node_names):
+                    self.agents.setdefault(pid, 0.0)
             for pid in self.agents:
                 if (c := _cpu_s(pid)) is not None:
                     self.agents[pid] = c
-            self.done.wait(0.25)
+            self.done.wait(0.1)
 
 
 # ---------------------------------------------------------------- one run
@@ -154,23 +159,21 @@ class Result:
         )
 
 
-def write_inventory(
-    path: Path, ranks: int, rank_args: list[str], sched_port: int, cluster: object | None
-) -> None:
+def write_inventory(path: Path, ranks: int, rank_args: list[str], sched_port: int, cluster: Any) -> None:
     args = ", ".join(json.dumps(a) for a in rank_args)
     if cluster is None:
         head = f"defaults: {{python: {PYTHON}}}\nnodes:\n"
-        head += f"  - {{host: localhost, name: local, transport: local, devices: {ranks}}}\n"
+        head += f"  - {{host: localhost, name: bench-local, transport: local, devices: {ranks}}}\n"
         ssh = ""
     else:
-        nodes = cluster.nodes  # type: ignore[attr-defined]
+        nodes = cluster.nodes
         per = [ranks // len(nodes) + (1 if i < ranks % len(nodes) else 0) for i in range(len(nodes))]
         head = (
             f"defaults: {{user: root, transport: ssh, python: {PYTHON}, "
             f"identity_file: {cluster.client_key}}}\n"
             "nodes:\n"
             + "".join(
-                f"  - {{host: {n.host}, name: {n.name}, port: {n.port}, devices: {k}}}\n"
+                f"  - {{host: {n.host}, name: bench-{n.name}, port: {n.port}, devices: {k}}}\n"
                 for n, k in zip(nodes, per, strict=True)
             )
         )
@@ -187,7 +190,7 @@ def write_inventory(
 
 
 def run_once(
-    label: str, ranks: int, steps: int, per_step: int, tmp: Path, cluster: object | None, timeout_s: float
+    label: str, ranks: int, steps: int, per_step: int, tmp: Path, cluster: Any, timeout_s: float
 ) -> Result:
     rank_args = ["--rate", "0", "--steps", str(steps), "--lines-per-step", str(per_step)]
     per_rank = steps * (1 + per_step) + 2  # "starting", the steps, "training finished"
@@ -207,7 +210,8 @@ def run_once(
         proc = subprocess.Popen(
             cmd, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err
         )
-        sampler = CpuSampler(proc.pid, port)
+        names = [f"bench-{n.name}" for n in cluster.nodes] if cluster is not None else ["bench-local"]
+        sampler = CpuSampler(proc.pid, names)
         sampler.start()
         timer = threading.Timer(timeout_s, proc.terminate)  # SIGTERM: mscon stops the run in order
         timer.start()

@@ -36,6 +36,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -148,10 +149,10 @@ def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
 # ---------------------------------------------------------------- mscon
 
 
-def write_inventory(path: Path, cluster: object, ranks_per_node: int, sched_port: int) -> None:
+def write_inventory(path: Path, cluster: Any, ranks_per_node: int, sched_port: int) -> None:
     nodes = "\n".join(
-        f"  - {{host: {n.host}, name: {n.name}, port: {n.port}, devices: {ranks_per_node}}}"
-        for n in cluster.nodes  # type: ignore[attr-defined]
+        f"  - {{host: {n.host}, name: bench-{n.name}, port: {n.port}, devices: {ranks_per_node}}}"
+        for n in cluster.nodes
     )
     path.write_text(
         f"""# written by bench/launch.py
@@ -178,10 +179,10 @@ stop: {{grace_s: 3}}
 
 
 def run_mscon(
-    index: int, cluster: object, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
+    index: int, cluster: Any, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
 ) -> Trial:
     port = sshd_nodes().find_free_port(["127.0.0.2"])
-    world = len(cluster.nodes) * ranks_per_node  # type: ignore[attr-defined]
+    world = len(cluster.nodes) * ranks_per_node
     inv = tmp / f"mscon-{index}.yaml"
     write_inventory(inv, cluster, ranks_per_node, port)
     cmd = [

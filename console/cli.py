@@ -116,6 +116,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
             "mscon: the live console (mscon up) is not part of this version yet; running headless",
             file=sys.stderr,
         )
+    if args.run_id is not None and (args.logs_dir / args.run_id).exists():
+        return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
     options = RunOptions(
         script=script,
         args=args_tuple,

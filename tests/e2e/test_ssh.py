@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shutil
 import signal
 import time
@@ -84,7 +85,7 @@ def test_kill9_one_rank_stops_every_rank_within_5s(
         "0.05",
     ]
     inv = ssh_inventory(tmp_path / "inv.yaml", sshd_cluster, 2, TRAIN, args)
-    run_id = f"kill9-{tmp_path.name}"
+    run_id = f"kill9-{secrets.token_hex(3)}"
     proc = mscon_popen(
         "run", "--no-tui", inv, "--run-id", run_id, "--json", tmp_path / "s.json", cwd=tmp_path
     )
@@ -185,7 +186,7 @@ def test_console_stop_or_crash_leaves_no_process(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest, how: str
 ) -> None:
     inv = ssh_inventory(tmp_path / "inv.yaml", sshd_cluster, 2, FAKE, ["--steps", "100000", "--rate", "10"])
-    run_id = f"{how}-{tmp_path.name}"
+    run_id = f"{how}-{secrets.token_hex(3)}"
     proc = mscon_popen("run", "--no-tui", inv, "--run-id", run_id, cwd=tmp_path)
     request.addfinalizer(proc.kill)
     _wait_for_line(proc, "[node2 r3] epoch: 1 step: 3,")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -88,7 +89,7 @@ def test_interrupt_stops_everything(
     tmp_path: Path, sig: signal.Signals, request: pytest.FixtureRequest
 ) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 3, FAKE, ["--steps", "100000", "--rate", "10"])
-    run_id = f"intr-{sig.value}-{tmp_path.name}"
+    run_id = f"intr-{sig.value}-{secrets.token_hex(3)}"
     proc = mscon_popen("run", "--no-tui", inv, "--run-id", run_id, cwd=tmp_path)
     request.addfinalizer(proc.kill)
     assert proc.stdout is not None
@@ -107,13 +108,14 @@ def test_interrupt_stops_everything(
 
 def test_console_killed_leaves_no_orphans(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "100000", "--rate", "10"])
-    proc = mscon_popen("run", "--no-tui", inv, "--run-id", f"crash-{tmp_path.name}", cwd=tmp_path)
+    run_id = f"crash-{secrets.token_hex(3)}"
+    proc = mscon_popen("run", "--no-tui", inv, "--run-id", run_id, cwd=tmp_path)
     request.addfinalizer(proc.kill)
     assert proc.stdout is not None
     for line in proc.stdout:
         if "[local r1] epoch: 1 step: 2," in line:
             break
-    ranks = run_processes(f"crash-{tmp_path.name}")
+    ranks = run_processes(run_id)
     assert len(ranks) >= 2
     proc.kill()  # no chance to clean up: the agent must notice its closed stdin
     proc.wait()
