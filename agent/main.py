@@ -289,6 +289,11 @@ class Agent:
                     samples_per_s=_opt_float(obj.get("samples_per_s")),
                     ts=_opt_float(obj.get("ts")) or time.time(),
                     source="metrics",
+                    loss_scale=_opt_float(obj.get("loss_scale")),
+                    overflow=obj["overflow"] if isinstance(obj.get("overflow"), bool) else None,
+                    device_memory_bytes=_opt_int(obj.get("device_memory_bytes")),
+                    checksum=_opt_str(obj.get("param_checksum")),
+                    profile_dir=_opt_str(obj.get("profile_dir")),
                 )
             )
 
@@ -352,11 +357,15 @@ def _unpack(archive: str, dest: str) -> None:
 
 
 def _opt_float(v: object) -> float | None:
-    return float(v) if isinstance(v, (int, float)) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _opt_int(v: object) -> int | None:
-    return int(v) if isinstance(v, int) else None
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _opt_str(v: object) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:

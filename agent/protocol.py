@@ -185,6 +185,11 @@ class Metric(Message):
     samples_per_s: float | None = None
     ts: float = 0.0
     source: str = "parsed"  # "parsed" from LossMonitor lines, or "metrics" from MSCON_METRICS
+    loss_scale: float | None = None
+    overflow: bool | None = None
+    device_memory_bytes: int | None = None
+    checksum: str | None = None  # digest of the replicated parameters (data parallel)
+    profile_dir: str | None = None  # where a profiler window was written
 
 
 @dataclass(frozen=True)

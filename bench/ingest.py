@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
 SCRIPT = "bench/fake_rank.py"
+NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 LINE_RE = re.compile(rb"^\[(?P<node>[^ \]]+) (?P<proc>[^ \]]+)\] (?P<text>.*)$")
@@ -87,19 +88,54 @@ def _agent_pids(node_names: list[str]) -> list[int]:
     return found
 
 
+def _ms_ports() -> list[bytes]:
+    """MS_SCHED_PORT of every live process launched as a MindSpore-cluster member (MS_ROLE set)."""
+    ports = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"MS_ROLE=") for v in env):
+            ports.append(next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?"))
+    return ports
+
+
+def wait_idle(max_wait_s: float) -> None:
+    """Before a run: wait (up to max_wait_s) until no other job's ranks run on this machine."""
+    deadline = time.monotonic() + max_wait_s
+    said = False
+    while (n := len(_ms_ports())) and time.monotonic() < deadline:
+        if not said:
+            print(f"  waiting for {n} rank process(es) of another job to finish ...", flush=True)
+            said = True
+        time.sleep(2.0)
+    if n:
+        print(f"  still {n} foreign rank process(es) after {max_wait_s:.0f} s; measuring anyway")
+
+
 class CpuSampler(threading.Thread):
     """Last seen CPU seconds of the console and of its agents (sampled, so slightly low)."""
 
-    def __init__(self, console_pid: int, node_names: list[str]) -> None:
+    def __init__(self, console_pid: int, node_names: list[str], own_port: int) -> None:
         super().__init__(daemon=True)
         self.console_pid = console_pid
         self.node_names = node_names
+        self.own_port = str(own_port).encode()
+        self.foreign = 0  # peak count of other jobs' rank processes
         self.console = 0.0
         self.agents: dict[int, float] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
+        ticks = 0
         while not self.done.is_set():
+            if ticks % 10 == 0:
+                self.foreign = max(self.foreign, sum(1 for p in _ms_ports() if p != self.own_port))
+            ticks += 1
             if (c := _cpu_s(self.console_pid)) is not None:
                 self.console = c
             if len(self.agents) < len(self.node_names):
@@ -128,6 +164,7 @@ class Result:
     ranks_ran: float | None = None
     console_cpu: float = 0.0
     agent_cpu: float = 0.0
+    foreign: int = 0
     problems: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
 
@@ -156,6 +193,11 @@ class Result:
                 f"agent(s) {self.agent_cpu:.1f} s",
                 f"  check: {verdict}",
             ]
+            + (
+                [f"  NOT ALONE: up to {self.foreign} rank processes of another job ran meanwhile"]
+                if self.foreign
+                else []
+            )
         )
 
 
@@ -197,13 +239,14 @@ def run_once(
     res = Result(label, ranks, expected=ranks * per_rank + 1)  # + the fake scheduler's one line
     host = "127.0.0.2" if cluster is not None else "127.0.0.1"
     port = sshd_nodes().find_free_port([host])
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{label.replace(' ', '-')}-", dir=tmp))
+    run_dir = Path(tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9]+", "-", label) + "-", dir=tmp))
     inv = run_dir / "inventory.yaml"
     write_inventory(inv, ranks, rank_args, port, cluster)
     summary = run_dir / "summary.json"
     capture = run_dir / "stdout.txt"
     cmd = [str(VENV_BIN / "mscon"), "run", "--no-tui", "-q", str(inv)]
-    cmd += ["--json", str(summary), "--logs-dir", str(run_dir / "mscon-runs")]
+    run_id = f"bench-ingest-{run_dir.name}"
+    cmd += ["--json", str(summary), "--logs-dir", str(run_dir / "mscon-runs"), "--run-id", run_id]
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}")
     with open(run_dir / "stderr.txt", "wb") as err, open(capture, "wb") as cap:
         t0 = time.monotonic()
@@ -211,7 +254,7 @@ def run_once(
             cmd, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err
         )
         names = [f"bench-{n.name}" for n in cluster.nodes] if cluster is not None else ["bench-local"]
-        sampler = CpuSampler(proc.pid, names)
+        sampler = CpuSampler(proc.pid, names, port)
         sampler.start()
         timer = threading.Timer(timeout_s, proc.terminate)  # SIGTERM: mscon stops the run in order
         timer.start()
@@ -233,6 +276,7 @@ def run_once(
         sampler.join()
     res.lines, res.nbytes = lines, nbytes
     res.console_cpu = sampler.console
+    res.foreign = sampler.foreign
     res.agent_cpu = sum(sampler.agents.values())
     if res.rc != 0:
         res.problems.append(f"mscon exited with {res.rc}")
@@ -245,10 +289,12 @@ def run_once(
     res.problems += verify(capture, ranks, steps, per_step)
     if res.problems:
         res.tail = capture.read_bytes()[-2000:].decode(errors="replace").splitlines()[-8:]
-        res.tail += ["--- stderr ---"] + (run_dir / "stderr.txt").read_text(errors="replace").splitlines()[
-            -25:
-        ]
+        err_lines = (run_dir / "stderr.txt").read_text(errors="replace").splitlines()
+        res.tail += ["--- stderr ---", *err_lines[-25:]]
     shutil.rmtree(run_dir, ignore_errors=True)
+    # The nodes (local or loopback sshd) share this machine's home: drop the node-side copy of the run
+    # (every rank's full log, tens of MB here), which mscon never prunes.
+    shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
     return res
 
 
@@ -317,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ssh", action="store_true", help="also run over sshd nodes on 127.0.0.2...")
     p.add_argument("--ssh-only", action="store_true", help="only the sshd runs")
     p.add_argument("--nodes", type=int, default=2, help="sshd nodes for --ssh")
+    p.add_argument(
+        "--max-wait-idle",
+        type=float,
+        default=600.0,
+        help="before each run, wait up to this long for other jobs' ranks to end",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before mscon is stopped")
     a = p.parse_args(argv)
     if not (VENV_BIN / "mscon").exists():
@@ -333,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps = a.steps or max(1, a.lines // (n * (1 + a.lines_per_step)))
                 where = "local" if mode == "local" else f"ssh x{a.nodes}"
                 for i in range(1, a.repeat + 1):
+                    wait_idle(a.max_wait_idle)
                     label = f"{where} N={n} #{i}"
                     print(
                         f"{label}: {n} ranks x {steps} steps x {1 + a.lines_per_step} lines "
@@ -358,10 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'run':<22}{'lines':>10}{'lost':>8}{'wall s':>9}{'lines/s':>11}{'MB/s':>7}{'stream l/s':>12}")
         for r in results:
             stream = f"{r.lines / r.stream:,.0f}" if r.stream > 0 else "-"
+            label = r.label + (" *" if r.foreign else "")
             print(
-                f"{r.label:<22}{r.lines:>10,}{r.expected - r.lines:>8,}{r.wall:>9.2f}"
+                f"{label:<22}{r.lines:>10,}{r.expected - r.lines:>8,}{r.wall:>9.2f}"
                 f"{r.lines / r.wall:>11,.0f}{r.nbytes / 1e6 / r.wall:>7.1f}{stream:>12}"
             )
+        if any(r.foreign for r in results):
+            print("* other jobs' ranks ran on this machine meanwhile: that run's rate is too low")
     return 0 if results and not any(r.problems for r in results) else 1
 
 

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
 SCRIPT = "trainer/train.py"
+NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 
 # "epoch: 1 step: 1, loss is 2.30" (the trainer's LossMonitor-style line); any step counts as "first".
 STEP_RE = re.compile(r"epoch:\s*\d+\s+step:\s*\d+,\s*loss is")
@@ -69,10 +70,12 @@ class Trial:
     world: int
     ok: bool = False
     first_step: dict[int, float] = field(default_factory=dict)  # rank -> s since command start
+    launcher_up: float | None = None  # the launcher's own first line (its Python imports are done)
     first_output: float | None = None  # the scheduler's first line (the ranks are running)
     wall: float = 0.0
     error: str = ""
     tail: list[str] = field(default_factory=list)
+    foreign: int = 0  # peak count of other jobs' MindSpore processes during the trial
 
     @property
     def all_ranks(self) -> float | None:
@@ -81,13 +84,15 @@ class Trial:
         return max(self.first_step.values())
 
     def line(self) -> str:
+        shared = f" [NOT ALONE: up to {self.foreign} other MindSpore processes ran]" if self.foreign else ""
         if not self.ok:
-            return f"{self.launcher} #{self.index}: FAILED after {self.wall:.1f} s: {self.error}"
+            return f"{self.launcher} #{self.index}: FAILED after {self.wall:.1f} s: {self.error}{shared}"
         per_rank = " ".join(f"r{r}={t:.2f}" for r, t in sorted(self.first_step.items()))
         first = "-" if self.first_output is None else f"{self.first_output:.2f}"
+        up = "-" if self.launcher_up is None else f"{self.launcher_up:.2f}"
         return (
-            f"{self.launcher} #{self.index}: scheduler up {first} s; first step {per_rank}; "
-            f"all ranks {self.all_ranks:.2f} s; total wall {self.wall:.2f} s"
+            f"{self.launcher} #{self.index}: launcher up {up} s, scheduler up {first} s; "
+            f"first step {per_rank}; all ranks {self.all_ranks:.2f} s; total wall {self.wall:.2f} s{shared}"
         )
 
 
@@ -127,6 +132,57 @@ def _pids_with_sched_port(port: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _ms_ports() -> list[str]:
+    """MS_SCHED_PORT of every live MindSpore-cluster process (ranks and schedulers carry MS_ROLE)."""
+    ports = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"MS_ROLE=") for v in env):
+            port = next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?")
+            ports.append(port.decode(errors="replace"))
+    return ports
+
+
+class Contention(threading.Thread):
+    """Counts MindSpore processes that are not this trial's (another job on this 2-core machine)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.own_port = ""
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def reset(self, own_port: int) -> None:
+        self.own_port, self.peak = str(own_port), 0
+
+    def foreign(self) -> int:
+        return sum(1 for p in _ms_ports() if p != self.own_port)
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.peak = max(self.peak, self.foreign())
+
+
+def wait_idle(watch: Contention, max_wait_s: float) -> None:
+    """Before a trial: wait (up to max_wait_s) until no other MindSpore processes run here."""
+    watch.reset(0)
+    deadline = time.monotonic() + max_wait_s
+    said = False
+    while (n := watch.foreign()) and time.monotonic() < deadline:
+        if not said:
+            print(f"  waiting for {n} MindSpore process(es) of another job to finish ...", flush=True)
+            said = True
+        time.sleep(2.0)
+    if n:
+        print(f"  still {n} foreign MindSpore process(es) after {max_wait_s:.0f} s; measuring anyway")
 
 
 def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
@@ -179,10 +235,16 @@ stop: {{grace_s: 3}}
 
 
 def run_mscon(
-    index: int, cluster: Any, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
+    index: int,
+    cluster: Any,
+    ranks_per_node: int,
+    train_args: list[str],
+    tmp: Path,
+    timeout_s: float,
+    port: int,
 ) -> Trial:
-    port = sshd_nodes().find_free_port(["127.0.0.2"])
     world = len(cluster.nodes) * ranks_per_node
+    run_id = f"bench-launch-{os.getpid()}-{index}"
     inv = tmp / f"mscon-{index}.yaml"
     write_inventory(inv, cluster, ranks_per_node, port)
     cmd = [
@@ -193,6 +255,8 @@ def run_mscon(
         str(inv),
         "--logs-dir",
         str(tmp / "mscon-runs"),
+        "--run-id",
+        run_id,
         "--",
         SCRIPT,
         *train_args,
@@ -231,6 +295,8 @@ def run_mscon(
     def read_err() -> None:
         assert proc.stderr is not None
         for raw in proc.stderr:
+            if trial.launcher_up is None:  # "mscon: run ID: N ranks on ...": imports done, engine starting
+                trial.launcher_up = time.monotonic() - t0
             err.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
 
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
@@ -254,6 +320,9 @@ def run_mscon(
     else:
         trial.ok = True
     _reap_leftovers(port, "mscon")
+    # The "nodes" share this machine's home: drop the node-side run folder (logs + unpacked workdir),
+    # which mscon keeps forever; the fetched copy under tmp goes with tmp.
+    shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
     return trial
 
 
@@ -261,9 +330,8 @@ def run_mscon(
 
 
 def run_msrun(
-    index: int, nodes: int, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float
+    index: int, nodes: int, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float, port: int
 ) -> Trial:
-    port = sshd_nodes().find_free_port(["127.0.0.1"])
     world = nodes * ranks_per_node
     base = tmp / f"msrun-{index}"
     trial = Trial("msrun", index, world)
@@ -311,6 +379,8 @@ def run_msrun(
     timed_out = False
     while True:
         now = time.monotonic() - t0
+        if trial.launcher_up is None and os.path.getsize(base / "msrun-node0.out") > 0:
+            trial.launcher_up = now  # "Start scheduler process ...": msrun imported MindSpore
         if trial.first_output is None:
             try:
                 if SCHED_MARK.encode() in sched_log.read_bytes():
@@ -382,6 +452,7 @@ def _ratio(a: list[float], b: list[float]) -> str:
 def report(trials: list[Trial]) -> None:
     ok = {name: [t for t in trials if t.launcher == name and t.ok] for name in ("mscon", "msrun")}
     rows = [
+        ("launcher's first line", lambda t: t.launcher_up),
         ("scheduler's first line", lambda t: t.first_output),
         ("all ranks at first step", lambda t: t.all_ranks),
         ("total wall", lambda t: t.wall),
@@ -393,6 +464,9 @@ def report(trials: list[Trial]) -> None:
         a = [v for t in ok["mscon"] if (v := get(t)) is not None]
         b = [v for t in ok["msrun"] if (v := get(t)) is not None]
         print(f"{label:<28}{_stats(a):>22}{_stats(b):>22}{_ratio(a, b):>14}")
+    shared = [f"{t.launcher} #{t.index}" for t in trials if t.foreign]
+    if shared:
+        print(f"WARNING: other MindSpore jobs ran during {', '.join(shared)}: those timings are inflated")
     failed = [t for t in trials if not t.ok]
     counts = ", ".join(f"{name} {len(v)}" for name, v in ok.items())
     print(f"successful trials: {counts}; failed: {len(failed)}")
@@ -414,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per trial before it is stopped")
     p.add_argument("--only", choices=("mscon", "msrun"), help="run one launcher only")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed `import mindspore` first")
+    p.add_argument(
+        "--max-wait-idle",
+        type=float,
+        default=600.0,
+        help="before each trial, wait up to this long for other jobs' MindSpore processes to end",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, inventories)")
     a = p.parse_args(argv)
     if a.nodes * a.ranks_per_node > 4:
@@ -434,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-launch-"))
     cluster = None
     trials: list[Trial] = []
+    watch = Contention()
+    watch.start()
     try:
         if a.only != "msrun":
             cluster = sshd_nodes().start_sshd_cluster(tmp / "sshd", n=a.nodes)
@@ -443,10 +525,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(1, a.repeat + 1):
             order = launchers if i % 2 else launchers[::-1]
             for name in order:
+                wait_idle(watch, a.max_wait_idle)
+                port = sshd_nodes().find_free_port(["127.0.0.1", "127.0.0.2"])
+                watch.reset(port)
                 if name == "mscon":
-                    trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout)
+                    trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port)
                 else:
-                    trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout)
+                    trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout, port)
+                trial.foreign = watch.peak
                 trials.append(trial)
                 print(trial.line(), flush=True)
                 if not trial.ok:
@@ -456,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; partial results:")
     finally:
+        watch.stop.set()
         if cluster is not None:
             cluster.stop()
         if a.keep:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from mscon.agent.protocol import (
+    AgentError,
     AllExited,
     Hello,
     Message,
@@ -47,6 +48,7 @@ from .events import (
 )
 from .inventory import Inventory
 from .plan import NodePlan, build_plan
+from .replicas import ReplicaWatch
 from .transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, make_transport
 
 T = TypeVar("T")
@@ -119,6 +121,7 @@ class Engine:
         self._workers_done_at: float | None = None
         self._sched_stop_sent = False
         self._lost_error = ""
+        self.replicas = ReplicaWatch(inventory.world_size)
 
     # ------------------------------------------------------------ control
 
@@ -344,6 +347,10 @@ class Engine:
             info = self.ranks.get(msg.name)
             if info is not None:
                 info.last_step, info.last_loss = msg.step, msg.loss
+            if msg.checksum is not None:
+                divergence = self.replicas.observe(msg.name, msg.step, msg.checksum)
+                if divergence is not None:
+                    self.bus.publish(divergence)
         elif isinstance(msg, ProcExited):
             self.ranks[msg.name].exited = msg
             # A scheduler that dies while we stop the workers is a victim, not a cause.
@@ -352,6 +359,10 @@ class Engine:
                 if not self.stopping:
                     await self._begin_stop(nodes, f"{msg.name} on {msg.node} failed", root=msg)
             self._check_workers_done()
+        elif isinstance(msg, AgentError) and not any(self.ranks[r].started_ts_ns for r in n.ranks):
+            self._lost_error = f"{name}: {msg.message}"  # the node could not even start its ranks
+            if not self.stopping:
+                await self._begin_stop(nodes, self._lost_error)
         elif isinstance(msg, AllExited):
             n.done = True
             self.bus.publish(NodeState(name, NodeStatus.DONE))
@@ -462,6 +473,7 @@ class Engine:
             ranks=tuple(rows),
             wall_s=wall_s,
             logs_dir=str(self.logs_dir),
+            divergent_ranks=tuple(sorted(self.replicas.flagged)),
         )
 
     def _save_traceback(self) -> None:

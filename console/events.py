@@ -30,6 +30,7 @@ __all__ = [
     "ProcExited",
     "ProcStarted",
     "RankSummary",
+    "ReplicaDivergence",
     "RunFinished",
     "RunResult",
     "RunStarted",
@@ -86,6 +87,15 @@ class RunStopping(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaDivergence(Event):
+    """Data-parallel replicas must hold identical parameters; these ranks reported another digest."""
+
+    step: int
+    ranks: tuple[str, ...]  # rank names that differ from the majority
+    majority: str
+
+
+@dataclass(frozen=True, slots=True)
 class LogsFetched(Event):
     node: str
     path: str
@@ -116,6 +126,7 @@ class RunResult:
     ranks: tuple[RankSummary, ...]
     wall_s: float
     logs_dir: str
+    divergent_ranks: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         rc = self.root_cause
@@ -126,6 +137,7 @@ class RunResult:
             "reason": self.reason,
             "wall_s": round(self.wall_s, 3),
             "logs_dir": self.logs_dir,
+            "divergent_ranks": list(self.divergent_ranks),
             "root_cause": None
             if rc is None
             else {

@@ -17,6 +17,7 @@ from .events import (
     NodeState,
     NodeStatus,
     ProcExited,
+    ReplicaDivergence,
     RunFinished,
     RunResult,
     RunStarted,
@@ -66,6 +67,11 @@ class HeadlessReporter:
             if not event.ok and not event.stopped_by_agent:
                 what = f"killed by {event.signal}" if event.signal else f"exit code {event.exitcode}"
                 self.note(f"{_who(event.name, event.node)} failed: {what}")
+        elif isinstance(event, ReplicaDivergence):
+            self.note(
+                f"WARNING: replicas diverged at step {event.step}: {', '.join(event.ranks)} "
+                f"differ from the others' parameters ({event.majority}); check seeds and data masks"
+            )
         elif isinstance(event, RunStopping):
             self.note(f"stopping every rank on every node: {event.reason}")
         elif isinstance(event, AgentError):
@@ -119,6 +125,8 @@ def format_summary(result: RunResult) -> str:
         if shown:
             lines.append("  last lines:")
             lines.extend("    " + line for line in shown)
+    if result.divergent_ranks:
+        lines.append(f"replicas that diverged: {', '.join(result.divergent_ranks)}")
     lines.append(f"logs: {result.logs_dir}")
     lines.append(f"exit code: {result.exit_code}")
     return "\n".join(lines) + "\n"

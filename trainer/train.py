@@ -1,237 +1,356 @@
-"""mscon trainer: a small, real MindSpore data-parallel training entry point.
+"""mscon trainer: MindSpore distributed training from the seeds' recipes, watched by mscon.
 
-Launched by the mscon console once per node (scheduler + N workers of this same
-script, MindSpore dynamic-cluster env vars), under ``msrun``, or stand-alone.
+Launched by the mscon console on every node (one scheduler + N workers of this same script with
+MindSpore's dynamic-cluster environment), under ``msrun``, or stand-alone. ``--help`` lists the
+knobs; ``trainer/config.py`` holds the checks that run before MindSpore is imported.
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
-import json
 import os
+import signal
 import sys
 import time
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any
 
-import numpy as np
+# Run as a script (`python trainer/train.py`): make `import trainer.x` work from the repo root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-VALID_MODES = ("stand_alone", "data_parallel")
-# MindSpore knows these, but they need sharding strategies and the CPU backend refuses them.
-REFUSED_MODES = ("semi_auto_parallel", "auto_parallel", "hybrid_parallel")
-ALIASES = {
-    "dp": "data_parallel",
-    "ddp": "data_parallel",
-    "data": "data_parallel",
-    "standalone": "stand_alone",
-    "single": "stand_alone",
-    "none": "stand_alone",
-}
-NUM_CLASSES = 10
-MLP_FEATURES = 32
+from trainer import checkpoint  # noqa: E402
+from trainer.config import Cluster, cluster_from_env, fail, parse_args  # noqa: E402
+from trainer.metrics import MetricsWriter, param_checksum  # noqa: E402
 
 
-def fail(msg: str) -> NoReturn:
-    """One-line error and argparse's usage-error exit code, before MindSpore is even imported."""
-    print(f"train.py: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def run_scheduler(cluster: Cluster) -> int:
+    """The scheduler only coordinates: init() serves the cluster, and MindSpore's C++ side ends the
+    process (rc 0) once every worker has unregistered. If a worker dies, init() raises after the
+    node timeout instead; that becomes one line and rc 1."""
+    print(f"mscon-trainer scheduler for {cluster.size} workers", flush=True)
+    from mindspore.communication import init
+
+    try:
+        init()
+    except RuntimeError as exc:
+        print(f"mscon-trainer scheduler: cluster failed: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
 
 
-def check_parallel_mode(mode: str, device_target: str) -> None:
-    if mode in VALID_MODES:
+def configure_parallel(ms: Any, args: Any, size: int) -> None:
+    """set_auto_parallel_context for the chosen mode (seeds 000, 002, 004)."""
+    if args.parallel_mode == "stand_alone":
         return
-    valid = ", ".join(VALID_MODES)
-    if mode in REFUSED_MODES:
-        why = (
-            "the CPU backend refuses it (CPU only supports data parallel)"
-            if device_target == "CPU"
-            else "this trainer has no sharding strategies for it"
-        )
-        fail(f"--parallel-mode {mode}: {why}; valid: {valid}")
-    norm = mode.strip().lower().replace("-", "_").replace(" ", "_")
-    guess = norm if norm in VALID_MODES + REFUSED_MODES else ALIASES.get(norm)
-    if guess is None:
-        close = difflib.get_close_matches(norm, VALID_MODES, n=1)
-        guess = close[0] if close else None
-    hint = f" (did you mean '{guess}'?)" if guess else ""
-    fail(f"invalid --parallel-mode '{mode}'{hint}; valid: {valid}")
+    kw: dict[str, Any] = {"gradients_mean": True}
+    modes = {
+        "data_parallel": ms.ParallelMode.DATA_PARALLEL,
+        "semi_auto_parallel": ms.ParallelMode.SEMI_AUTO_PARALLEL,
+        "auto_parallel": ms.ParallelMode.AUTO_PARALLEL,
+        "hybrid_parallel": ms.ParallelMode.HYBRID_PARALLEL,
+    }
+    kw["parallel_mode"] = modes[args.parallel_mode]
+    if args.parallel_mode == "auto_parallel":
+        kw["search_mode"] = args.search_mode
+    if args.parallel_optimizer:
+        kw["enable_parallel_optimizer"] = True  # optimizer sharding (ZeRO-1-like)
+    if args.parallel_mode in ("semi_auto_parallel", "auto_parallel") and args.strategy_ckpt_dir:
+        os.makedirs(args.strategy_ckpt_dir, exist_ok=True)
+        path = os.path.join(args.strategy_ckpt_dir, "strategy.ckpt")
+        key = "load_file" if os.path.exists(path) else "save_file"
+        kw["strategy_ckpt_config"] = {key: path}
+    if args.comm_fusion_mb:
+        kw["comm_fusion"] = {"allreduce": {"mode": "size", "config": args.comm_fusion_mb}}
+    ms.set_auto_parallel_context(**kw)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="train.py",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--epochs", type=int, default=2, help="training epochs")
-    p.add_argument("--steps-per-epoch", type=int, default=20, help="steps per epoch (on every rank)")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch, split evenly over ranks")
-    p.add_argument("--lr", type=float, default=0.05, help="Momentum learning rate")
-    p.add_argument("--model", choices=("mlp", "lenet"), default="mlp", help="network")
-    p.add_argument("--dataset", choices=("synthetic",), default="synthetic", help="data source")
-    p.add_argument(
-        "--parallel-mode",
-        default=None,
-        help=f"one of {', '.join(VALID_MODES)}; unset: data_parallel if rank size > 1",
-    )
-    p.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"), default="CPU", help="backend")
-    p.add_argument("--seed", type=int, default=1, help="weights + data seed, same on every rank")
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (tests)")
-    args = p.parse_args(argv)
-    if args.parallel_mode is not None:
-        check_parallel_mode(args.parallel_mode, args.device_target)
-    for name in ("epochs", "steps_per_epoch", "batch_size"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be >= 1")
-    if args.step_sleep < 0:
-        fail("--step-sleep must be >= 0")
-    return args
+def apply_strategy(net: Any, strategy: tuple[int, int]) -> None:
+    """semi_auto_parallel for the MLP: the first Dense splits its output columns over the model
+    axis (data x model), the second reduces over it; MindSpore inserts the collectives."""
+    dp, mp = strategy
+    dense1, dense2 = net[0], net[2]
+    dense1.matmul.shard(((dp, 1), (1, mp)))
+    dense2.matmul.shard(((dp, mp), (mp, 1)))
 
 
-class TeacherData:
-    """Random-access synthetic source: labels come from a fixed random linear teacher,
-    so the task is learnable. Images (lenet) also carry a per-class pattern, since a
-    linear teacher on 1024 pixels of noise is too hard to learn in a few steps.
-    Same seed on every rank -> identical data; GeneratorDataset sharding then gives
-    each rank a disjoint slice."""
+class StepRunner:
+    """One optimizer update = ``accum`` micro-batches: forward+backward each (compiled), sum the
+    gradients, then one AllReduce, unscale, overflow check and update (compiled)."""
 
-    def __init__(self, n: int, shape: tuple[int, ...], seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        self.x = rng.standard_normal((n, *shape)).astype(np.float32)
-        teacher = rng.standard_normal((int(np.prod(shape)), NUM_CLASSES)).astype(np.float32)
-        self.y = np.argmax(self.x.reshape(n, -1) @ teacher, axis=1).astype(np.int32)
-        if len(shape) > 1:
-            patterns = rng.standard_normal((NUM_CLASSES, *shape)).astype(np.float32)
-            self.x += patterns[self.y]
+    def __init__(self, ms: Any, net: Any, loss_fn: Any, opt: Any, size: int, args: Any) -> None:
+        from mindspore import nn
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[i], self.y[i]
+        self.ms = ms
+        self.accum = args.grad_accum
+        if args.loss_scale == "dynamic":
+            self.scaler = ms.amp.DynamicLossScaler(args.loss_scale_value, 2, 1000)
+        else:
+            self.scaler = ms.amp.StaticLossScaler(
+                args.loss_scale_value if args.loss_scale == "fixed" else 1.0
+            )
+        scaler, accum = self.scaler, float(args.grad_accum)
 
-    def __len__(self) -> int:
-        return len(self.y)
+        def forward(x: Any, y: Any) -> Any:
+            return scaler.scale(loss_fn(net(x), y))
+
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+        reducer = nn.DistributedGradReducer(opt.parameters, True, size) if size > 1 else None
+
+        @ms.jit
+        def micro(x: Any, y: Any) -> Any:
+            return grad_fn(x, y)
+
+        @ms.jit
+        def add(total: Any, grads: Any) -> Any:
+            return tuple(t + g for t, g in zip(total, grads, strict=True))
+
+        @ms.jit
+        def update(grads: Any) -> Any:
+            if reducer is not None:
+                grads = reducer(grads)  # once per update: accumulation also saves communication
+            grads = scaler.unscale(grads)
+            grads = tuple(g / accum for g in grads)
+            finite = ms.amp.all_finite(grads)
+            scaler.adjust(finite)
+            if finite:
+                opt(grads)
+            return finite
+
+        self._micro, self._add, self._update = micro, add, update
+        self.overflows = 0
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.scaler.scale_value.asnumpy())
+
+    def step(self, batches: list[tuple[Any, Any]]) -> tuple[float, bool]:
+        """(mean unscaled loss, overflowed) for one update."""
+        scale = self.loss_scale
+        total = None
+        losses = 0.0
+        for x, y in batches:
+            loss, grads = self._micro(x, y)
+            losses += float(loss.asnumpy()) / scale
+            total = grads if total is None else self._add(total, grads)
+        finite = bool(self._update(total).asnumpy())
+        if not finite:
+            self.overflows += 1
+        return losses / len(batches), not finite
 
 
-def build_net(kind: str) -> Any:
-    from mindspore import nn
-
-    if kind == "lenet":
-        return nn.SequentialCell(
-            nn.Conv2d(1, 6, 5, pad_mode="valid"),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-            nn.Conv2d(6, 16, 5, pad_mode="valid"),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-            nn.Flatten(),
-            nn.Dense(16 * 5 * 5, 120),
-            nn.ReLU(),
-            nn.Dense(120, 84),
-            nn.ReLU(),
-            nn.Dense(84, NUM_CLASSES),
-        )
-    return nn.SequentialCell(nn.Dense(MLP_FEATURES, 64), nn.ReLU(), nn.Dense(64, NUM_CLASSES))
+def device_memory(ms: Any) -> int | None:
+    try:
+        used = int(ms.runtime.max_memory_allocated())
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        return None
+    return used or None  # the CPU backend answers 0: "not reported"
 
 
-def make_step_callback(per_rank_batch: int, step_sleep: float, metrics_path: str | None) -> Any:
+class Profiling:
+    """MindSpore Profiler over a window of optimizer steps; the output path goes to the metrics."""
+
+    def __init__(self, window: tuple[int, int] | None, out_dir: str, rank: int) -> None:
+        self.window = window
+        self.out_dir = os.path.abspath(os.path.join(out_dir, f"rank_{rank}"))
+        self.profiler: Any = None
+        self.done_path: str | None = None
+
+    def before(self, step: int) -> None:
+        if self.window and step == self.window[0] and self.profiler is None:
+            from mindspore import Profiler
+
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.profiler = Profiler(start_profile=False, output_path=self.out_dir)
+            self.profiler.start()
+
+    def after(self, step: int) -> str | None:
+        if self.profiler is not None and self.window and step == self.window[1]:
+            self.profiler.stop()
+            self.profiler.analyse()
+            self.profiler = None
+            self.done_path = self.out_dir
+            print(f"mscon-trainer: profiler output in {self.out_dir}", flush=True)
+            return self.out_dir
+        return None
+
+
+def train_sharded(
+    ms: Any,
+    args: Any,
+    net: Any,
+    loss_fn: Any,
+    opt: Any,
+    source: Any,
+    batch: int,
+    size: int,
+    rank: int,
+    say: bool,
+) -> int:
+    """semi_auto/auto/hybrid parallel: the whole step must be one graph that MindSpore shards, so it
+    goes through ``Model.train`` (GPU/Ascend only; not exercised on CPU, which refuses these modes)."""
     from mindspore.train import Callback
 
-    class StepLog(Callback):
-        """LossMonitor-compatible stdout line (the console parses it) + JSON-lines metrics."""
+    from trainer import data
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.t0 = 0.0
-            # One writer per rank, line-buffered so a killed rank leaves whole lines behind.
-            self.out = open(metrics_path, "a", buffering=1) if metrics_path else None
+    if args.grad_accum > 1:
+        fail(f"--grad-accum with --parallel-mode {args.parallel_mode} is not supported by this trainer")
+    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
 
+    class Report(Callback):
         def on_train_step_begin(self, run_context: Any) -> None:
             self.t0 = time.perf_counter()
-            if step_sleep > 0:  # inside the timed window: metrics show the rate a test actually sees
-                time.sleep(step_sleep)
 
         def on_train_step_end(self, run_context: Any) -> None:
             cb = run_context.original_args()
             dt = time.perf_counter() - self.t0
-            loss = float(np.mean(cb.net_outputs.asnumpy()))
-            step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
-            print(f"epoch: {cb.cur_epoch_num} step: {step_in_epoch}, loss is {loss:.6f}", flush=True)
-            if self.out:
-                rec = {"step": cb.cur_step_num, "epoch": cb.cur_epoch_num, "loss": loss, "step_time_s": dt}
-                rec |= {"samples_per_s": per_rank_batch / dt if dt > 0 else 0.0, "ts": time.time()}
-                self.out.write(json.dumps(rec) + "\n")
+            loss = float(cb.net_outputs.asnumpy().mean())
+            in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
+            if say:
+                print(f"epoch: {cb.cur_epoch_num} step: {in_epoch}, loss is {loss:.6f}", flush=True)
+            metrics.write(
+                {"step": cb.cur_step_num, "epoch": cb.cur_epoch_num, "loss": loss, "step_time_s": dt}
+            )
 
-        def on_train_end(self, run_context: Any) -> None:
-            if self.out:
-                self.out.close()
-
-    return StepLog()
+    dataset = data.make_dataset(source, batch, size, rank, 0, args.seed, args.sampler)
+    model = ms.Model(net, loss_fn, opt)
+    model.train(args.epochs, dataset, callbacks=[Report()], dataset_sink_mode=False)
+    metrics.close()
+    if say:
+        print("training finished", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    in_cluster = bool(os.environ.get("MS_ROLE")) or int(os.environ.get("RANK_SIZE", "1")) > 1
-    is_sched = os.environ.get("MS_ROLE") == "MS_SCHED"
-    env_size = int(os.environ.get("RANK_SIZE") or os.environ.get("MS_WORKER_NUM") or 1)
-    if args.batch_size % env_size:  # checked before the slow import/init, then again after init
-        fail(f"--batch-size {args.batch_size} is not divisible by rank size {env_size}")
+    cluster = cluster_from_env()
+    args = parse_args(argv, cluster)
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the loss lines
+    if cluster.is_scheduler:
+        return run_scheduler(cluster)
 
-    if is_sched:
-        print(f"mscon-trainer scheduler for {env_size} workers", flush=True)
-    # MindSpore's C++ WARNING chatter (topology retries, comm groups) drowns the loss lines;
-    # keep ERRORs only unless the caller asked for more.
-    os.environ.setdefault("GLOG_v", "3")
     import mindspore as ms
     from mindspore import nn
     from mindspore.communication import get_group_size, get_rank, init
 
-    # No DEVICE_ID (e.g. under msrun) -> None lets MindSpore negotiate the device per rank.
-    device_id = os.environ.get("DEVICE_ID")
+    from trainer import data, models
+
+    device_id = os.environ.get("DEVICE_ID")  # unset under msrun: MindSpore picks per rank
     ms.set_device(args.device_target, int(device_id) if device_id else None)
-    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_context(mode=ms.GRAPH_MODE if args.exec_mode == "graph" else ms.PYNATIVE_MODE)
     rank, size = 0, 1
-    if is_sched:
-        # The scheduler only coordinates: init() serves the cluster and the C++ side exits
-        # the process (rc 0) itself once every worker has unregistered. If a worker dies
-        # it raises after the node timeout instead; turn that into one line + rc 1.
-        try:
-            init()
-        except RuntimeError as e:
-            print(
-                f"mscon-trainer scheduler: cluster failed: {str(e).strip().splitlines()[0]}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
-        return 0
-    if in_cluster:
+    if cluster.in_cluster:
         init()
         rank, size = get_rank(), get_group_size()
-    if args.batch_size % size:
-        fail(f"--batch-size {args.batch_size} is not divisible by rank size {size}")
-    mode = args.parallel_mode or ("data_parallel" if size > 1 else "stand_alone")
-    if size == 1:
-        mode = "stand_alone"
-    if mode == "data_parallel":
-        # gradients_mean: all-reduced grads are averaged, so lr means the same at any rank count.
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    ms.set_seed(args.seed)  # identical initial weights on every rank
-    print(f"mscon-trainer rank {rank}/{size} device {args.device_target} mode {mode}", flush=True)
+    if size != cluster.size:
+        fail(f"the cluster has {size} ranks but the launcher announced {cluster.size}")
+    configure_parallel(ms, args, size)
+    ms.set_seed(args.seed)  # identical initial weights and data order on every rank (seed 003)
+    say = rank == 0 or not args.log_rank0_only
+    if say:
+        print(
+            f"mscon-trainer rank {rank}/{size} device {args.device_target} mode {args.parallel_mode} "
+            f"model {args.model} amp {args.amp_level} accum {args.grad_accum}",
+            flush=True,
+        )
 
-    import mindspore.dataset as ds
-
-    per_rank = args.batch_size // size
-    shape = (1, 32, 32) if args.model == "lenet" else (MLP_FEATURES,)
-    source = TeacherData(args.steps_per_epoch * args.batch_size, shape, args.seed)
-    data = ds.GeneratorDataset(source, ["x", "y"], shuffle=True, num_shards=size, shard_id=rank)
-    data = data.batch(per_rank, drop_remainder=True)
-
-    net = build_net(args.model)
+    micro_batch = args.batch_size // (size * args.grad_accum)
+    shape = models.input_shape(args.model, None)
+    try:
+        source = data.make_source(
+            args.dataset,
+            args.data_path,
+            shape if args.dataset == "synthetic" else None,
+            args.num_samples or args.steps_per_epoch * args.batch_size,
+            args.num_classes,
+            args.seed,
+            imbalance=args.imbalance,
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    features = shape[0] if args.model == "mlp" else None
+    in_channels = source.sample_shape[0] if len(source.sample_shape) == 3 else 1
+    net = models.build_model(args.model, source.num_classes, in_channels=in_channels, features=features)
+    if args.recompute:
+        for cell in net.cells():
+            cell.recompute()
+    if args.amp_level != "O0":
+        net = ms.amp.auto_mixed_precision(net, args.amp_level)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = nn.Momentum(net.trainable_params(), learning_rate=args.lr, momentum=0.9)
-    model = ms.Model(net, loss_fn, opt)
-    cb = make_step_callback(per_rank, args.step_sleep, os.environ.get("MSCON_METRICS"))
-    model.train(args.epochs, data, callbacks=[cb], dataset_sink_mode=False)
-    print("training finished", flush=True)
+    opt = nn.Momentum(net.trainable_params(), args.lr, args.momentum, weight_decay=args.weight_decay)
+    if args.parallel_mode in ("semi_auto_parallel", "auto_parallel", "hybrid_parallel"):
+        if args.parallel_mode == "semi_auto_parallel":
+            apply_strategy(net, args.strategy)
+        return train_sharded(ms, args, net, loss_fn, opt, source, micro_batch, size, rank, say)
+    runner = StepRunner(ms, net, loss_fn, opt, size, args)
+
+    per_epoch_batches = len(source) // (size * micro_batch)
+    steps_per_epoch = min(args.steps_per_epoch, per_epoch_batches // args.grad_accum)
+    if steps_per_epoch < 1:
+        fail(
+            f"{len(source)} samples are too few for {size} rank(s) x batch {micro_batch} "
+            f"x accum {args.grad_accum}"
+        )
+    total_steps = args.epochs * steps_per_epoch
+    start = 0
+    if args.resume:
+        start = checkpoint.agree_on_step(args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps)
+        if start:
+            meta = checkpoint.load(args.checkpoint_dir, rank, start, net, opt)
+            if say:
+                print(f"mscon-trainer: resumed from step {start} ({meta.get('saved_at', 0):.0f})", flush=True)
+        elif say:
+            print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
+
+    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
+    profiling = Profiling(args.profile_steps, args.profile_dir, rank)
+    step = start
+    for epoch in range(start // steps_per_epoch, args.epochs):
+        dataset = data.make_dataset(source, micro_batch, size, rank, epoch, args.seed, args.sampler)
+        batches = dataset.create_tuple_iterator(num_epochs=1)
+        skip = (step - epoch * steps_per_epoch) * args.grad_accum  # resuming mid-epoch
+        for _ in range(skip):
+            next(batches)
+        while step < (epoch + 1) * steps_per_epoch:
+            profiling.before(step + 1)
+            t0 = time.perf_counter()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            loss, overflow = runner.step([next(batches) for _ in range(args.grad_accum)])
+            dt = time.perf_counter() - t0
+            step += 1
+            in_epoch = step - epoch * steps_per_epoch
+            if say:
+                print(f"epoch: {epoch + 1} step: {in_epoch}, loss is {loss:.6f}", flush=True)
+            record: dict[str, Any] = {
+                "step": step,
+                "epoch": epoch + 1,
+                "loss": loss,
+                "step_time_s": dt,
+                "samples_per_s": micro_batch * args.grad_accum / dt if dt > 0 else None,
+                "loss_scale": runner.loss_scale,
+                "overflow": overflow,
+                "overflow_count": runner.overflows,
+                "device_memory_bytes": device_memory(ms),
+            }
+            if step % args.checksum_every == 0 or step == total_steps:
+                record["param_checksum"] = param_checksum(net)
+            profile_dir = profiling.after(step)
+            if profile_dir:
+                record["profile_dir"] = profile_dir
+            metrics.write(record)
+            if args.checkpoint_dir and (step % args.checkpoint_every == 0):
+                saved = net.get_parameters()
+                params = [{"name": p.name, "data": p} for p in saved]
+                params += [
+                    {"name": p.name, "data": p} for p in opt.get_parameters() if p.name.startswith("moment")
+                ]
+                checkpoint.save(
+                    args.checkpoint_dir, rank, step, params, {"epoch": epoch + 1}, args.keep_checkpoints
+                )
+            if args.die_at_step == step and rank == args.die_rank:
+                print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+    metrics.close()
+    if say:
+        print(f"training finished: {step} steps, {runner.overflows} overflow(s)", flush=True)
     return 0
 
 

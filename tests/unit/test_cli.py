@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,23 @@ def test_missing_inventory_file(tmp_path: Path) -> None:
 
 def test_reused_run_id_is_refused(tmp_path: Path) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 1, "bench/fake_rank.py", ["--steps", "1", "--rate", "0"])
-    assert mscon("run", "--no-tui", "-q", inv, "--run-id", "same", cwd=tmp_path).code == 0
-    again = mscon("run", "--no-tui", "-q", inv, "--run-id", "same", cwd=tmp_path)
+    run_id = f"same-{secrets.token_hex(3)}"
+    assert mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path).code == 0
+    again = mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path)
     assert again.code == 2 and "already used" in again.err
+
+
+def test_node_side_run_dir_is_never_reused(tmp_path: Path) -> None:
+    """Even with fresh local logs, a run id whose logs exist on a node is refused by the agent."""
+    inv = local_inventory(tmp_path / "inv.yaml", 1, "bench/fake_rank.py", ["--steps", "1", "--rate", "0"])
+    run_id = f"twice-{secrets.token_hex(3)}"
+    assert (
+        mscon(
+            "run", "--no-tui", "-q", inv, "--run-id", run_id, "--logs-dir", tmp_path / "a", cwd=tmp_path
+        ).code
+        == 0
+    )
+    again = mscon(
+        "run", "--no-tui", "-q", inv, "--run-id", run_id, "--logs-dir", tmp_path / "b", cwd=tmp_path
+    )
+    assert again.code == 4 and "already holds logs" in again.err, again.err
