@@ -7,7 +7,8 @@ LossMonitor-style lines. Knobs, all optional:
   --lines-per-step K extra log lines per step (for ingest benchmarks)
   --fail-rank R      this rank exits with --fail-code at --fail-step
   --hang-rank R      this rank stops making progress at --fail-step (sleeps forever)
-  --metrics          also write MSCON_METRICS JSON lines
+  --metrics          also write MSCON_METRICS JSON lines (with a parameter checksum every 5 steps)
+  --diverge-rank R   this rank's checksum differs from the others' (a broken replica)
 The scheduler role exits at once with 0 (there is no real cluster to coordinate).
 """
 
@@ -30,6 +31,7 @@ def main() -> int:
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--hang-rank", type=int, default=-2)
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--diverge-rank", type=int, default=-2)
     a = p.parse_args()
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         print("fake scheduler: nothing to coordinate")
@@ -53,7 +55,10 @@ def main() -> int:
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
         if metrics is not None:
-            metrics.write(json.dumps({"step": step, "epoch": 1, "loss": loss, "ts": time.time()}) + "\n")
+            record = {"step": step, "epoch": 1, "loss": loss, "ts": time.time()}
+            if step % 5 == 0:
+                record["param_checksum"] = f"sum-{step}" + ("-odd" if rank == a.diverge_rank else "")
+            metrics.write(json.dumps(record) + "\n")
             metrics.flush()
         if a.rate > 0:
             time.sleep(1.0 / a.rate)

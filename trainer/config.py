@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--batch-size", type=int, default=32, help="global batch per optimizer update")
     g.add_argument("--grad-accum", type=int, default=1, help="micro-batches accumulated per update")
-    g.add_argument("--lr", type=float, default=0.05)
+    g.add_argument("--lr", type=float, default=0.1, help="Momentum learning rate (ResNets want ~0.005)")
     g.add_argument("--momentum", type=float, default=0.9)
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--amp-level", choices=AMP_LEVELS, default="O0")

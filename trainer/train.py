@@ -101,7 +101,8 @@ class StepRunner:
 
         @ms.jit
         def add(total: Any, grads: Any) -> Any:
-            return tuple(t + g for t, g in zip(total, grads, strict=True))
+            # MindSpore's graph syntax has no zip(strict=); both tuples come from the same grad_fn.
+            return tuple(t + g for t, g in zip(total, grads))  # noqa: B905
 
         @ms.jit
         def update(grads: Any) -> Any:

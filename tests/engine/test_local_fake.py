@@ -161,3 +161,12 @@ def test_script_outside_workdir_is_a_usage_error(tmp_path: Path) -> None:
     done = mscon("run", "--no-tui", inv, "--", str(tmp_path / "elsewhere.py"), cwd=tmp_path)
     assert done.code == 2 and "not a file inside the job workdir" in done.err
     assert "Traceback" not in done.err
+
+
+def test_a_diverging_replica_is_flagged(tmp_path: Path) -> None:
+    args = ["--steps", "12", "--rate", "0", "--metrics", "--diverge-rank", "1"]
+    inv = local_inventory(tmp_path / "inv.yaml", 3, FAKE, args)
+    done = mscon("run", "--no-tui", "-q", inv, "--json", tmp_path / "s.json", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "replicas diverged at step 5: r1 differ" in done.err
+    assert _summary(tmp_path / "s.json")["divergent_ranks"] == ["r1"]

@@ -1,0 +1,164 @@
+"""The trainer for real on CPU: data parallel through mscon, gradient accumulation, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, TRAINER, local_inventory, mscon, needs_mindspore
+
+pytestmark = [pytest.mark.mindspore, needs_mindspore]
+TRAIN = "trainer/train.py"
+
+
+def _metrics(logs: Path, rank: int) -> list[dict]:
+    path = logs / "local" / "attempt_0" / f"r{rank}.metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _run_alone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Stand-alone (no cluster env), in a scratch folder: MindSpore writes compile dumps to the cwd."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "RANK_", "MSCON_"))}
+    return subprocess.run(
+        [sys.executable, str(TRAINER), *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd
+    )
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int) -> None:
+    args = [
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "10",
+        "--batch-size",
+        "32",
+        "--checksum-every",
+        "5",
+        "--lr",
+        "0.2",
+    ]
+    inv = local_inventory(tmp_path / "inv.yaml", ranks, TRAIN, args)
+    done = mscon("run", "--no-tui", "-q", inv, "--json", tmp_path / "s.json", cwd=tmp_path, timeout=400)
+    assert done.code == 0, done.err[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["divergent_ranks"] == []
+    logs = Path(summary["logs_dir"])
+    per_rank = [_metrics(logs, r) for r in range(ranks)]
+    for records in per_rank:
+        assert [r["step"] for r in records] == list(range(1, 21))
+        losses = [r["loss"] for r in records]
+        assert np.mean(losses[-5:]) < np.mean(losses[:5]) * 0.8, losses  # it learns
+        assert all(r["samples_per_s"] > 0 for r in records)
+    sums = [
+        {r["step"]: r["param_checksum"] for r in records if "param_checksum" in r} for records in per_rank
+    ]
+    assert sorted(sums[0]) == [5, 10, 15, 20]
+    assert all(s == sums[0] for s in sums)  # every replica holds the same parameters
+
+
+def _params(ckpt: Path) -> dict[str, np.ndarray]:
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(ckpt)).items() if not k.startswith("moment")}
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
+    common = [
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "3",
+        "--batch-size",
+        "32",
+        "--lr",
+        "0.1",
+        "--checkpoint-every",
+        "3",
+    ]
+    for accum in (1, 4):
+        out = _run_alone(
+            [*common, "--grad-accum", str(accum), "--checkpoint-dir", str(tmp_path / f"a{accum}")], tmp_path
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"accum {accum}" in out.stdout
+    one = _params(tmp_path / "a1" / "rank_0" / "step_3.ckpt")
+    four = _params(tmp_path / "a4" / "rank_0" / "step_3.ckpt")
+    assert one.keys() == four.keys() and one
+    start = _params_at_init(tmp_path)
+    for name in one:
+        assert not np.allclose(one[name], start[name])  # the updates did something
+        np.testing.assert_allclose(four[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _params_at_init(tmp_path: Path) -> dict[str, np.ndarray]:
+    out = _run_alone(
+        [
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "1",
+            "--lr",
+            "0",
+            "--momentum",
+            "0",
+            "--checkpoint-every",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / "init"),
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return _params(tmp_path / "init" / "rank_0" / "step_1.ckpt")
+
+
+def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = [
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "8",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "4",
+    ]
+    killed = local_inventory(
+        tmp_path / "killed.yaml", 2, TRAIN, [*args, "--die-at-step", "10", "--die-rank", "1"]
+    )
+    first = mscon(
+        "run", "--no-tui", "-q", killed, "--json", tmp_path / "first.json", cwd=tmp_path, timeout=300
+    )
+    assert first.code == 137, first.err[-3000:]
+    assert json.loads((tmp_path / "first.json").read_text())["root_cause"]["name"] == "r1"
+    rerun = local_inventory(tmp_path / "rerun.yaml", 2, TRAIN, [*args, "--resume"])
+    second = mscon(
+        "run", "--no-tui", "-q", rerun, "--json", tmp_path / "second.json", cwd=tmp_path, timeout=300
+    )
+    assert second.code == 0, second.err[-3000:]
+    assert "[local r0] mscon-trainer: resumed from step 8" in second.out
+    r0_steps = [line for line in second.out.splitlines() if line.startswith("[local r0] epoch:")]
+    assert r0_steps[0].startswith("[local r0] epoch: 2 step: 1, loss is")  # step 9, not step 1
+    assert len(r0_steps) == 8
+    # The resumed run ends where an uninterrupted one does: same parameters at step 16.
+    straight = local_inventory(
+        tmp_path / "straight.yaml", 2, TRAIN, ["--epochs", "2", "--steps-per-epoch", "8"]
+    )
+    third = mscon(
+        "run", "--no-tui", "-q", straight, "--json", tmp_path / "third.json", cwd=tmp_path, timeout=300
+    )
+    assert third.code == 0, third.err[-3000:]
+    resumed = _metrics(Path(json.loads((tmp_path / "second.json").read_text())["logs_dir"]), 0)[-1]
+    fresh = _metrics(Path(json.loads((tmp_path / "third.json").read_text())["logs_dir"]), 0)[-1]
+    assert resumed["step"] == fresh["step"] == 16
+    assert resumed["loss"] == pytest.approx(fresh["loss"], rel=1e-4)
+
+
+_ = REPO
