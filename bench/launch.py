@@ -72,6 +72,7 @@ class Trial:
     first_step: dict[int, float] = field(default_factory=dict)  # rank -> s since command start
     launcher_up: float | None = None  # the launcher's own first line (its Python imports are done)
     first_output: float | None = None  # the scheduler's first line (the ranks are running)
+    last_step: float | None = None  # the last step line of any rank
     wall: float = 0.0
     error: str = ""
     tail: list[str] = field(default_factory=list)
@@ -83,6 +84,10 @@ class Trial:
             return None
         return max(self.first_step.values())
 
+    @property
+    def teardown(self) -> float | None:
+        return None if self.last_step is None else self.wall - self.last_step
+
     def line(self) -> str:
         shared = f" [NOT ALONE: up to {self.foreign} other MindSpore processes ran]" if self.foreign else ""
         if not self.ok:
@@ -92,7 +97,8 @@ class Trial:
         up = "-" if self.launcher_up is None else f"{self.launcher_up:.2f}"
         return (
             f"{self.launcher} #{self.index}: launcher up {up} s, scheduler up {first} s; "
-            f"first step {per_rank}; all ranks {self.all_ranks:.2f} s; total wall {self.wall:.2f} s{shared}"
+            f"first step {per_rank}; all ranks {self.all_ranks:.2f} s; last step {self.last_step:.2f} s; "
+            f"total wall {self.wall:.2f} s{shared}"
         )
 
 
@@ -178,7 +184,8 @@ def wait_idle(watch: Contention, max_wait_s: float) -> None:
     said = False
     while (n := watch.foreign()) and time.monotonic() < deadline:
         if not said:
-            print(f"  waiting for {n} MindSpore process(es) of another job to finish ...", flush=True)
+            ports = sorted(set(_ms_ports()))
+            print(f"  waiting for {n} MindSpore process(es) of another job (ports {ports}) ...", flush=True)
             said = True
         time.sleep(2.0)
     if n:
@@ -291,6 +298,7 @@ def run_mscon(
                     trial.first_output = now
                 elif name.startswith("r") and name[1:].isdigit() and STEP_RE.search(text):
                     trial.first_step.setdefault(int(name[1:]), now)
+                    trial.last_step = now
 
     def read_err() -> None:
         assert proc.stderr is not None
@@ -388,8 +396,6 @@ def run_msrun(
             except OSError:
                 pass
         for rank, path in logs.items():
-            if rank in trial.first_step:
-                continue
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets[rank])
@@ -400,7 +406,8 @@ def run_msrun(
             lines = data.split(b"\n")
             partial[rank] = lines.pop()
             if any(STEP_RE.search(line.decode("utf-8", errors="replace")) for line in lines):
-                trial.first_step[rank] = now
+                trial.first_step.setdefault(rank, now)
+                trial.last_step = now
         if all(p.poll() is not None for p in procs):
             break
         if time.monotonic() > deadline:
@@ -455,6 +462,7 @@ def report(trials: list[Trial]) -> None:
         ("launcher's first line", lambda t: t.launcher_up),
         ("scheduler's first line", lambda t: t.first_output),
         ("all ranks at first step", lambda t: t.all_ranks),
+        ("last step -> exit", lambda t: t.teardown),
         ("total wall", lambda t: t.wall),
     ]
     print()

@@ -218,6 +218,15 @@ def _nets() -> SimpleNamespace:
             x = self.stages(self.stem(x))
             return self.fc(x.mean(axis=(2, 3)))
 
-    return SimpleNamespace(
+    nets = SimpleNamespace(
         MLP=MLP, LeNet5=LeNet5, BasicBlock=BasicBlock, Bottleneck=Bottleneck, ResNet=ResNet
     )
+    return nets
+
+
+def __getattr__(name: str) -> type:
+    """``from models import LeNet5`` works too: AMP O1 re-creates a network's classes from their
+    source and imports the base classes by name from this module."""
+    if name in {"MLP", "LeNet5", "BasicBlock", "Bottleneck", "ResNet"}:
+        return getattr(_nets(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

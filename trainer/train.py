@@ -90,9 +90,10 @@ class StepRunner:
         scaler, accum = self.scaler, float(args.grad_accum)
 
         def forward(x: Any, y: Any) -> Any:
-            return scaler.scale(loss_fn(net(x), y))
+            loss = loss_fn(net(x), y)
+            return scaler.scale(loss), loss  # gradients of the scaled loss; the plain one is reported
 
-        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters, has_aux=True)
         reducer = nn.DistributedGradReducer(opt.parameters, True, size) if size > 1 else None
 
         @ms.jit
@@ -125,12 +126,11 @@ class StepRunner:
 
     def step(self, batches: list[tuple[Any, Any]]) -> tuple[float, bool]:
         """(mean unscaled loss, overflowed) for one update."""
-        scale = self.loss_scale
         total = None
         losses = 0.0
         for x, y in batches:
-            loss, grads = self._micro(x, y)
-            losses += float(loss.asnumpy()) / scale
+            (_, loss), grads = self._micro(x, y)
+            losses += float(loss.asnumpy())
             total = grads if total is None else self._add(total, grads)
         finite = bool(self._update(total).asnumpy())
         if not finite:

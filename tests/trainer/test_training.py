@@ -162,3 +162,26 @@ def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path)
 
 
 _ = REPO
+
+
+def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    env_args = ["--epochs", "1", "--steps-per-epoch", "4", "--amp-level", "O3"]
+    out = subprocess.run(
+        [sys.executable, str(TRAINER), *env_args, "--loss-scale", "dynamic", "--loss-scale-value", "1e30"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith(("MS_", "RANK_"))},
+            "MSCON_METRICS": str(metrics),
+        },
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    # fp16 gradients scaled by 1e30 overflow: every update is skipped and the scale halves each time.
+    assert [r["overflow_count"] for r in records] == [1, 2, 3, 4]
+    scales = [r["loss_scale"] for r in records]
+    assert all(b == pytest.approx(a / 2) for a, b in zip(scales, scales[1:], strict=False))
+    assert "4 overflow(s)" in out.stdout
