@@ -14,6 +14,7 @@ from .events import (
     AgentError,
     LogBatch,
     LogsFetched,
+    Metric,
     NodeState,
     NodeStatus,
     ProcExited,
@@ -67,6 +68,11 @@ class HeadlessReporter:
             if not event.ok and not event.stopped_by_agent:
                 what = f"killed by {event.signal}" if event.signal else f"exit code {event.exitcode}"
                 self.note(f"{_who(event.name, event.node)} failed: {what}")
+        elif isinstance(event, Metric):
+            if event.profile_dir:
+                self.note(
+                    f"{_who(event.name, event.node)}: profiler output in {event.profile_dir} (on {event.node})"
+                )
         elif isinstance(event, ReplicaDivergence):
             self.note(
                 f"WARNING: replicas diverged at step {event.step}: {', '.join(event.ranks)} "

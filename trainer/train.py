@@ -7,6 +7,7 @@ knobs; ``trainer/config.py`` holds the checks that run before MindSpore is impor
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -253,20 +254,25 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     micro_batch = args.batch_size // (size * args.grad_accum)
-    shape = models.input_shape(args.model, None)
+    synthetic = args.dataset == "synthetic"
+    shape = {
+        "synthetic": models.input_shape(args.model, None),
+        "imagefolder": (3, args.image_size, args.image_size),
+    }.get(args.dataset)
     try:
         source = data.make_source(
             args.dataset,
             args.data_path,
-            shape if args.dataset == "synthetic" else None,
-            args.num_samples or args.steps_per_epoch * args.batch_size,
+            shape,
+            args.num_samples or (args.steps_per_epoch * args.batch_size if synthetic else None),
             args.num_classes,
             args.seed,
             imbalance=args.imbalance,
         )
+        models.input_shape(args.model, tuple(source.sample_shape))  # does this model take this data?
     except ValueError as exc:
         fail(str(exc))
-    features = shape[0] if args.model == "mlp" else None
+    features = math.prod(source.sample_shape) if args.model == "mlp" else None
     in_channels = source.sample_shape[0] if len(source.sample_shape) == 3 else 1
     net = models.build_model(args.model, source.num_classes, in_channels=in_channels, features=features)
     if args.recompute:

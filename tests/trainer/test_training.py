@@ -185,3 +185,39 @@ def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path
     scales = [r["loss_scale"] for r in records]
     assert all(b == pytest.approx(a / 2) for a, b in zip(scales, scales[1:], strict=False))
     assert "4 overflow(s)" in out.stdout
+
+
+@pytest.mark.parametrize("model", ["lenet", "mlp"])
+def test_mnist_idx_files_train(tmp_path: Path, model: str) -> None:
+    from test_models_data import write_idx
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 256).astype(np.uint8)
+    images = (rng.random((256, 28, 28)) * 60 + labels[:, None, None] * 19).astype(np.uint8)  # learnable
+    write_idx(tmp_path / "train-images-idx3-ubyte", images, True)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", labels, True)
+    args = [
+        "--dataset",
+        "mnist",
+        "--data-path",
+        str(tmp_path),
+        "--model",
+        model,
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "4",
+        "--batch-size",
+        "32",
+        "--sampler",
+        "stratified",
+    ]
+    out = _run_alone(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"model {model}" in out.stdout and "training finished: 8 steps" in out.stdout
+
+
+def test_wrong_data_path_is_one_line(tmp_path: Path) -> None:
+    out = _run_alone(["--dataset", "mnist", "--data-path", str(tmp_path / "nope")], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("train.py: error: mnist data path") and "Traceback" not in out.stderr
