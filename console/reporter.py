@@ -71,7 +71,7 @@ class HeadlessReporter:
         elif isinstance(event, Metric):
             if event.profile_dir:
                 self.note(
-                    f"{_who(event.name, event.node)}: profiler output in {event.profile_dir} (on {event.node})"
+                self.note(f"{_who(event.name, event.node)}: profiler output in {event.profile_dir}")
                 )
         elif isinstance(event, ReplicaDivergence):
             self.note(
