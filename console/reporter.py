@@ -70,9 +70,7 @@ class HeadlessReporter:
                 self.note(f"{_who(event.name, event.node)} failed: {what}")
         elif isinstance(event, Metric):
             if event.profile_dir:
-                self.note(
                 self.note(f"{_who(event.name, event.node)}: profiler output in {event.profile_dir}")
-                )
         elif isinstance(event, ReplicaDivergence):
             self.note(
                 f"WARNING: replicas diverged at step {event.step}: {', '.join(event.ranks)} "

@@ -221,3 +221,13 @@ def test_wrong_data_path_is_one_line(tmp_path: Path) -> None:
     out = _run_alone(["--dataset", "mnist", "--data-path", str(tmp_path / "nope")], tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip().startswith("train.py: error: mnist data path") and "Traceback" not in out.stderr
+
+
+def test_profiler_window_is_reported_to_the_console(tmp_path: Path) -> None:
+    prof = tmp_path / "prof"
+    args = ["--epochs", "1", "--steps-per-epoch", "4", "--profile-steps", "2:3", "--profile-dir", str(prof)]
+    inv = local_inventory(tmp_path / "inv.yaml", 1, TRAIN, args)
+    done = mscon("run", "--no-tui", "-q", inv, cwd=tmp_path, timeout=300)
+    assert done.code == 0, done.err[-3000:]
+    assert f"r0 on local: profiler output in {prof / 'rank_0'}" in done.err
+    assert any((prof / "rank_0").iterdir())
