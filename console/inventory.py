@@ -65,6 +65,7 @@ class ChecksSpec:
 @dataclass(frozen=True)
 class SshSpec:
     known_hosts: str | None = None  # None: the user's ~/.ssh/known_hosts, as ssh does
+    config: str | None = None  # None: the user's ~/.ssh/config, as ssh does
     connect_timeout_s: float = 10.0
     keepalive_interval_s: float = 15.0
     max_parallel_connects: int = 16
@@ -314,6 +315,7 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
     if "ssh" in top:
         keys = {
             "known_hosts": False,
+            "config": False,
             "connect_timeout_s": False,
             "keepalive_interval_s": False,
             "max_parallel_connects": False,
@@ -322,8 +324,10 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
         kh = None
         if "known_hosts" in s:
             kh = str(_resolve(path, r.string(s["known_hosts"], "ssh.known_hosts")))
+        ssh_config = str(_resolve(path, r.string(s["config"], "ssh.config"))) if "config" in s else None
         ssh = SshSpec(
             known_hosts=kh,
+            config=ssh_config,
             connect_timeout_s=_opt(
                 s, "connect_timeout_s", lambda n: r.number(n, "ssh.connect_timeout_s", 0, True), 10.0
             ),

@@ -90,6 +90,8 @@ class SshTransport(NodeTransport):
             "keepalive_interval": self.inv.ssh.keepalive_interval_s,
             "keepalive_count_max": 3,
         }
+        if self.inv.ssh.config:
+            kw["config"] = [self.inv.ssh.config]
         # Only what the inventory sets; the rest comes from ~/.ssh/config as with `ssh HOST`.
         if self.node.port:
             kw["port"] = self.node.port
@@ -139,6 +141,15 @@ class SshTransport(NodeTransport):
             reason = getattr(exc, "reason", None) or exc.strerror if isinstance(exc, OSError) else None
             raise NodeUnreachable(f"{self._where}: cannot connect: {reason or exc}") from None
 
+    def _resolved(self) -> tuple[str, int]:
+        """(host, port) after ~/.ssh/config (HostName, Port, HostKeyAlias): what known_hosts is keyed by."""
+        kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
+        try:
+            opts = asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
+        except (OSError, ValueError, asyncssh.Error):
+            return self.node.host, self.node.port or 22
+        return (opts.host_key_alias or opts.host or self.node.host), int(opts.port or 22)
+
     def _host_is_known(self) -> bool:
         path = self._known_hosts_path()
         if not os.path.exists(path):
@@ -147,19 +158,18 @@ class SshTransport(NodeTransport):
             kh = asyncssh.read_known_hosts(path)
         except (OSError, ValueError):
             return False
-        port = self.node.port or 22
-        host_keys, ca_keys, *_ = kh.match(self.node.host, "", port)
+        host, port = self._resolved()
+        host_keys, ca_keys, *_ = kh.match(host, "", port)
         return bool(host_keys or ca_keys)
 
     async def _learn_host_key(self) -> None:
+        host, port = self._resolved()
         key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(self.node.host, port=self.node.port or 22),
-            self.inv.ssh.connect_timeout_s,
+            asyncssh.get_server_host_key(host, port=port), self.inv.ssh.connect_timeout_s
         )
         if key is None:
             raise NodeUnreachable(f"{self._where}: the server offered no host key")
-        port = self.node.port or 22
-        host = self.node.host if port == 22 else f"[{self.node.host}]:{port}"
+        host = host if port == 22 else f"[{host}]:{port}"
         path = Path(self._known_hosts_path())
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
