@@ -369,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         default=600.0,
         help="before each run, wait up to this long for other jobs' ranks to end",
     )
+    p.add_argument(
+        "--retry-shared",
+        type=int,
+        default=2,
+        help="run again (up to this many times) when another job's ranks ran meanwhile",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before mscon is stopped")
     a = p.parse_args(argv)
     if not (VENV_BIN / "mscon").exists():
@@ -393,9 +399,14 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                     node_cluster = cluster if mode == "ssh" else None
-                    res = run_once(label, n, steps, a.lines_per_step, tmp, node_cluster, a.timeout)
+                    for attempt in range(a.retry_shared + 1):
+                        res = run_once(label, n, steps, a.lines_per_step, tmp, node_cluster, a.timeout)
+                        print(res.report(), flush=True)
+                        if not res.foreign or attempt == a.retry_shared:
+                            break
+                        print("  (discarded: the machine was shared; trying again)", flush=True)
+                        wait_idle(a.max_wait_idle)
                     results.append(res)
-                    print(res.report(), flush=True)
                     if res.tail:
                         print("  last output:")
                         for line in res.tail:

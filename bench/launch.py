@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
 SCRIPT = "trainer/train.py"
+_RUN_SEQ = itertools.count(1)
 NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 
 # "epoch: 1 step: 1, loss is 2.30" (the trainer's LossMonitor-style line); any step counts as "first".
@@ -251,8 +253,8 @@ def run_mscon(
     port: int,
 ) -> Trial:
     world = len(cluster.nodes) * ranks_per_node
-    run_id = f"bench-launch-{os.getpid()}-{index}"
-    inv = tmp / f"mscon-{index}.yaml"
+    run_id = f"bench-launch-{os.getpid()}-{next(_RUN_SEQ)}"
+    inv = tmp / f"{run_id}.yaml"
     write_inventory(inv, cluster, ranks_per_node, port)
     cmd = [
         str(VENV_BIN / "mscon"),
@@ -341,7 +343,7 @@ def run_msrun(
     index: int, nodes: int, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float, port: int
 ) -> Trial:
     world = nodes * ranks_per_node
-    base = tmp / f"msrun-{index}"
+    base = Path(tempfile.mkdtemp(prefix=f"msrun-{index}-", dir=tmp))
     trial = Trial("msrun", index, world)
     procs: list[subprocess.Popen[bytes]] = []
     outs = []
@@ -502,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         default=600.0,
         help="before each trial, wait up to this long for other jobs' MindSpore processes to end",
     )
+    p.add_argument(
+        "--retry-shared",
+        type=int,
+        default=2,
+        help="run a trial again (up to this many times) when another job's MindSpore processes ran during it",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, inventories)")
     a = p.parse_args(argv)
     if a.nodes * a.ranks_per_node > 4:
@@ -533,16 +541,20 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(1, a.repeat + 1):
             order = launchers if i % 2 else launchers[::-1]
             for name in order:
-                wait_idle(watch, a.max_wait_idle)
-                port = sshd_nodes().find_free_port(["127.0.0.1", "127.0.0.2"])
-                watch.reset(port)
-                if name == "mscon":
-                    trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port)
-                else:
-                    trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout, port)
-                trial.foreign = watch.peak
+                for attempt in range(a.retry_shared + 1):
+                    wait_idle(watch, a.max_wait_idle)
+                    port = sshd_nodes().find_free_port(["127.0.0.1", "127.0.0.2"])
+                    watch.reset(port)
+                    if name == "mscon":
+                        trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port)
+                    else:
+                        trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout, port)
+                    trial.foreign = watch.peak
+                    print(trial.line(), flush=True)
+                    if not trial.foreign or attempt == a.retry_shared:
+                        break
+                    print("  (discarded: the machine was shared; trying again)", flush=True)
                 trials.append(trial)
-                print(trial.line(), flush=True)
                 if not trial.ok:
                     print("  last output:")
                     for line in trial.tail[-60:]:

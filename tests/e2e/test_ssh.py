@@ -107,6 +107,9 @@ def test_kill9_one_rank_stops_every_rank_within_5s(
     assert s["root_cause"]["name"] == "r3" and s["root_cause"]["node"] == "node2"
     assert s["root_cause"]["signal"] == "SIGKILL"
     assert "r3 on node2, killed by SIGKILL" in err
+    fetched = Path(s["logs_dir"])  # logs come back after a failure too, from both nodes
+    assert "step: 5," in (fetched / "node2" / "attempt_0" / "r3.log").read_text()
+    assert (fetched / "node1" / "attempt_0" / "r0.log").is_file()
     print(f"all ranks gone {took:.2f} s after kill -9")
 
 
