@@ -44,7 +44,7 @@ class Message:
             value = getattr(self, f.name)
             if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
                 value = [dataclasses.asdict(v) for v in value]
-            elif dataclasses.is_dataclass(value):
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
                 value = dataclasses.asdict(value)
             out[f.name] = value
         return out

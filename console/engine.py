@@ -39,6 +39,7 @@ from .events import (
     LogsFetched,
     NodeState,
     NodeStatus,
+    Notice,
     RankSummary,
     RunFinished,
     RunResult,
@@ -54,7 +55,8 @@ from .transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions,
 T = TypeVar("T")
 
 _HELLO_TIMEOUT_S = 60.0
-_SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
+_SCHEDULER_LINGER_S = 5.0
+_LARGE_ARCHIVE = 64 * 2**20  # after every worker succeeded, the scheduler gets this long to exit
 
 
 def new_run_id() -> str:
@@ -186,11 +188,22 @@ class Engine:
         archive = None
         if any(n.transport.syncs_workdir for n in nodes):
             archive = await asyncio.to_thread(workdir_archive, self.inv.job.workdir, self.inv.job.exclude)
+            if len(archive.data) > _LARGE_ARCHIVE:
+                self.bus.publish(
+                    Notice(
+                        f"the workdir {self.inv.job.workdir} packs to {len(archive.data) / 2**20:.0f} MiB "
+                        f"({archive.files} files) and is copied to every node; keep data sets out of it "
+                        "with job.exclude"
+                    )
+                )
 
         async def deploy(n: NodeRun) -> None:
             self.bus.publish(NodeState(n.plan.node.name, NodeStatus.DEPLOYING))
             agent_dir = await n.transport.ensure_agent(bundle)
-            remote_archive = await n.transport.upload_workdir(archive) if n.transport.syncs_workdir else None
+            remote_archive = None
+            if n.transport.syncs_workdir:
+                assert archive is not None
+                remote_archive = await n.transport.upload_workdir(archive)
             n.channel = await n.transport.start_agent(agent_dir, n.plan.python)
             hello = await self._guard(asyncio.wait_for(n.channel.recv(), _HELLO_TIMEOUT_S))
             if not isinstance(hello, Hello):

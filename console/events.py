@@ -26,6 +26,7 @@ __all__ = [
     "LogsFetched",
     "Metric",
     "NodeState",
+    "Notice",
     "NodeStatus",
     "ProcExited",
     "ProcStarted",
@@ -76,6 +77,13 @@ class NodeState(Event):
     node: str
     status: NodeStatus
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice(Event):
+    """Something the operator should know that is not a failure (e.g. a very large workdir)."""
+
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,7 +191,9 @@ def _env_str(value: Any) -> str:
 
 
 def _kind(node: yaml.Node) -> str:
-    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a value")
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    return "a list" if isinstance(node, yaml.SequenceNode) else "a value"
 
 
 def _show(value: Any) -> str:

@@ -17,6 +17,7 @@ from .events import (
     Metric,
     NodeState,
     NodeStatus,
+    Notice,
     ProcExited,
     ReplicaDivergence,
     RunFinished,
@@ -76,6 +77,8 @@ class HeadlessReporter:
                 f"WARNING: replicas diverged at step {event.step}: {', '.join(event.ranks)} "
                 f"differ from the others' parameters ({event.majority}); check seeds and data masks"
             )
+        elif isinstance(event, Notice):
+            self.note(event.text)
         elif isinstance(event, RunStopping):
             self.note(f"stopping every rank on every node: {event.reason}")
         elif isinstance(event, AgentError):

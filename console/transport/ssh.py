@@ -236,9 +236,10 @@ class SshTransport(NodeTransport):
         _, sftp = self._require()
         os.makedirs(local, exist_ok=True)
         for entry in await sftp.readdir(remote):
-            if entry.filename in (".", "..", "work"):
+            name = str(entry.filename)
+            if name in (".", "..", "work"):
                 continue
-            await sftp.get(posixpath.join(remote, entry.filename), local, recurse=True, preserve=False)
+            await sftp.get(posixpath.join(remote, name), local, recurse=True, preserve=False)
 
     async def close(self) -> None:
         if self.sftp is not None:
