@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -26,6 +27,8 @@ from .events import (
     RunStopping,
 )
 
+_PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours
+
 
 class HeadlessReporter:
     def __init__(
@@ -36,10 +39,22 @@ class HeadlessReporter:
         quiet_states: bool = False,
     ) -> None:
         self.out = out or sys.stdout
+        # Colour the prefixes only for a person at a terminal (and never with NO_COLOR set).
+        self.colour = self.out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        self._prefixes: dict[tuple[str, str], str] = {}
         self.err = err or sys.stderr
         self.json_path = json_path
         self.quiet_states = quiet_states
         self.result: RunResult | None = None
+
+    def _prefix(self, node: str, name: str) -> str:
+        key = (node, name)
+        if key not in self._prefixes:
+            text = f"[{node} {name}] "
+            if self.colour:
+                text = f"\x1b[{_PALETTE[len(self._prefixes) % len(_PALETTE)]}m{text}\x1b[0m"
+            self._prefixes[key] = text
+        return self._prefixes[key]
 
     def note(self, text: str) -> None:
         self.err.write(f"mscon: {text}\n")
@@ -51,7 +66,7 @@ class HeadlessReporter:
 
     def handle(self, event: object) -> None:
         if isinstance(event, LogBatch):
-            prefix = f"[{event.node} {event.name}] "
+            prefix = self._prefix(event.node, event.name)
             # One write per batch of whole lines: output of two ranks never mixes inside a line.
             self.out.write("".join(prefix + line + "\n" for line in event.lines))
             self.out.flush()
