@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive
-from .base import LINE_LIMIT, AgentChannel, NodeTransport
+from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
 
 
 class LocalChannel(AgentChannel):
@@ -75,7 +75,14 @@ class LocalTransport(NodeTransport):
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
         env = dict(os.environ)
         env["PYTHONPATH"] = agent_dir
-        proc = await asyncio.create_subprocess_exec(
+        try:
+            proc = await self._spawn(python, env)
+        except OSError as exc:
+            raise NodeUnreachable(f"{self.node.name}: the agent did not start with {python}: {exc}") from None
+        return LocalChannel(proc)
+
+    async def _spawn(self, python: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             python,
             "-m",
             AGENT_PACKAGE,
@@ -89,7 +96,6 @@ class LocalTransport(NodeTransport):
             # Its own session: a terminal's Ctrl-C reaches the console, which stops the run in order.
             start_new_session=True,
         )
-        return LocalChannel(proc)
 
     async def fetch_run_dir(self, remote: str, local: str) -> None:
         src = Path(remote)

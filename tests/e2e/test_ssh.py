@@ -237,3 +237,15 @@ def test_hosts_resolve_through_ssh_config(tmp_path: Path, sshd_cluster: SshdClus
     sshd_cluster.rotate_host_key("node1")
     refused = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert refused.code == 4 and "HOST KEY MISMATCH" in refused.err, refused.err
+
+
+def test_wrong_python_on_a_node_is_named(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
+    inv = ssh_inventory(tmp_path / "inv.yaml", sshd_cluster, 1, FAKE, ["--steps", "3"])
+    doc = yaml.safe_load(inv.read_text())
+    doc["nodes"][1]["python"] = "/opt/no-such-venv/bin/python3"
+    inv.write_text(yaml.safe_dump(doc))
+    done = mscon("run", "--no-tui", inv, cwd=tmp_path)
+    assert done.code == 4, done.err
+    assert "node2: the agent did not start with /opt/no-such-venv/bin/python3" in done.err
+    assert "No such file or directory" in done.err
+    assert agent_processes(["node1", "node2"]) == []  # node1's agent was told to leave

@@ -170,3 +170,13 @@ def test_a_diverging_replica_is_flagged(tmp_path: Path) -> None:
     assert done.code == 0, done.err
     assert "replicas diverged at step 5: r1 differ" in done.err
     assert _summary(tmp_path / "s.json")["divergent_ranks"] == ["r1"]
+
+
+def test_missing_python_is_a_clear_error(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    inv.write_text(
+        inv.read_text().replace("transport: local", "transport: local\n  python: /no/such/python3")
+    )
+    done = mscon("run", "--no-tui", inv, cwd=tmp_path)
+    assert done.code == 4, done.err
+    assert "local: the agent did not start with /no/such/python3" in done.err and "Traceback" not in done.err
