@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ PYTHON = VENV_BIN / "python"
 SCRIPT = "bench/fake_rank.py"
 NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
 
 LINE_RE = re.compile(rb"^\[(?P<node>[^ \]]+) (?P<proc>[^ \]]+)\] (?P<text>.*)$")
 FILLER_RE = re.compile(rb"^rank (\d+) step (\d+) line (\d+) x+$")
@@ -104,21 +106,73 @@ def _ms_ports() -> list[bytes]:
     return ports
 
 
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far) for every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
+    return out
+
+
+class Others:
+    """CPU seconds used outside this benchmark's process tree (the sshd nodes are its children, so
+    every agent and rank of ours is inside it): another job competing for the 2 cores."""
+
+    def __init__(self) -> None:
+        self.ours: set[int] = set()
+        self.prev = self._cpu()
+        self.cpu = 0.0
+
+    def _cpu(self) -> dict[int, float]:
+        table = _proc_table()
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for pid, (ppid, _) in table.items():
+            children[ppid].append(pid)
+        stack = [os.getpid()]
+        while stack:
+            pid = stack.pop()
+            self.ours.add(pid)  # once ours, always ours (orphans get re-parented to init)
+            stack.extend(children.get(pid, ()))
+        return {pid: cpu for pid, (_, cpu) in table.items() if pid not in self.ours}
+
+    def sample(self) -> float:
+        now = self._cpu()
+        self.cpu += sum(max(0.0, c - self.prev.get(pid, 0.0)) for pid, c in now.items())
+        self.prev = now
+        return self.cpu
+
+
 def wait_idle(max_wait_s: float) -> None:
-    """Before a run: wait (up to max_wait_s) until no other job's ranks run on this machine."""
+    """Before a run: wait (up to max_wait_s) until other jobs leave the machine (nearly) idle."""
     deadline = time.monotonic() + max_wait_s
     said = False
-    while (n := len(_ms_ports())) and time.monotonic() < deadline:
+    while True:
+        others = Others()
+        time.sleep(IDLE_WINDOW_S)  # long enough to not mistake the gap between two runs of another job
+        ranks, cpu = len(_ms_ports()), others.sample()
+        busy = ranks or cpu > 0.1 * IDLE_WINDOW_S  # > 10% of a core
+        if not busy or time.monotonic() > deadline:
+            break
         if not said:
-            print(f"  waiting for {n} rank process(es) of another job to finish ...", flush=True)
+            print(
+                f"  waiting for other jobs to finish ({ranks} rank processes, "
+                f"{cpu / IDLE_WINDOW_S:.0%} CPU) ..."
+            )
             said = True
-        time.sleep(2.0)
-    if n:
-        print(f"  still {n} foreign rank process(es) after {max_wait_s:.0f} s; measuring anyway")
+    if busy:
+        print(f"  the machine is still busy after {max_wait_s:.0f} s; measuring anyway")
 
 
 class CpuSampler(threading.Thread):
-    """Last seen CPU seconds of the console and of its agents (sampled, so slightly low)."""
+    """Last seen CPU seconds of the console and of its agents (sampled, so slightly low), and what
+    other jobs used meanwhile."""
 
     def __init__(self, console_pid: int, node_names: list[str], own_port: int) -> None:
         super().__init__(daemon=True)
@@ -126,6 +180,7 @@ class CpuSampler(threading.Thread):
         self.node_names = node_names
         self.own_port = str(own_port).encode()
         self.foreign = 0  # peak count of other jobs' rank processes
+        self.others = Others()
         self.console = 0.0
         self.agents: dict[int, float] = {}
         self.done = threading.Event()
@@ -135,6 +190,7 @@ class CpuSampler(threading.Thread):
         while not self.done.is_set():
             if ticks % 10 == 0:
                 self.foreign = max(self.foreign, sum(1 for p in _ms_ports() if p != self.own_port))
+                self.others.sample()
             ticks += 1
             if (c := _cpu_s(self.console_pid)) is not None:
                 self.console = c
@@ -145,6 +201,7 @@ class CpuSampler(threading.Thread):
                 if (c := _cpu_s(pid)) is not None:
                     self.agents[pid] = c
             self.done.wait(0.1)
+        self.others.sample()
 
 
 # ---------------------------------------------------------------- one run
@@ -165,8 +222,13 @@ class Result:
     console_cpu: float = 0.0
     agent_cpu: float = 0.0
     foreign: int = 0
+    foreign_cpu: float = 0.0
     problems: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.foreign) or self.foreign_cpu > max(0.5, 0.05 * self.wall)
 
     @property
     def stream(self) -> float:
@@ -194,8 +256,11 @@ class Result:
                 f"  check: {verdict}",
             ]
             + (
-                [f"  NOT ALONE: up to {self.foreign} rank processes of another job ran meanwhile"]
-                if self.foreign
+                [
+                    f"  NOT ALONE: other jobs used {self.foreign_cpu:.1f} CPU-s meanwhile "
+                    f"(up to {self.foreign} rank processes)"
+                ]
+                if self.shared
                 else []
             )
         )
@@ -261,14 +326,20 @@ def run_once(
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         lines = nbytes = 0
-        while chunk := os.read(fd, 1 << 20):
-            now = time.monotonic() - t0
-            if res.first is None:
-                res.first = now
-            res.last = now
-            lines += chunk.count(b"\n")
-            nbytes += len(chunk)
-            cap.write(chunk)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                now = time.monotonic() - t0
+                if res.first is None:
+                    res.first = now
+                res.last = now
+                lines += chunk.count(b"\n")
+                nbytes += len(chunk)
+                cap.write(chunk)
+        except KeyboardInterrupt:
+            timer.cancel()
+            proc.terminate()  # mscon stops its ranks on every node
+            proc.wait(60)
+            raise
         res.rc = proc.wait()
         res.wall = time.monotonic() - t0
         timer.cancel()
@@ -276,7 +347,7 @@ def run_once(
         sampler.join()
     res.lines, res.nbytes = lines, nbytes
     res.console_cpu = sampler.console
-    res.foreign = sampler.foreign
+    res.foreign, res.foreign_cpu = sampler.foreign, sampler.others.cpu
     res.agent_cpu = sum(sampler.agents.values())
     if res.rc != 0:
         res.problems.append(f"mscon exited with {res.rc}")
@@ -353,7 +424,12 @@ def verify(capture: Path, ranks: int, steps: int, per_step: int) -> list[str]:
     return problems
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (e.g. `timeout`): clean up like Ctrl-C (sshd nodes, temp files)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[8, 64], help="rank counts, one run each")
     p.add_argument("--lines", type=int, default=400_000, help="about this many lines per run in all")
@@ -367,13 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         "--max-wait-idle",
         type=float,
         default=600.0,
-        help="before each run, wait up to this long for other jobs' ranks to end",
+        help="before each run, wait up to this long for other jobs to leave the machine idle",
     )
     p.add_argument(
         "--retry-shared",
         type=int,
         default=2,
-        help="run again (up to this many times) when another job's ranks ran meanwhile",
+        help="run again (up to this many times) when another job used the machine meanwhile",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before mscon is stopped")
     a = p.parse_args(argv)
@@ -402,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                     for attempt in range(a.retry_shared + 1):
                         res = run_once(label, n, steps, a.lines_per_step, tmp, node_cluster, a.timeout)
                         print(res.report(), flush=True)
-                        if not res.foreign or attempt == a.retry_shared:
+                        if not res.shared or attempt == a.retry_shared:
                             break
                         print("  (discarded: the machine was shared; trying again)", flush=True)
                         wait_idle(a.max_wait_idle)
@@ -422,13 +498,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'run':<22}{'lines':>10}{'lost':>8}{'wall s':>9}{'lines/s':>11}{'MB/s':>7}{'stream l/s':>12}")
         for r in results:
             stream = f"{r.lines / r.stream:,.0f}" if r.stream > 0 else "-"
-            label = r.label + (" *" if r.foreign else "")
+            label = r.label + (" *" if r.shared else "")
             print(
                 f"{label:<22}{r.lines:>10,}{r.expected - r.lines:>8,}{r.wall:>9.2f}"
                 f"{r.lines / r.wall:>11,.0f}{r.nbytes / 1e6 / r.wall:>7.1f}{stream:>12}"
             )
-        if any(r.foreign for r in results):
-            print("* other jobs' ranks ran on this machine meanwhile: that run's rate is too low")
+        if any(r.shared for r in results):
+            print("* other jobs used this machine meanwhile: that run's rate is too low")
     return 0 if results and not any(r.problems for r in results) else 1
 
 

@@ -43,6 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
 SCRIPT = "trainer/train.py"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
 _RUN_SEQ = itertools.count(1)
 NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 
@@ -79,6 +81,11 @@ class Trial:
     error: str = ""
     tail: list[str] = field(default_factory=list)
     foreign: int = 0  # peak count of other jobs' MindSpore processes during the trial
+    foreign_cpu: float = 0.0  # CPU seconds other jobs used during the trial
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.foreign) or self.foreign_cpu > max(1.0, 0.05 * self.wall)
 
     @property
     def all_ranks(self) -> float | None:
@@ -91,7 +98,12 @@ class Trial:
         return None if self.last_step is None else self.wall - self.last_step
 
     def line(self) -> str:
-        shared = f" [NOT ALONE: up to {self.foreign} other MindSpore processes ran]" if self.foreign else ""
+        shared = ""
+        if self.shared:
+            shared = (
+                f" [NOT ALONE: other jobs used {self.foreign_cpu:.1f} CPU-s, "
+                f"up to {self.foreign} MindSpore processes]"
+            )
         if not self.ok:
             return f"{self.launcher} #{self.index}: FAILED after {self.wall:.1f} s: {self.error}{shared}"
         per_rank = " ".join(f"r{r}={t:.2f}" for r, t in sorted(self.first_step.items()))
@@ -159,39 +171,90 @@ def _ms_ports() -> list[str]:
     return ports
 
 
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far) for every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
+    return out
+
+
 class Contention(threading.Thread):
-    """Counts MindSpore processes that are not this trial's (another job on this 2-core machine)."""
+    """What other jobs did on this machine during a trial: MindSpore processes and CPU seconds.
+
+    "Ours" is this benchmark's process tree: the sshd "nodes" are its children, so mscon's agents
+    and ranks are inside it too, as are msrun and its workers.
+    """
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
+        self.lock = threading.Lock()
         self.own_port = ""
-        self.peak = 0
+        self.peak = 0  # other jobs' MindSpore processes, at most at once
+        self.cpu = 0.0  # CPU seconds used outside our tree since reset()
+        self.ours: set[int] = set()
+        self.prev: dict[int, float] = {}
         self.stop = threading.Event()
 
+    def _foreign_cpu(self) -> dict[int, float]:
+        table = _proc_table()
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for pid, (ppid, _) in table.items():
+            children[ppid].append(pid)
+        stack = [os.getpid()]
+        while stack:
+            pid = stack.pop()
+            self.ours.add(pid)  # once ours, always ours (orphans get re-parented to init)
+            stack.extend(children.get(pid, ()))
+        return {pid: cpu for pid, (_, cpu) in table.items() if pid not in self.ours}
+
     def reset(self, own_port: int) -> None:
-        self.own_port, self.peak = str(own_port), 0
+        with self.lock:
+            self.own_port, self.peak, self.cpu = str(own_port), 0, 0.0
+            self.prev = self._foreign_cpu()
 
     def foreign(self) -> int:
         return sum(1 for p in _ms_ports() if p != self.own_port)
 
+    def sample(self) -> None:
+        with self.lock:
+            now = self._foreign_cpu()
+            self.cpu += sum(max(0.0, c - self.prev.get(pid, 0.0)) for pid, c in now.items())
+            self.prev = now
+            self.peak = max(self.peak, self.foreign())
+
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            self.peak = max(self.peak, self.foreign())
+            self.sample()
 
 
 def wait_idle(watch: Contention, max_wait_s: float) -> None:
-    """Before a trial: wait (up to max_wait_s) until no other MindSpore processes run here."""
-    watch.reset(0)
+    """Before a trial: wait (up to max_wait_s) until no other job runs MindSpore or uses much CPU."""
     deadline = time.monotonic() + max_wait_s
     said = False
-    while (n := watch.foreign()) and time.monotonic() < deadline:
+    while True:
+        watch.reset(0)
+        time.sleep(IDLE_WINDOW_S)  # long enough to not mistake the gap between two runs of another job
+        watch.sample()
+        busy = watch.peak or watch.cpu > 0.1 * IDLE_WINDOW_S  # > 10% of a core
+        if not busy or time.monotonic() > deadline:
+            break
         if not said:
-            ports = sorted(set(_ms_ports()))
-            print(f"  waiting for {n} MindSpore process(es) of another job (ports {ports}) ...", flush=True)
+            print(
+                f"  waiting for other jobs to finish ({watch.peak} MindSpore processes, "
+                f"{watch.cpu / IDLE_WINDOW_S:.0%} CPU) ...",
+                flush=True,
+            )
             said = True
-        time.sleep(2.0)
-    if n:
-        print(f"  still {n} foreign MindSpore process(es) after {max_wait_s:.0f} s; measuring anyway")
+    if busy:
+        print(f"  the machine is still busy after {max_wait_s:.0f} s; measuring anyway")
 
 
 def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
@@ -317,6 +380,9 @@ def run_mscon(
     except subprocess.TimeoutExpired:
         _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
         rc = None
+    except KeyboardInterrupt:
+        _kill_group(proc, first=signal.SIGINT)
+        raise
     for t in readers:
         t.join(timeout=10)
     trial.wall = time.monotonic() - t0
@@ -417,7 +483,12 @@ def run_msrun(
             for p in procs:
                 _kill_group(p)
             break
-        time.sleep(0.02)
+        try:
+            time.sleep(0.02)
+        except KeyboardInterrupt:
+            for p in procs:
+                _kill_group(p)
+            raise
     trial.wall = time.monotonic() - t0
     for out in outs:
         out.close()
@@ -474,9 +545,9 @@ def report(trials: list[Trial]) -> None:
         a = [v for t in ok["mscon"] if (v := get(t)) is not None]
         b = [v for t in ok["msrun"] if (v := get(t)) is not None]
         print(f"{label:<28}{_stats(a):>22}{_stats(b):>22}{_ratio(a, b):>14}")
-    shared = [f"{t.launcher} #{t.index}" for t in trials if t.foreign]
+    shared = [f"{t.launcher} #{t.index}" for t in trials if t.shared]
     if shared:
-        print(f"WARNING: other MindSpore jobs ran during {', '.join(shared)}: those timings are inflated")
+        print(f"WARNING: other jobs used the machine during {', '.join(shared)}: those timings are inflated")
     failed = [t for t in trials if not t.ok]
     counts = ", ".join(f"{name} {len(v)}" for name, v in ok.items())
     print(f"successful trials: {counts}; failed: {len(failed)}")
@@ -489,7 +560,12 @@ def report(trials: list[Trial]) -> None:
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (e.g. `timeout`): clean up like Ctrl-C (sshd nodes, temp files)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3, help="trials per launcher")
     p.add_argument("--nodes", type=int, default=2, help="nodes (sshd servers / msrun processes)")
@@ -502,13 +578,13 @@ def main(argv: list[str] | None = None) -> int:
         "--max-wait-idle",
         type=float,
         default=600.0,
-        help="before each trial, wait up to this long for other jobs' MindSpore processes to end",
+        help="before each trial, wait up to this long for other jobs to leave the machine idle",
     )
     p.add_argument(
         "--retry-shared",
         type=int,
         default=2,
-        help="run a trial again (up to this many times) when another job's MindSpore processes ran during it",
+        help="run a trial again (up to this many times) when another job used the machine during it",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, inventories)")
     a = p.parse_args(argv)
@@ -549,9 +625,10 @@ def main(argv: list[str] | None = None) -> int:
                         trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port)
                     else:
                         trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout, port)
-                    trial.foreign = watch.peak
+                    watch.sample()
+                    trial.foreign, trial.foreign_cpu = watch.peak, watch.cpu
                     print(trial.line(), flush=True)
-                    if not trial.foreign or attempt == a.retry_shared:
+                    if not trial.shared or attempt == a.retry_shared:
                         break
                     print("  (discarded: the machine was shared; trying again)", flush=True)
                 trials.append(trial)
