@@ -35,10 +35,11 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from procstat import proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -51,14 +52,6 @@ IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this
 LINE_RE = re.compile(rb"^\[(?P<node>[^ \]]+) (?P<proc>[^ \]]+)\] (?P<text>.*)$")
 FILLER_RE = re.compile(rb"^rank (\d+) step (\d+) line (\d+) x+$")
 LOSS_RE = re.compile(rb"^epoch: 1 step: (\d+), loss is [0-9.]+$")
-
-
-def sshd_nodes() -> types.ModuleType:
-    """tests/sshd_nodes.py (a test helper, not part of the package)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import sshd_nodes as mod
-
-    return mod
 
 
 # ---------------------------------------------------------------- CPU sampling
@@ -106,21 +99,6 @@ def _ms_ports() -> list[bytes]:
     return ports
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds used so far) for every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
-    return out
-
-
 class Others:
     """CPU seconds used outside this benchmark's process tree (the sshd nodes are its children, so
     every agent and rank of ours is inside it): another job competing for the 2 cores."""
@@ -131,7 +109,7 @@ class Others:
         self.cpu = 0.0
 
     def _cpu(self) -> dict[int, float]:
-        table = _proc_table()
+        table = proc_table()
         children: dict[int, list[int]] = collections.defaultdict(list)
         for pid, (ppid, _) in table.items():
             children[ppid].append(pid)

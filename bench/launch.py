@@ -34,16 +34,16 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from procstat import proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
 SCRIPT = "trainer/train.py"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
 _RUN_SEQ = itertools.count(1)
 NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
@@ -57,14 +57,6 @@ MSRUN_REMOTE = (
     "sys.argv[0] = 'msrun'; sys.exit(main())"
 )
 SCHED_MARK = "mscon-trainer scheduler"  # the trainer's first line on the scheduler, before `import mindspore`
-
-
-def sshd_nodes() -> types.ModuleType:
-    """tests/sshd_nodes.py (a test helper, not part of the package)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import sshd_nodes as mod
-
-    return mod
 
 
 @dataclass
@@ -171,21 +163,6 @@ def _ms_ports() -> list[str]:
     return ports
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds used so far) for every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
-    return out
-
-
 class Contention(threading.Thread):
     """What other jobs did on this machine during a trial: MindSpore processes and CPU seconds.
 
@@ -204,7 +181,7 @@ class Contention(threading.Thread):
         self.stop = threading.Event()
 
     def _foreign_cpu(self) -> dict[int, float]:
-        table = _proc_table()
+        table = proc_table()
         children: dict[int, list[int]] = collections.defaultdict(list)
         for pid, (ppid, _) in table.items():
             children[ppid].append(pid)

@@ -1,0 +1,34 @@
+"""Helpers the benchmarks share: the sshd test-node module and a snapshot of /proc."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def sshd_nodes() -> types.ModuleType:
+    """tests/sshd_nodes.py (a test helper, not part of the package)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import sshd_nodes as mod
+
+    return mod
+
+
+def proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far) for every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
+    return out
