@@ -16,6 +16,12 @@ Two measurements, both with the real trainer (trainer/train.py, MindSpore, CPU b
    (t[last] - t[warmup]) / (last - warmup) steps, i.e. the whole loop including the metrics write.
    "inner ms" is the trainer's own step_time_s (median, from the metrics of the runs that have
    them): the step alone, without what the loop does around it (metrics record, checksum, print).
+   Last, MetricsWriter.write alone is timed in this process (20,000 records): the writer's floor.
+
+--mutable-grads patches the benchmark's COPY of the trainer (never the repository) so the gradient
+tuple reaches the jitted update as ``ms.mutable(...)``: as shipped, MindSpore treats that tuple as a
+constant and compiles the update graph again on every step, which dominates the step time; the
+flag gives the what-if figures. The tables then say PATCHED.
 
 The trainer/ folder is copied into a temporary workdir first (--no-snapshot: run the repository's
 copy in place), so an edit of trainer/*.py while the benchmark runs cannot break a run half-way
@@ -414,6 +420,37 @@ def run_solo(metrics: bool, a: argparse.Namespace, work: Path, tmp: Path) -> Sol
     return res
 
 
+def writer_cost_us(work: Path, tmp: Path, n: int = 20_000) -> float:
+    """Microseconds per MetricsWriter.write of a record shaped like the trainer's, in this process
+    (the snapshot's trainer/metrics.py; no MindSpore): a floor for the writer's share of a step."""
+    sys.path.insert(0, str(work))
+    try:
+        from trainer.metrics import MetricsWriter  # the snapshot's copy (or the repository's)
+    finally:
+        sys.path.remove(str(work))
+    path = tmp / "writer-cost.metrics.jsonl"
+    writer = MetricsWriter(str(path))
+    t0 = time.perf_counter()
+    for step in range(1, n + 1):
+        writer.write(
+            {
+                "step": step,
+                "epoch": 1,
+                "loss": 2.302585 / step,
+                "step_time_s": 0.0117,
+                "samples_per_s": 5470.1,
+                "loss_scale": 1.0,
+                "overflow": False,
+                "overflow_count": 0,
+                "device_memory_bytes": None,
+            }
+        )
+    dt = time.perf_counter() - t0
+    writer.close()
+    path.unlink(missing_ok=True)
+    return dt / n * 1e6
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -586,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     scale: list[ScaleRun] = []
+    writer_us: float | None = None
     solo: list[SoloRun] = []
     try:
         if not a.skip_scaling:
@@ -620,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"foreign {r.foreign:.2f} cores",
                             flush=True,
                         )
+        if solo:
+            writer_us = writer_cost_us(work, tmp)
     except KeyboardInterrupt:
         print("interrupted: partial results", flush=True)
     finally:
@@ -632,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
     if solo:
         print("\n".join(overhead_table(solo, a)))
+        if writer_us is not None:
+            print(f"MetricsWriter.write alone: {writer_us:.1f} us per record (20,000 records, in-process)")
     failed = sum(1 for r in scale if r.problem) + sum(1 for r in solo if r.problem)
     if failed:
         print(f"{failed} run(s) failed (see PROBLEM lines above)")

@@ -132,8 +132,10 @@ class StepRunner:
         for x, y in batches:
             (_, loss), grads = self._micro(x, y)
             losses += float(loss.asnumpy())
-            total = grads if total is None else self._add(total, grads)
-        finite = bool(self._update(total).asnumpy())
+            # mutable(): a plain tuple argument is a compile-time constant to ms.jit, so every step
+            # would compile a new graph (measured: ~0.5 s a step instead of ~2 ms).
+            total = grads if total is None else self._add(self.ms.mutable(total), self.ms.mutable(grads))
+        finite = bool(self._update(self.ms.mutable(total)).asnumpy())
         if not finite:
             self.overflows += 1
         return losses / len(batches), not finite
