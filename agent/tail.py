@@ -24,7 +24,8 @@ class FileTail:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                chunk = f.read(4 * 1024 * 1024)
+                # While running, bounded reads keep messages small; at exit, read everything left.
+                chunk = f.read() if final else f.read(4 * 1024 * 1024)
                 self.offset = f.tell()
         except FileNotFoundError:
             return []

@@ -18,7 +18,9 @@ Numbers: lines and MB of console stdout (prefix ``[node rN] `` included), over t
 over the streaming window (first to last rank line received). "ranks ran" is the slowest rank's
 own run time from mscon's --json summary: if it is much shorter than the streaming window, the
 console, not the ranks, set the pace. CPU: seconds used by the console process and by the
-agent(s), sampled from /proc every 0.25 s.
+agent(s), sampled from /proc every 0.1 s. Runs wait for other jobs to leave the machine idle and are
+re-run when another job used it meanwhile (--retry-shared). Each run's node-side folder in
+~/.cache/mscon/runs (every rank's full log) is removed afterwards.
 """
 
 from __future__ import annotations

@@ -9,14 +9,19 @@ Same script (trainer/train.py), same topology (NODES nodes x RANKS ranks on loop
   the content-hashed copy is already on the node), workdir archive + upload (same) + unpack on
   every node, and the agent start.
 * msrun: NODES ``msrun --node_rank=i`` processes on this machine acting as the nodes; each rank's
-  first step is found by polling its worker_<rank>.log in msrun's --log_dir.
+  first step is found by polling its worker_<rank>.log in msrun's --log_dir. msrun starts a
+  scheduler wherever --master_addr is a local address, so node_rank > 0 runs msrun's own entry
+  point with that check answering "not local", as it does on a real second machine.
 
 Each launcher runs --repeat times, alternating which goes first. Run from anywhere:
 
     .venv/bin/python bench/launch.py [--repeat 3] [--steps 5]
 
-Needs root (sshd) and MindSpore in .venv. Prints a table: median and min of "all ranks at first
-step" and "total wall", and the ratio mscon/msrun.
+Needs root (sshd) and MindSpore in .venv. Prints a table: median and min of launcher start,
+scheduler start, "all ranks at first step", last step -> exit and total wall, and the ratio
+mscon/msrun. The machine has 2 cores: each trial waits until other jobs leave it idle, and a trial
+during which another job ran MindSpore or used CPU is flagged and run again (--retry-shared).
+The node-side run folders mscon leaves in ~/.cache/mscon/runs are removed after each trial.
 """
 
 from __future__ import annotations
