@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procstat import proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
+from procstat import ms_ports, proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -85,22 +85,6 @@ def _agent_pids(node_names: list[str]) -> list[int]:
     return found
 
 
-def _ms_ports() -> list[bytes]:
-    """MS_SCHED_PORT of every live process launched as a MindSpore-cluster member (MS_ROLE set)."""
-    ports = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(b"MS_ROLE=") for v in env):
-            ports.append(next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?"))
-    return ports
-
-
 class Others:
     """CPU seconds used outside this benchmark's process tree (the sshd nodes are its children, so
     every agent and rank of ours is inside it): another job competing for the 2 cores."""
@@ -136,7 +120,7 @@ def wait_idle(max_wait_s: float) -> None:
     while True:
         others = Others()
         time.sleep(IDLE_WINDOW_S)  # long enough to not mistake the gap between two runs of another job
-        ranks, cpu = len(_ms_ports()), others.sample()
+        ranks, cpu = len(ms_ports()), others.sample()
         busy = ranks or cpu > 0.1 * IDLE_WINDOW_S  # > 10% of a core
         if not busy or time.monotonic() > deadline:
             break
@@ -158,7 +142,7 @@ class CpuSampler(threading.Thread):
         super().__init__(daemon=True)
         self.console_pid = console_pid
         self.node_names = node_names
-        self.own_port = str(own_port).encode()
+        self.own_port = str(own_port)
         self.foreign = 0  # peak count of other jobs' rank processes
         self.others = Others()
         self.console = 0.0
@@ -169,7 +153,7 @@ class CpuSampler(threading.Thread):
         ticks = 0
         while not self.done.is_set():
             if ticks % 10 == 0:
-                self.foreign = max(self.foreign, sum(1 for p in _ms_ports() if p != self.own_port))
+                self.foreign = max(self.foreign, sum(1 for p in ms_ports() if p != self.own_port))
                 self.others.sample()
             ticks += 1
             if (c := _cpu_s(self.console_pid)) is not None:

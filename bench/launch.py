@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procstat import proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
+from procstat import ms_ports, proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -151,23 +151,6 @@ def _pids_with_sched_port(port: int) -> list[int]:
     return found
 
 
-def _ms_ports() -> list[str]:
-    """MS_SCHED_PORT of every live MindSpore-cluster process (ranks and schedulers carry MS_ROLE)."""
-    ports = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(b"MS_ROLE=") for v in env):
-            port = next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?")
-            ports.append(port.decode(errors="replace"))
-    return ports
-
-
 class Contention(threading.Thread):
     """What other jobs did on this machine during a trial: MindSpore processes and CPU seconds.
 
@@ -203,7 +186,7 @@ class Contention(threading.Thread):
             self.prev = self._foreign_cpu()
 
     def foreign(self) -> int:
-        return sum(1 for p in _ms_ports() if p != self.own_port)
+        return sum(1 for p in ms_ports() if p != self.own_port)
 
     def sample(self) -> None:
         with self.lock:

@@ -32,3 +32,20 @@ def proc_table() -> dict[int, tuple[int, float]]:
             continue
         out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
     return out
+
+
+def ms_ports() -> list[str]:
+    """MS_SCHED_PORT of every live MindSpore-cluster process (ranks and schedulers carry MS_ROLE)."""
+    ports = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"MS_ROLE=") for v in env):
+            port = next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?")
+            ports.append(port.decode(errors="replace"))
+    return ports
