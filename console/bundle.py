@@ -15,6 +15,19 @@ from mscon.agent import AGENT_FILES
 
 AGENT_PACKAGE = "mscon_agent"  # the agent's import name on the nodes
 
+# The agent's folder goes on sys.path from the command line rather than through PYTHONPATH, so the
+# ranks it starts inherit the node's environment (a user's PYTHONPATH included) unchanged.
+AGENT_BOOT = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    f"runpy.run_module({AGENT_PACKAGE!r}, run_name='__main__', alter_sys=True)"
+)
+
+
+def agent_argv(python: str, agent_dir: str, node: str) -> list[str]:
+    """The node-side command that starts the agent (``python -c BOOT AGENT_DIR --node NAME``)."""
+    return [python, "-c", AGENT_BOOT, agent_dir, "--node", node]
+
+
 # Never synced: VCS data, virtual environments, caches, and mscon's own outputs.
 DEFAULT_EXCLUDES = (
     ".git",

@@ -108,10 +108,11 @@ class Done:
     err: str
 
 
-def mscon(*args: str | Path, cwd: Path, timeout: float = 240) -> Done:
+def mscon(*args: str | Path, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None) -> Done:
     p = subprocess.run(
         [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,7 +149,7 @@ def agent_processes(node_names: list[str]) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if p.info["status"] == psutil.STATUS_ZOMBIE or "mscon_agent" not in cmd:
+        if p.info["status"] == psutil.STATUS_ZOMBIE or not any("mscon_agent" in w for w in cmd):
             continue
         if any(name in cmd for name in node_names):
             found.append(p)

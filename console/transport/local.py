@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive
+from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv
 from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
 
 
@@ -73,25 +73,18 @@ class LocalTransport(NodeTransport):
         return False
 
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = agent_dir
         try:
-            proc = await self._spawn(python, env)
+            proc = await self._spawn(agent_argv(python, agent_dir, self.node.name))
         except OSError as exc:
             raise NodeUnreachable(f"{self.node.name}: the agent did not start with {python}: {exc}") from None
         return LocalChannel(proc)
 
-    async def _spawn(self, python: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
-            python,
-            "-m",
-            AGENT_PACKAGE,
-            "--node",
-            self.node.name,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=env,
             limit=LINE_LIMIT,
             # Its own session: a terminal's Ctrl-C reaches the console, which stops the run in order.
             start_new_session=True,

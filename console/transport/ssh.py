@@ -16,7 +16,7 @@ from pathlib import Path
 
 import asyncssh
 
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive
+from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv
 from ..inventory import Inventory, NodeSpec
 from .base import AgentChannel, NodeTransport, NodeUnreachable
 
@@ -224,7 +224,7 @@ class SshTransport(NodeTransport):
 
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
         conn, _ = self._require()
-        words = ["env", f"PYTHONPATH={agent_dir}", python, "-m", AGENT_PACKAGE, "--node", self.node.name]
+        words = agent_argv(python, agent_dir, self.node.name)
         command = " ".join(shlex.quote(w) for w in words)  # the remote login shell sees quoted words only
         try:
             proc = await conn.create_process(command, encoding="utf-8", errors="replace")

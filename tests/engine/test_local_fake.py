@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import signal
@@ -153,6 +154,26 @@ def test_unmodified_script_after_double_dash(tmp_path: Path) -> None:
     assert "[local r1] args ['--arg', 'x'] rank 1" in done.out
     ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
     assert ranks["r0"]["last_step"] == 3 and ranks["r0"]["last_loss"] == pytest.approx(0.3333)
+
+
+def test_ranks_inherit_the_environment_pythonpath_included(tmp_path: Path) -> None:
+    # The agent must not leave its own folder on the ranks' PYTHONPATH nor drop the user's: a
+    # user's modules (or a MindSpore installed with --target) are found through it.
+    work = tmp_path / "work"
+    (work / "mylib").mkdir(parents=True)
+    (work / "mylib" / "helper.py").write_text("NAME = 'from the user PYTHONPATH'\n")
+    (work / "job.py").write_text(
+        "import os, sys\n"
+        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
+        "    sys.exit(0)\n"
+        "import helper\n"
+        "print('pp', os.environ.get('PYTHONPATH'), helper.NAME, os.environ.get('MY_VAR'), flush=True)\n"
+    )
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    env = {**os.environ, "PYTHONPATH": str(work / "mylib"), "MY_VAR": "kept"}
+    done = mscon("run", "--no-tui", "-q", inv, "--workdir", work, "--", "job.py", cwd=tmp_path, env=env)
+    assert done.code == 0, done.err
+    assert f"[local r0] pp {work / 'mylib'} from the user PYTHONPATH kept" in done.out
 
 
 def test_script_outside_workdir_is_a_usage_error(tmp_path: Path) -> None:
