@@ -65,12 +65,12 @@ def configure_parallel(ms: Any, args: Any, size: int) -> None:
 
 
 def apply_strategy(net: Any, strategy: tuple[int, int]) -> None:
-    """semi_auto_parallel for the MLP: the first Dense splits its output columns over the model
-    axis (data x model), the second reduces over it; MindSpore inserts the collectives."""
+    """semi_auto_parallel for the MLP: fc1 splits its output features over the model axis
+    (data x model), fc2 reduces over it; MindSpore inserts the collectives. nn.Dense multiplies by
+    its (out, in) weight with transpose_b, so a weight's strategy is written (out split, in split)."""
     dp, mp = strategy
-    dense1, dense2 = net[0], net[2]
-    dense1.matmul.shard(((dp, 1), (1, mp)))
-    dense2.matmul.shard(((dp, mp), (mp, 1)))
+    net.fc1.matmul.shard(((dp, 1), (mp, 1)))
+    net.fc2.matmul.shard(((dp, mp), (1, mp)))
 
 
 class StepRunner:
@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         if start:
             meta = checkpoint.load(args.checkpoint_dir, rank, start, net, opt)
             if say:
-                print(f"mscon-trainer: resumed from step {start} ({meta.get('saved_at', 0):.0f})", flush=True)
+                saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
+                print(f"mscon-trainer: resumed from step {start} (checkpoint saved {saved})", flush=True)
         elif say:
             print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
