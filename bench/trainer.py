@@ -18,11 +18,6 @@ Two measurements, both with the real trainer (trainer/train.py, MindSpore, CPU b
    them): the step alone, without what the loop does around it (metrics record, checksum, print).
    Last, MetricsWriter.write alone is timed in this process (20,000 records): the writer's floor.
 
---mutable-grads patches the benchmark's COPY of the trainer (never the repository) so the gradient
-tuple reaches the jitted update as ``ms.mutable(...)``: as shipped, MindSpore treats that tuple as a
-constant and compiles the update graph again on every step, which dominates the step time; the
-flag gives the what-if figures. The tables then say PATCHED.
-
 The trainer/ folder is copied into a temporary workdir first (--no-snapshot: run the repository's
 copy in place), so an edit of trainer/*.py while the benchmark runs cannot break a run half-way
 (MindSpore's graph compiler re-reads the source file). Before each run it waits (up to
@@ -71,12 +66,6 @@ STEP_RE = re.compile(r"^epoch:\s*(\d+)\s+step:\s*(\d+),\s*loss is")
 # Env a stand-alone run must not inherit (it would think it is in a cluster, or write metrics).
 CLUSTER_ENV = ("MS_ROLE", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT", "RANK_SIZE", "RANK_ID")
 MAX_RANKS = 4  # this box: never more than 4 MindSpore ranks at once
-# --mutable-grads: what the copy's StepRunner.step gets (the jitted add/update take gradient tuples).
-MUTABLE_PATCH = (
-    ("self._add(total, grads)", "self._add(self.ms.mutable(total), self.ms.mutable(grads))"),
-    ("self._update(total)", "self._update(self.ms.mutable(total))"),
-)
-TAG = " [PATCHED trainer copy: gradients as ms.mutable]"
 
 
 # ---------------------------------------------------------------- CPU accounting
@@ -174,23 +163,10 @@ def median(xs: Iterable[float]) -> float:
     return statistics.median(v) if v else float("nan")
 
 
-def snapshot_workdir(tmp: Path, mutable_grads: bool) -> Path:
-    """A private copy of trainer/ (all the trainer imports), so concurrent edits cannot bite.
-
-    mutable_grads: patch THE COPY so the gradient tuple reaches the jitted update as
-    ``ms.mutable(...)``. Without it MindSpore treats a tuple argument of a jit function as a
-    constant and compiles the update graph again on every step (see MUTABLE_PATCH).
-    """
+def snapshot_workdir(tmp: Path) -> Path:
+    """A private copy of trainer/ (all the trainer imports), so concurrent edits cannot bite."""
     work = tmp / "work"
     shutil.copytree(REPO / "trainer", work / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
-    if mutable_grads:
-        path = work / SCRIPT
-        text = path.read_text(encoding="utf-8")
-        for old, new in MUTABLE_PATCH:
-            if old not in text:
-                sys.exit(f"--mutable-grads: {SCRIPT} no longer contains {old!r}; nothing to patch")
-            text = text.replace(old, new)
-        path.write_text(text, encoding="utf-8")
     return work
 
 
@@ -461,7 +437,7 @@ def fmt_runs(xs: list[float], f: Callable[[float], str]) -> str:
 def scaling_table(model: str, runs: list[ScaleRun], a: argparse.Namespace) -> list[str]:
     b = a.batch_size
     lines = [
-        f"scaling{TAG if a.mutable_grads else ''}: model {model}, global batch {b}, {a.steps} steps, "
+        f"scaling: model {model}, global batch {b}, {a.steps} steps, "
         f"steady = steps {a.warmup + 1}.."
         f"{a.steps}, median over {a.repeat} run(s); {os.cpu_count()} CPU core(s) on this machine",
         f"{'ranks':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} {'efficiency':>10}  "
@@ -502,7 +478,7 @@ def overhead_table(runs: list[SoloRun], a: argparse.Namespace) -> list[str]:
     off = [r for r in runs if not r.metrics and not r.problem]
     on = [r for r in runs if r.metrics and not r.problem]
     lines = [
-        f"metrics writer{TAG if a.mutable_grads else ''}: stand-alone {a.overhead_model}, "
+        f"metrics writer: stand-alone {a.overhead_model}, "
         f"batch {a.batch_size}, {a.overhead_steps} steps, "
         f"steady = steps {a.warmup + 1}..{a.overhead_steps} timed from stdout, {a.repeat} pair(s)",
         f"{'MSCON_METRICS':>13} {'wall s':>7} {'steady ms/step':>14}  {'runs: wall s':<22} "
@@ -577,11 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--no-snapshot", action="store_true", help="run trainer/ in place, not a copy")
-    p.add_argument(
-        "--mutable-grads",
-        action="store_true",
-        help="patch the snapshot (not the repository) to pass gradients as ms.mutable: what-if figures",
-    )
     p.add_argument("--max-wait-idle", type=float, default=300.0, help="seconds to wait for a quiet machine")
     p.add_argument("--idle-cores", type=float, default=0.35, help="'quiet' means fewer cores busy than this")
     p.add_argument(
@@ -606,18 +577,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.warmup >= min(a.steps, a.overhead_steps) - 1:
         p.error("--warmup must leave at least two steady steps")
 
-    if a.no_snapshot and a.mutable_grads:
-        p.error("--mutable-grads patches the snapshot: drop --no-snapshot")
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-trainer-"))
     try:
-        work = REPO if a.no_snapshot else snapshot_workdir(tmp, a.mutable_grads)
+        work = REPO if a.no_snapshot else snapshot_workdir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(
         f"bench/trainer.py: trainer at {git_state()}"
         f"{'' if a.no_snapshot else f' (snapshot in {work})'}"
-        f"{'; PATCHED COPY: gradients passed as ms.mutable' if a.mutable_grads else ''}; "
+        "; "
         f"{os.cpu_count()} CPU core(s), "
         f"MindSpore CPU backend",
         flush=True,
