@@ -40,33 +40,27 @@ class Case:
 
 def cases(ranks: int) -> list[Case]:
     sp = ["--model", "mlp"]
+    # Run twice: the first run saves the strategy file, the second loads it.
+    model_split = [
+        *sp,
+        "--parallel-mode",
+        "semi_auto_parallel",
+        "--strategy",
+        f"1,{ranks}",
+        "--strategy-ckpt-dir",
+        "{tmp}/strategy",
+    ]
     return [
         Case("dp", [*sp, "--parallel-mode", "data_parallel"]),
         Case("dp_amp_o2", [*sp, "--parallel-mode", "data_parallel", "--amp-level", "O2"]),
         Case(
             "semi_mp",
-            [
-                *sp,
-                "--parallel-mode",
-                "semi_auto_parallel",
-                "--strategy",
-                f"1,{ranks}",
-                "--strategy-ckpt-dir",
-                "{tmp}/strategy",
-            ],
+            model_split,
             check="strategy_saved",
         ),
         Case(
             "semi_mp_load",
-            [
-                *sp,
-                "--parallel-mode",
-                "semi_auto_parallel",
-                "--strategy",
-                f"1,{ranks}",
-                "--strategy-ckpt-dir",
-                "{tmp}/strategy",
-            ],
+            model_split,
             check="strategy_loaded",
         ),
         Case(

@@ -43,7 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procstat import ms_ports, proc_table, sshd_nodes  # bench/ is on sys.path when run as a script
+from procstat import (  # bench/ is on sys.path when run as a script
+    foreign_cpu,
+    ms_ports,
+    sshd_nodes,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -169,16 +173,7 @@ class Contention(threading.Thread):
         self.stop = threading.Event()
 
     def _foreign_cpu(self) -> dict[int, float]:
-        table = proc_table()
-        children: dict[int, list[int]] = collections.defaultdict(list)
-        for pid, (ppid, _) in table.items():
-            children[ppid].append(pid)
-        stack = [os.getpid()]
-        while stack:
-            pid = stack.pop()
-            self.ours.add(pid)  # once ours, always ours (orphans get re-parented to init)
-            stack.extend(children.get(pid, ()))
-        return {pid: cpu for pid, (_, cpu) in table.items() if pid not in self.ours}
+        return foreign_cpu(self.ours)
 
     def reset(self, own_port: int) -> None:
         with self.lock:

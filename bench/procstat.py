@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import types
@@ -32,6 +33,21 @@ def proc_table() -> dict[int, tuple[int, float]]:
             continue
         out[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
     return out
+
+
+def foreign_cpu(ours: set[int]) -> dict[int, float]:
+    """CPU seconds per process outside this process's tree. ``ours`` grows with every call: once
+    ours, always ours (an orphan is re-parented to init but still counts as ours)."""
+    table = proc_table()
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for pid, (ppid, _) in table.items():
+        children[ppid].append(pid)
+    stack = [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        ours.add(pid)
+        stack.extend(children.get(pid, ()))
+    return {pid: cpu for pid, (_, cpu) in table.items() if pid not in ours}
 
 
 def ms_ports() -> list[str]:
