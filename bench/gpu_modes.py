@@ -50,6 +50,7 @@ def cases(ranks: int) -> list[Case]:
         "--strategy-ckpt-dir",
         "{tmp}/strategy",
     ]
+    semi_popt = ["--parallel-mode", "semi_auto_parallel", "--strategy", f"{ranks},1", "--parallel-optimizer"]
     return [
         Case("dp", [*sp, "--parallel-mode", "data_parallel"]),
         Case("dp_amp_o2", [*sp, "--parallel-mode", "data_parallel", "--amp-level", "O2"]),
@@ -63,50 +64,25 @@ def cases(ranks: int) -> list[Case]:
             model_split,
             check="strategy_loaded",
         ),
-        Case(
-            "semi_dp_popt_fusion",
-            [
-                *sp,
-                "--parallel-mode",
-                "semi_auto_parallel",
-                "--strategy",
-                f"{ranks},1",
-                "--parallel-optimizer",
-                "--comm-fusion-mb",
-                "16",
-            ],
-        ),
+        Case("semi_dp_popt_fusion", [*sp, *semi_popt, "--comm-fusion-mb", "16"]),
         Case("auto_sp", [*sp, "--parallel-mode", "auto_parallel", "--search-mode", "sharding_propagation"]),
         Case("auto_dp", [*sp, "--parallel-mode", "auto_parallel", "--search-mode", "dynamic_programming"]),
         Case("hybrid", [*sp, "--parallel-mode", "hybrid_parallel"]),
-        Case(
-            "dp_kill_resume",
-            [
-                *sp,
-                "--parallel-mode",
-                "data_parallel",
-                "--checkpoint-dir",
-                "{tmp}/ckpt",
-                "--checkpoint-every",
-                "4",
-                "--die-at-step",
-                "6",
-                "--die-rank",
-                str(min(1, ranks - 1)),
-            ],
-            check="resume",
-            then_args=[
-                *sp,
-                "--parallel-mode",
-                "data_parallel",
-                "--checkpoint-dir",
-                "{tmp}/ckpt",
-                "--checkpoint-every",
-                "4",
-                "--resume",
-            ],
-        ),
+        kill_resume("dp_kill_resume", [*sp, "--parallel-mode", "data_parallel"], ranks),
+        # The cell runner's checkpoints gather sharded weights (parallel optimizer) into full ones.
+        kill_resume("semi_popt_kill_resume", [*sp, *semi_popt], ranks),
     ]
+
+
+def kill_resume(name: str, mode_args: list[str], ranks: int) -> Case:
+    """Rank 1 SIGKILLs itself at step 6 (checkpoints every 4); then a --resume run."""
+    ckpt = ["--checkpoint-dir", "{tmp}/ckpt_" + name, "--checkpoint-every", "4"]
+    return Case(
+        name,
+        [*mode_args, *ckpt, "--die-at-step", "6", "--die-rank", str(min(1, ranks - 1))],
+        check="resume",
+        then_args=[*mode_args, *ckpt, "--resume"],
+    )
 
 
 def write_inventory(path: Path, a: argparse.Namespace, args: list[str]) -> None:

@@ -79,12 +79,11 @@ def agree_on_step(root: str, rank: int, size: int, every: int, max_step: int) ->
     return max(agreed, default=0)
 
 
-def load(root: str, rank: int, step: int, net: Any, optimizer: Any) -> dict:
+def load(root: str, rank: int, step: int) -> tuple[dict[str, Any], dict]:
+    """(parameters, the marker's metadata) of one complete checkpoint."""
     import mindspore as ms
 
     path = os.path.join(rank_dir(root, rank), f"step_{step}.ckpt")
     params = ms.load_checkpoint(path)
-    ms.load_param_into_net(net, params)
-    ms.load_param_into_net(optimizer, params)
     with open(path + ".done", encoding="utf-8") as f:
-        return json.load(f)
+        return params, json.load(f)

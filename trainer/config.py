@@ -15,6 +15,9 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
+from trainer.runners import RUNNERS, SHARDED_MODES
+from trainer.runners import choose as choose_runner
+
 PARALLEL_MODES = ("stand_alone", "data_parallel", "semi_auto_parallel", "auto_parallel", "hybrid_parallel")
 # The CPU backend (MCCL) runs data parallel only: MindSpore refuses the others at graph compile
 # ("Invalid communication backend: CPU for semi_auto_parallel/auto_parallel mode").
@@ -138,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--comm-fusion-mb", type=int, default=0, help="AllReduce fusion threshold in MB (0: default)"
     )
+    g.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="auto",
+        help="functional: separately compiled pieces, allows --grad-accum; cell: the whole step as one "
+        "graph (TrainOneStepWithLossScaleCell), which semi/auto/hybrid need; auto: cell for those modes",
+    )
     g.add_argument("--strategy-ckpt-dir", help="save/load parallel strategy files here (semi/auto)")
     g = p.add_argument_group("checkpoints and observability")
     g.add_argument("--checkpoint-dir", help="rank-aware checkpoints: DIR/rank_N/step_S.ckpt")
@@ -225,6 +235,26 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
         if not 1 <= a < b:
             fail(f"--profile-steps {args.profile_steps!r}: need 1 <= A < B")
         args.profile_steps = (a, b)
+    try:
+        args.runner = choose_runner(args.runner, mode)
+    except ValueError as exc:
+        fail(str(exc))
+    if args.runner == "cell" and args.grad_accum > 1:
+        why = f"; {mode} cannot use it" if mode in SHARDED_MODES else ""
+        fail(f"--grad-accum needs --runner functional{why}")
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir")
     return args
+
+
+def ranks_are_replicas(args: argparse.Namespace) -> bool:
+    """Whether every rank must hold the same parameters (so their checksums can be compared).
+
+    Model split, optimizer sharding and auto_parallel's own strategies leave each rank a slice.
+    """
+    mode = args.parallel_mode
+    if mode in ("stand_alone", "data_parallel", "hybrid_parallel"):
+        return True  # data parallel's optimizer sharding AllGathers the full weights after each update
+    if mode == "semi_auto_parallel":
+        return args.strategy[1] == 1 and not args.parallel_optimizer
+    return False

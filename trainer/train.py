@@ -18,8 +18,8 @@ from typing import Any
 # Run as a script (`python trainer/train.py`): make `import trainer.x` work from the repo root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer import checkpoint  # noqa: E402
-from trainer.config import Cluster, cluster_from_env, fail, parse_args  # noqa: E402
+from trainer import checkpoint, runners  # noqa: E402
+from trainer.config import Cluster, cluster_from_env, fail, parse_args, ranks_are_replicas  # noqa: E402
 from trainer.metrics import MetricsWriter, param_checksum  # noqa: E402
 
 
@@ -73,74 +73,6 @@ def apply_strategy(net: Any, strategy: tuple[int, int]) -> None:
     net.fc2.matmul.shard(((dp, mp), (1, mp)))
 
 
-class StepRunner:
-    """One optimizer update = ``accum`` micro-batches: forward+backward each (compiled), sum the
-    gradients, then one AllReduce, unscale, overflow check and update (compiled)."""
-
-    def __init__(self, ms: Any, net: Any, loss_fn: Any, opt: Any, size: int, args: Any) -> None:
-        from mindspore import nn
-
-        self.ms = ms
-        self.accum = args.grad_accum
-        if args.loss_scale == "dynamic":
-            self.scaler = ms.amp.DynamicLossScaler(args.loss_scale_value, 2, 1000)
-        else:
-            self.scaler = ms.amp.StaticLossScaler(
-                args.loss_scale_value if args.loss_scale == "fixed" else 1.0
-            )
-        scaler, accum = self.scaler, float(args.grad_accum)
-
-        def forward(x: Any, y: Any) -> Any:
-            loss = loss_fn(net(x), y)
-            return scaler.scale(loss), loss  # gradients of the scaled loss; the plain one is reported
-
-        grad_fn = ms.value_and_grad(forward, None, opt.parameters, has_aux=True)
-        reducer = nn.DistributedGradReducer(opt.parameters, True, size) if size > 1 else None
-
-        @ms.jit
-        def micro(x: Any, y: Any) -> Any:
-            return grad_fn(x, y)
-
-        @ms.jit
-        def add(total: Any, grads: Any) -> Any:
-            # MindSpore's graph syntax has no zip(strict=); both tuples come from the same grad_fn.
-            return tuple(t + g for t, g in zip(total, grads))  # noqa: B905
-
-        @ms.jit
-        def update(grads: Any) -> Any:
-            if reducer is not None:
-                grads = reducer(grads)  # once per update: accumulation also saves communication
-            grads = scaler.unscale(grads)
-            grads = tuple(g / accum for g in grads)
-            finite = ms.amp.all_finite(grads)
-            scaler.adjust(finite)
-            if finite:
-                opt(grads)
-            return finite
-
-        self._micro, self._add, self._update = micro, add, update
-        self.overflows = 0
-
-    @property
-    def loss_scale(self) -> float:
-        return float(self.scaler.scale_value.asnumpy())
-
-    def step(self, batches: list[tuple[Any, Any]]) -> tuple[float, bool]:
-        """(mean unscaled loss, overflowed) for one update."""
-        total = None
-        losses = 0.0
-        for x, y in batches:
-            (_, loss), grads = self._micro(x, y)
-            losses += float(loss.asnumpy())
-            # mutable(): a plain tuple argument is a compile-time constant to ms.jit, so every step
-            # would compile a new graph (measured: ~0.5 s a step instead of ~2 ms).
-            total = grads if total is None else self._add(self.ms.mutable(total), self.ms.mutable(grads))
-        finite = bool(self._update(self.ms.mutable(total)).asnumpy())
-        if not finite:
-            self.overflows += 1
-        return losses / len(batches), not finite
-
-
 def device_memory(ms: Any) -> int | None:
     try:
         used = int(ms.runtime.max_memory_allocated())
@@ -177,52 +109,6 @@ class Profiling:
         return None
 
 
-def train_sharded(
-    ms: Any,
-    args: Any,
-    net: Any,
-    loss_fn: Any,
-    opt: Any,
-    source: Any,
-    batch: int,
-    size: int,
-    rank: int,
-    say: bool,
-) -> int:
-    """semi_auto/auto/hybrid parallel: the whole step must be one graph that MindSpore shards, so it
-    goes through ``Model.train`` (GPU/Ascend only; not exercised on CPU, which refuses these modes)."""
-    from mindspore.train import Callback
-
-    from trainer import data
-
-    if args.grad_accum > 1:
-        fail(f"--grad-accum with --parallel-mode {args.parallel_mode} is not supported by this trainer")
-    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
-
-    class Report(Callback):
-        def on_train_step_begin(self, run_context: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_train_step_end(self, run_context: Any) -> None:
-            cb = run_context.original_args()
-            dt = time.perf_counter() - self.t0
-            loss = float(cb.net_outputs.asnumpy().mean())
-            in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
-            if say:
-                print(f"epoch: {cb.cur_epoch_num} step: {in_epoch}, loss is {loss:.6f}", flush=True)
-            metrics.write(
-                {"step": cb.cur_step_num, "epoch": cb.cur_epoch_num, "loss": loss, "step_time_s": dt}
-            )
-
-    dataset = data.make_dataset(source, batch, size, rank, 0, args.seed, args.sampler)
-    model = ms.Model(net, loss_fn, opt)
-    model.train(args.epochs, dataset, callbacks=[Report()], dataset_sink_mode=False)
-    metrics.close()
-    if say:
-        print("training finished", flush=True)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     cluster = cluster_from_env()
     args = parse_args(argv, cluster)
@@ -251,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if say:
         print(
             f"mscon-trainer rank {rank}/{size} device {args.device_target} mode {args.parallel_mode} "
-            f"model {args.model} amp {args.amp_level} accum {args.grad_accum}",
+            f"model {args.model} amp {args.amp_level} accum {args.grad_accum} runner {args.runner}",
             flush=True,
         )
 
@@ -284,11 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         net = ms.amp.auto_mixed_precision(net, args.amp_level)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     opt = nn.Momentum(net.trainable_params(), args.lr, args.momentum, weight_decay=args.weight_decay)
-    if args.parallel_mode in ("semi_auto_parallel", "auto_parallel", "hybrid_parallel"):
-        if args.parallel_mode == "semi_auto_parallel":
-            apply_strategy(net, args.strategy)
-        return train_sharded(ms, args, net, loss_fn, opt, source, micro_batch, size, rank, say)
-    runner = StepRunner(ms, net, loss_fn, opt, size, args)
+    if args.parallel_mode == "semi_auto_parallel":
+        apply_strategy(net, args.strategy)
+    runner = runners.make_runner(args.runner, ms, net, loss_fn, opt, size, args)
 
     per_epoch_batches = len(source) // (size * micro_batch)
     steps_per_epoch = min(args.steps_per_epoch, per_epoch_batches // args.grad_accum)
@@ -302,13 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         start = checkpoint.agree_on_step(args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps)
         if start:
-            meta = checkpoint.load(args.checkpoint_dir, rank, start, net, opt)
+            params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
+            runner.restore(params)
             if say:
                 saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
                 print(f"mscon-trainer: resumed from step {start} (checkpoint saved {saved})", flush=True)
         elif say:
             print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
+    replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
     step = start
@@ -340,20 +226,20 @@ def main(argv: list[str] | None = None) -> int:
                 "overflow_count": runner.overflows,
                 "device_memory_bytes": device_memory(ms),
             }
-            if step % args.checksum_every == 0 or step == total_steps:
+            if replicas and (step % args.checksum_every == 0 or step == total_steps):
                 record["param_checksum"] = param_checksum(net)
             profile_dir = profiling.after(step)
             if profile_dir:
                 record["profile_dir"] = profile_dir
             metrics.write(record)
             if args.checkpoint_dir and (step % args.checkpoint_every == 0):
-                saved = net.get_parameters()
-                params = [{"name": p.name, "data": p} for p in saved]
-                params += [
-                    {"name": p.name, "data": p} for p in opt.get_parameters() if p.name.startswith("moment")
-                ]
                 checkpoint.save(
-                    args.checkpoint_dir, rank, step, params, {"epoch": epoch + 1}, args.keep_checkpoints
+                    args.checkpoint_dir,
+                    rank,
+                    step,
+                    runner.checkpoint_payload(),
+                    {"epoch": epoch + 1},
+                    args.keep_checkpoints,
                 )
             if args.die_at_step == step and rank == args.die_rank:
                 print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)

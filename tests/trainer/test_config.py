@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO))
-from trainer.config import Cluster, parse_args  # noqa: E402
+from trainer.config import Cluster, parse_args, ranks_are_replicas  # noqa: E402
 
 
 def _fails(argv: list[str], size: int, capsys: pytest.CaptureFixture[str]) -> str:
@@ -68,6 +68,17 @@ def test_cpu_refuses_sharded_modes_clearly(mode: str, capsys: pytest.CaptureFixt
         (["--resume"], 1, "--resume needs --checkpoint-dir"),
         (["--dataset", "mnist"], 1, "needs --data-path"),
         (["--profile-steps", "9:3"], 1, "need 1 <= A < B"),
+        (
+            ["--parallel-mode", "auto_parallel", "--device-target", "GPU", "--runner", "functional"],
+            2,
+            "auto_parallel needs --runner cell",
+        ),
+        (["--runner", "cell", "--grad-accum", "2"], 2, "--grad-accum needs --runner functional"),
+        (
+            ["--parallel-mode", "hybrid_parallel", "--device-target", "GPU", "--grad-accum", "2"],
+            2,
+            "hybrid_parallel cannot use it",
+        ),
     ],
 )
 def test_pitfalls(argv: list[str], size: int, words: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,6 +95,33 @@ def test_good_configs() -> None:
     assert one.parallel_mode == "stand_alone"  # one rank: nothing to average
     fp16 = parse_args(["--amp-level", "O2"], Cluster(False, False, 1))
     assert fp16.loss_scale == "dynamic"  # fp16 gradients need loss scaling
+
+
+def test_runner_follows_the_mode_unless_chosen() -> None:
+    def runner(argv: list[str], size: int = 2) -> str:
+        return parse_args(argv, Cluster(size > 1, False, size)).runner
+
+    assert runner([]) == "functional"
+    assert runner(["--runner", "cell"]) == "cell"
+    for mode in ("semi_auto_parallel", "auto_parallel", "hybrid_parallel"):
+        assert runner(["--parallel-mode", mode, "--device-target", "GPU"]) == "cell"
+
+
+@pytest.mark.parametrize(
+    ("argv", "replicas"),
+    [
+        ([], True),
+        (["--parallel-optimizer"], True),  # data parallel gathers the full weights after each update
+        (["--parallel-mode", "semi_auto_parallel", "--strategy", "2,1"], True),
+        (["--parallel-mode", "semi_auto_parallel", "--strategy", "1,2"], False),  # model split
+        (["--parallel-mode", "semi_auto_parallel", "--strategy", "2,1", "--parallel-optimizer"], False),
+        (["--parallel-mode", "auto_parallel"], False),
+        (["--parallel-mode", "hybrid_parallel"], True),
+    ],
+)
+def test_which_modes_keep_replicas_for_checksums(argv: list[str], replicas: bool) -> None:
+    args = parse_args([*argv, "--device-target", "GPU"], Cluster(True, False, 2))
+    assert ranks_are_replicas(args) is replicas
 
 
 def test_help_is_fast_and_lists_the_knobs() -> None:

@@ -29,9 +29,11 @@ def _run_alone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "runner"), [(2, "functional"), (4, "functional"), (2, "cell")])
+def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int, runner: str) -> None:
     args = [
+        "--runner",
+        runner,
         "--epochs",
         "2",
         "--steps-per-epoch",
@@ -62,10 +64,11 @@ def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int) -> 
     assert all(s == sums[0] for s in sums)  # every replica holds the same parameters
 
 
-def _params(ckpt: Path) -> dict[str, np.ndarray]:
+def _params(ckpt: Path, moments: bool = False) -> dict[str, np.ndarray]:
     import mindspore as ms
 
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(ckpt)).items() if not k.startswith("moment")}
+    loaded = ms.load_checkpoint(str(ckpt)).items()
+    return {k: v.asnumpy() for k, v in loaded if moments or not k.startswith("moment")}
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
@@ -96,6 +99,22 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
         np.testing.assert_allclose(four[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("scale", [["--loss-scale", "none"], ["--loss-scale", "dynamic"]])
+def test_cell_runner_takes_the_same_steps_as_the_functional_one(tmp_path: Path, scale: list[str]) -> None:
+    """The cell runner is the one semi/auto/hybrid parallel use (GPU/Ascend); on CPU it must update
+    the parameters exactly as the tested functional runner does."""
+    common = ["--epochs", "1", "--steps-per-epoch", "6", "--checkpoint-every", "3", "--lr", "0.2", *scale]
+    for runner in ("functional", "cell"):
+        out = _run_alone([*common, "--runner", runner, "--checkpoint-dir", str(tmp_path / runner)], tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"runner {runner}" in out.stdout
+    functional = _params(tmp_path / "functional" / "rank_0" / "step_6.ckpt", moments=True)
+    cell = _params(tmp_path / "cell" / "rank_0" / "step_6.ckpt", moments=True)
+    assert {"fc1.weight", "fc2.bias", "moments.fc1.weight"} <= set(cell)
+    for name in functional:
+        np.testing.assert_allclose(cell[name], functional[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
 def _params_at_init(tmp_path: Path) -> dict[str, np.ndarray]:
     out = _run_alone(
         [
@@ -118,9 +137,12 @@ def _params_at_init(tmp_path: Path) -> dict[str, np.ndarray]:
     return _params(tmp_path / "init" / "rank_0" / "step_1.ckpt")
 
 
-def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner", ["functional", "cell"])
+def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path, runner: str) -> None:
     ckpt = tmp_path / "ckpt"
     args = [
+        "--runner",
+        runner,
         "--epochs",
         "2",
         "--steps-per-epoch",
@@ -149,7 +171,7 @@ def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path)
     assert len(r0_steps) == 8
     # The resumed run ends where an uninterrupted one does: same parameters at step 16.
     straight = local_inventory(
-        tmp_path / "straight.yaml", 2, TRAIN, ["--epochs", "2", "--steps-per-epoch", "8"]
+        tmp_path / "straight.yaml", 2, TRAIN, ["--runner", runner, "--epochs", "2", "--steps-per-epoch", "8"]
     )
     third = mscon(
         "run", "--no-tui", "-q", straight, "--json", tmp_path / "third.json", cwd=tmp_path, timeout=300
@@ -164,9 +186,10 @@ def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path)
 _ = REPO
 
 
-def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner", ["functional", "cell"])
+def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path, runner: str) -> None:
     metrics = tmp_path / "m.jsonl"
-    env_args = ["--epochs", "1", "--steps-per-epoch", "4", "--amp-level", "O3"]
+    env_args = ["--epochs", "1", "--steps-per-epoch", "4", "--amp-level", "O3", "--runner", runner]
     out = subprocess.run(
         [sys.executable, str(TRAINER), *env_args, "--loss-scale", "dynamic", "--loss-scale-value", "1e30"],
         capture_output=True,
