@@ -65,12 +65,18 @@ def configure_parallel(ms: Any, args: Any, size: int) -> None:
 
 
 def apply_strategy(net: Any, strategy: tuple[int, int]) -> None:
-    """semi_auto_parallel for the MLP: fc1 splits its output features over the model axis
-    (data x model), fc2 reduces over it; MindSpore inserts the collectives. nn.Dense multiplies by
-    its (out, in) weight with transpose_b, so a weight's strategy is written (out split, in split)."""
+    """semi_auto_parallel for the MLP, Megatron style: fc1 splits its output features over the model
+    axis (data x model) and its bias and the ReLU keep that split, so the hidden layer never moves;
+    fc2 contracts over it and MindSpore inserts the one AllReduce of the partial sums. Every operator
+    gets a strategy: an unannotated one would default to a batch split and force redistributions.
+    nn.Dense multiplies by its (out, in) weight with transpose_b, so a weight's strategy is written
+    (out split, in split)."""
     dp, mp = strategy
     net.fc1.matmul.shard(((dp, 1), (mp, 1)))
+    net.fc1.bias_add.shard(((dp, mp), (mp,)))
+    net.relu.relu.shard(((dp, mp),))
     net.fc2.matmul.shard(((dp, mp), (1, mp)))
+    net.fc2.bias_add.shard(((dp, 1), (1,)))
 
 
 def device_memory(ms: Any) -> int | None:

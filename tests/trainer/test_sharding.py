@@ -35,6 +35,8 @@ keys = ("parallel_mode", "search_mode", "enable_parallel_optimizer", "gradients_
         "strategy_ckpt_config", "comm_fusion")
 print(json.dumps({{
     "fc1": net.fc1.matmul.attrs.get("in_strategy"), "fc2": net.fc2.matmul.attrs.get("in_strategy"),
+    "fc1_bias": net.fc1.bias_add.attrs.get("in_strategy"), "relu": net.relu.relu.attrs.get("in_strategy"),
+    "fc2_bias": net.fc2.bias_add.attrs.get("in_strategy"),
     "transpose_b": [net.fc1.matmul.transpose_b, net.fc2.matmul.transpose_b],
     **{{k: ms.get_auto_parallel_context(k) for k in keys}},
 }}))
@@ -64,6 +66,10 @@ def test_model_split_shards_fc1_outputs_and_fc2_inputs() -> None:
     assert got["transpose_b"] == [True, True]
     assert got["fc1"] == [[2, 1], [4, 1]]
     assert got["fc2"] == [[2, 4], [1, 4]]
+    # The hidden layer stays split between them: its bias and the ReLU take the same (data, model).
+    assert got["fc1_bias"] == [[2, 4], [4]]
+    assert got["relu"] == [[2, 4]]
+    assert got["fc2_bias"] == [[2, 1], [1]]
     assert got["parallel_mode"] == "semi_auto_parallel"
     assert got["gradients_mean"] is True
 
