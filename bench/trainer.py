@@ -183,8 +183,10 @@ def git_state() -> str:
     return f"{head}{' + uncommitted trainer/ changes' if dirty else ''}"
 
 
-def trainer_args(model: str, batch: int, steps: int) -> list[str]:
+def trainer_args(model: str, batch: int, steps: int, runner: str) -> list[str]:
     return [
+        "--runner",
+        runner,
         "--model",
         model,
         "--batch-size",
@@ -259,7 +261,7 @@ def run_scaling(model: str, ranks: int, a: argparse.Namespace, work: Path, tmp: 
     run_dir = Path(tempfile.mkdtemp(prefix=f"{model}-n{ranks}-", dir=tmp))
     run_id = f"bench-trainer-{run_dir.name}"
     inv = run_dir / "inventory.yaml"
-    write_inventory(inv, work, ranks, trainer_args(model, a.batch_size, a.steps))
+    write_inventory(inv, work, ranks, trainer_args(model, a.batch_size, a.steps, a.runner))
     logs = run_dir / "mscon-runs"
     cmd = [
         str(VENV_BIN / "mscon"),
@@ -345,7 +347,7 @@ def run_solo(metrics: bool, a: argparse.Namespace, work: Path, tmp: Path) -> Sol
     if metrics:
         env["MSCON_METRICS"] = str(mpath)
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = [str(PYTHON), SCRIPT, *trainer_args(a.overhead_model, a.batch_size, a.overhead_steps)]
+    cmd = [str(PYTHON), SCRIPT, *trainer_args(a.overhead_model, a.batch_size, a.overhead_steps, a.runner)]
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -550,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs per rank count, and overhead pairs")
     p.add_argument("--overhead-model", default="mlp", choices=("mlp", "lenet"))
     p.add_argument("--overhead-steps", type=int, default=200, help="steps per stand-alone run")
+    p.add_argument(
+        "--runner",
+        default="functional",
+        choices=("functional", "cell"),
+        help="the trainer's step: separately compiled pieces, or one TrainOneStepWithLossScaleCell graph",
+    )
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--no-snapshot", action="store_true", help="run trainer/ in place, not a copy")
@@ -588,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'' if a.no_snapshot else f' (snapshot in {work})'}"
         "; "
         f"{os.cpu_count()} CPU core(s), "
-        f"MindSpore CPU backend",
+        f"MindSpore CPU backend, runner {a.runner}",
         flush=True,
     )
     scale: list[ScaleRun] = []
