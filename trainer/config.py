@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
-from trainer.runners import RUNNERS, SHARDED_MODES
+from trainer.runners import RUNNERS
 from trainer.runners import choose as choose_runner
 
 PARALLEL_MODES = ("stand_alone", "data_parallel", "semi_auto_parallel", "auto_parallel", "hybrid_parallel")
@@ -145,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--runner",
         choices=RUNNERS,
         default="auto",
-        help="functional: separately compiled pieces, allows --grad-accum; cell: the whole step as one "
-        "graph (TrainOneStepWithLossScaleCell), which semi/auto/hybrid need; auto: cell for those modes",
+        help="cell: the whole step as one graph (TrainOneStepWithLossScaleCell), which semi/auto/hybrid "
+        "need; functional: separately compiled pieces, which --grad-accum needs; auto: cell unless "
+        "--grad-accum > 1",
     )
     g.add_argument("--strategy-ckpt-dir", help="save/load parallel strategy files here (semi/auto)")
     g = p.add_argument_group("checkpoints and observability")
@@ -236,12 +237,9 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
             fail(f"--profile-steps {args.profile_steps!r}: need 1 <= A < B")
         args.profile_steps = (a, b)
     try:
-        args.runner = choose_runner(args.runner, mode)
+        args.runner = choose_runner(args.runner, mode, args.grad_accum)
     except ValueError as exc:
         fail(str(exc))
-    if args.runner == "cell" and args.grad_accum > 1:
-        why = f"; {mode} cannot use it" if mode in SHARDED_MODES else ""
-        fail(f"--grad-accum needs --runner functional{why}")
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir")
     return args

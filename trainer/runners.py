@@ -1,11 +1,10 @@
 """The two ways the trainer takes one optimizer update; the training loop is the same for both.
 
-- ``FunctionalRunner`` (stand_alone, data_parallel): value_and_grad pieces compiled separately, so
-  gradient accumulation can sum micro-batches before the one AllReduce.
-- ``CellRunner`` (semi_auto/auto/hybrid parallel, or ``--runner cell``): the whole update is one
-  ``TrainOneStepWithLossScaleCell`` graph, what ``Model.train`` builds, because MindSpore can only
-  shard a step it compiles as one graph. On CPU it runs stand_alone and data_parallel, which is how
-  its loss scaling, checkpoints and resume are tested here.
+- ``CellRunner`` (the default): the whole update is one ``TrainOneStepWithLossScaleCell`` graph,
+  what ``Model.train`` builds. MindSpore can only shard a step it compiles as one graph, so
+  semi_auto/auto/hybrid parallel need it; on CPU it runs stand_alone and data_parallel.
+- ``FunctionalRunner`` (stand_alone, data_parallel with ``--grad-accum`` > 1): value_and_grad
+  pieces compiled separately, so accumulation can sum micro-batches before the one AllReduce.
 """
 
 from __future__ import annotations
@@ -16,12 +15,19 @@ RUNNERS = ("auto", "functional", "cell")
 SHARDED_MODES = ("semi_auto_parallel", "auto_parallel", "hybrid_parallel")
 
 
-def choose(runner: str, mode: str) -> str:
-    """The runner for ``mode``; ``ValueError`` names a combination that cannot work."""
+def choose(runner: str, mode: str, grad_accum: int) -> str:
+    """The runner for ``mode``; ``ValueError`` names a combination that cannot work.
+
+    ``auto`` takes the cell runner unless gradients are accumulated: one graph per step is about
+    1.8x the samples/s of the functional pieces on CPU (bench/trainer.py --runner, README).
+    """
     if runner == "auto":
-        return "cell" if mode in SHARDED_MODES else "functional"
+        runner = "functional" if grad_accum > 1 and mode not in SHARDED_MODES else "cell"
     if runner == "functional" and mode in SHARDED_MODES:
         raise ValueError(f"--runner functional cannot shard a step; {mode} needs --runner cell (or auto)")
+    if runner == "cell" and grad_accum > 1:
+        why = f"; {mode} cannot use it" if mode in SHARDED_MODES else ""
+        raise ValueError(f"--grad-accum needs --runner functional{why}")
     return runner
 
 

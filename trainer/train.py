@@ -115,44 +115,15 @@ class Profiling:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    cluster = cluster_from_env()
-    args = parse_args(argv, cluster)
-    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the loss lines
-    if cluster.is_scheduler:
-        return run_scheduler(cluster)
-
-    import mindspore as ms
-    from mindspore import nn
-    from mindspore.communication import get_group_size, get_rank, init
-
+def load_source(args: Any) -> Any:
+    """The dataset's samples (not yet sharded), or a one-line error."""
     from trainer import data, models
 
-    device_id = os.environ.get("DEVICE_ID")  # unset under msrun: MindSpore picks per rank
-    ms.set_device(args.device_target, int(device_id) if device_id else None)
-    ms.set_context(mode=ms.GRAPH_MODE if args.exec_mode == "graph" else ms.PYNATIVE_MODE)
-    rank, size = 0, 1
-    if cluster.in_cluster:
-        init()
-        rank, size = get_rank(), get_group_size()
-    if size != cluster.size:
-        fail(f"the cluster has {size} ranks but the launcher announced {cluster.size}")
-    configure_parallel(ms, args, size)
-    ms.set_seed(args.seed)  # identical initial weights and data order on every rank (seed 003)
-    say = rank == 0 or not args.log_rank0_only
-    if say:
-        print(
-            f"mscon-trainer rank {rank}/{size} device {args.device_target} mode {args.parallel_mode} "
-            f"model {args.model} amp {args.amp_level} accum {args.grad_accum} runner {args.runner}",
-            flush=True,
-        )
-
-    micro_batch = args.batch_size // (size * args.grad_accum)
-    synthetic = args.dataset == "synthetic"
     shape = {
         "synthetic": models.input_shape(args.model, None),
         "imagefolder": (3, args.image_size, args.image_size),
     }.get(args.dataset)
+    synthetic = args.dataset == "synthetic"
     try:
         source = data.make_source(
             args.dataset,
@@ -166,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         models.input_shape(args.model, tuple(source.sample_shape))  # does this model take this data?
     except ValueError as exc:
         fail(str(exc))
+    return source
+
+
+def build_network(ms: Any, args: Any, source: Any) -> Any:
+    """The model for this data, with recompute, AMP and the semi_auto strategy applied."""
+    from trainer import models
+
     features = math.prod(source.sample_shape) if args.model == "mlp" else None
     in_channels = source.sample_shape[0] if len(source.sample_shape) == 3 else 1
     net = models.build_model(args.model, source.num_classes, in_channels=in_channels, features=features)
@@ -174,14 +152,44 @@ def main(argv: list[str] | None = None) -> int:
             cell.recompute()
     if args.amp_level != "O0":
         net = ms.amp.auto_mixed_precision(net, args.amp_level)
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = nn.Momentum(net.trainable_params(), args.lr, args.momentum, weight_decay=args.weight_decay)
     if args.parallel_mode == "semi_auto_parallel":
         apply_strategy(net, args.strategy)
-    runner = runners.make_runner(args.runner, ms, net, loss_fn, opt, size, args)
+    return net
 
-    per_epoch_batches = len(source) // (size * micro_batch)
-    steps_per_epoch = min(args.steps_per_epoch, per_epoch_batches // args.grad_accum)
+
+def main(argv: list[str] | None = None) -> int:
+    cluster = cluster_from_env()
+    args = parse_args(argv, cluster)
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the loss lines
+    if cluster.is_scheduler:
+        return run_scheduler(cluster)
+
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.communication import get_group_size, get_rank, init
+
+    from trainer import data
+
+    device_id = os.environ.get("DEVICE_ID")  # unset under msrun: MindSpore picks per rank
+    ms.set_device(args.device_target, int(device_id) if device_id else None)
+    ms.set_context(mode=ms.GRAPH_MODE if args.exec_mode == "graph" else ms.PYNATIVE_MODE)
+    rank, size = 0, 1
+    if cluster.in_cluster:
+        init()
+        rank, size = get_rank(), get_group_size()
+    if size != cluster.size:
+        fail(f"the cluster has {size} ranks but the launcher announced {cluster.size}")
+    say = rank == 0 or not args.log_rank0_only
+    if say:
+        print(
+            f"mscon-trainer rank {rank}/{size} device {args.device_target} mode {args.parallel_mode} "
+            f"model {args.model} amp {args.amp_level} accum {args.grad_accum} runner {args.runner}",
+            flush=True,
+        )
+
+    micro_batch = args.batch_size // (size * args.grad_accum)
+    source = load_source(args)
+    steps_per_epoch = min(args.steps_per_epoch, len(source) // (size * micro_batch) // args.grad_accum)
     if steps_per_epoch < 1:
         fail(
             f"{len(source)} samples are too few for {size} rank(s) x batch {micro_batch} "
@@ -190,15 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = args.epochs * steps_per_epoch
     start = 0
     if args.resume:
+        # Before the parallel context is set: this AllReduce is a plain graph, which semi/auto
+        # parallel would try to shard like the model.
         start = checkpoint.agree_on_step(args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps)
-        if start:
-            params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
-            runner.restore(params)
-            if say:
-                saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
-                print(f"mscon-trainer: resumed from step {start} (checkpoint saved {saved})", flush=True)
-        elif say:
-            print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
+
+    configure_parallel(ms, args, size)
+    ms.set_seed(args.seed)  # identical initial weights and data order on every rank (seed 003)
+    net = build_network(ms, args, source)
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), args.lr, args.momentum, weight_decay=args.weight_decay)
+    runner = runners.make_runner(args.runner, ms, net, loss_fn, opt, size, args)
+    if start:
+        # Full tensors, loaded before the first compile: a sharded mode slices them there.
+        params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
+        runner.restore(params)
+        if say:
+            saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
+            print(f"mscon-trainer: resumed from step {start} (checkpoint saved {saved})", flush=True)
+    elif args.resume and say:
+        print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))

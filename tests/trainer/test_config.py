@@ -101,8 +101,9 @@ def test_runner_follows_the_mode_unless_chosen() -> None:
     def runner(argv: list[str], size: int = 2) -> str:
         return parse_args(argv, Cluster(size > 1, False, size)).runner
 
-    assert runner([]) == "functional"
-    assert runner(["--runner", "cell"]) == "cell"
+    assert runner([]) == "cell"
+    assert runner(["--grad-accum", "2"]) == "functional"
+    assert runner(["--runner", "functional"]) == "functional"
     for mode in ("semi_auto_parallel", "auto_parallel", "hybrid_parallel"):
         assert runner(["--parallel-mode", mode, "--device-target", "GPU"]) == "cell"
 
