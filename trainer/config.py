@@ -217,8 +217,13 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
         args.strategy = strategy
     elif mode == "semi_auto_parallel":
         args.strategy = (size, 1)
-    if args.parallel_optimizer and mode not in ("semi_auto_parallel", "auto_parallel", "data_parallel"):
-        fail("--parallel-optimizer needs a parallel mode")
+    if args.parallel_optimizer and mode not in ("semi_auto_parallel", "auto_parallel"):
+        # MindSpore's data_parallel optimizer sharding takes Lamb/AdamWeightDecay/AdaFactor on Ascend
+        # only; this trainer's optimizer is Momentum. semi/auto shard it in the graph instead.
+        fail(
+            f"--parallel-optimizer needs semi_auto_parallel or auto_parallel, not {mode} (MindSpore "
+            "shards the optimizer in data_parallel only for Lamb/AdamWeightDecay/AdaFactor on Ascend)"
+        )
     if args.batch_size % (size * args.grad_accum):
         fail(
             f"--batch-size {args.batch_size} must divide evenly into {size} rank(s) x {args.grad_accum} "
@@ -252,7 +257,7 @@ def ranks_are_replicas(args: argparse.Namespace) -> bool:
     """
     mode = args.parallel_mode
     if mode in ("stand_alone", "data_parallel", "hybrid_parallel"):
-        return True  # data parallel's optimizer sharding AllGathers the full weights after each update
+        return True
     if mode == "semi_auto_parallel":
         return args.strategy[1] == 1 and not args.parallel_optimizer
     return False

@@ -74,6 +74,7 @@ def test_cpu_refuses_sharded_modes_clearly(mode: str, capsys: pytest.CaptureFixt
             "auto_parallel needs --runner cell",
         ),
         (["--runner", "cell", "--grad-accum", "2"], 2, "--grad-accum needs --runner functional"),
+        (["--parallel-optimizer"], 2, "needs semi_auto_parallel or auto_parallel, not data_parallel"),
         (
             ["--parallel-mode", "hybrid_parallel", "--device-target", "GPU", "--grad-accum", "2"],
             2,
@@ -112,7 +113,6 @@ def test_runner_follows_the_mode_unless_chosen() -> None:
     ("argv", "replicas"),
     [
         ([], True),
-        (["--parallel-optimizer"], True),  # data parallel gathers the full weights after each update
         (["--parallel-mode", "semi_auto_parallel", "--strategy", "2,1"], True),
         (["--parallel-mode", "semi_auto_parallel", "--strategy", "1,2"], False),  # model split
         (["--parallel-mode", "semi_auto_parallel", "--strategy", "2,1", "--parallel-optimizer"], False),
