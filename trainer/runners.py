@@ -19,7 +19,7 @@ def choose(runner: str, mode: str, grad_accum: int) -> str:
     """The runner for ``mode``; ``ValueError`` names a combination that cannot work.
 
     ``auto`` takes the cell runner unless gradients are accumulated: one graph per step is about
-    1.8x the samples/s of the functional pieces on CPU (bench/trainer.py --runner, README).
+    2x the samples/s of the functional pieces on CPU (bench/trainer.py --runner, README).
     """
     if runner == "auto":
         runner = "functional" if grad_accum > 1 and mode not in SHARDED_MODES else "cell"
