@@ -554,9 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-steps", type=int, default=200, help="steps per stand-alone run")
     p.add_argument(
         "--runner",
-        default="functional",
-        choices=("functional", "cell"),
-        help="the trainer's step: separately compiled pieces, or one TrainOneStepWithLossScaleCell graph",
+        default="auto",
+        choices=("auto", "functional", "cell"),
+        help="the trainer's --runner: auto (its default, cell unless accumulating), separately compiled "
+        "pieces, or one TrainOneStepWithLossScaleCell graph",
     )
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
