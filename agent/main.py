@@ -21,10 +21,13 @@ import time
 
 from . import procs as procmod
 from . import protocol as P
-from .tail import FileTail, extract_traceback, parse_loss_line, parse_metrics_line
+from .evidence import blame
+from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
 _TAIL_KEEP = 200  # lines kept per process for the exit report
 _BATCH_MAX = 500  # lines per LogBatch message
+_STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
+_STOPPED_CONFIRM_S = 0.3  # state T this long is a stop, not a debugger's brief attach
 
 
 class ConsoleGone(Exception):
@@ -42,6 +45,10 @@ class Watched:
         self.seq = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=_TAIL_KEEP)
         self.has_metrics_file = False
+        self.progress_ns = time.time_ns()  # last log line or metric read (start counts as progress)
+        self.stopped_since: float | None = None  # monotonic time state T was first seen
+        self.hung_reported = False
+        self.step_time_s: float | None = None  # the last TimeMonitor figure
 
 
 class Agent:
@@ -52,10 +59,12 @@ class Agent:
         self.inbox: queue.Queue = queue.Queue()
         self.watched: list[Watched] = []
         self.start_cmd: P.Start | None = None
+        self.line_metrics = LineMetrics()
         self.all_exited_sent = False
         self.failed = False
         self._last_flush = 0.0
         self._last_telemetry = 0.0
+        self._last_state_check = 0.0
 
     # ------------------------------------------------------------ I/O
 
@@ -99,6 +108,7 @@ class Agent:
                     hostname=socket.gethostname(),
                     python=sys.version.split()[0],
                     platform=platform.platform(),
+                    ssh_addr=_ssh_server_addr(),
                 )
             )
             while True:
@@ -137,6 +147,12 @@ class Agent:
         elif isinstance(msg, P.Shutdown):
             self.stop("shutdown", self._grace())
             return False
+        elif isinstance(msg, P.Inspect):
+            for w in self.watched:
+                if w.proc.spec.name in msg.names and w.proc.alive:
+                    self._report_hung(w, "no progress")
+        elif isinstance(msg, P.Resolve):
+            self.send(_resolve(self.node, msg.host))
         return True
 
     # ------------------------------------------------------------ commands
@@ -146,6 +162,7 @@ class Agent:
             self.send(P.AgentError(node=self.node, message="start refused: processes still running"))
             return
         self.start_cmd = cmd
+        self.line_metrics = LineMetrics(cmd.metrics_pattern)
         self.watched = []
         self.all_exited_sent = False
         self.failed = False
@@ -227,6 +244,9 @@ class Agent:
         if now - self._last_telemetry >= 1.0:
             self._last_telemetry = now
             self._telemetry()
+        if now - self._last_state_check >= _STATE_CHECK_S:
+            self._last_state_check = now
+            self._check_stopped(now)
         if all(w.proc.reported for w in self.watched):
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
@@ -236,6 +256,8 @@ class Agent:
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
         lines = w.log.read_lines(final=final)
+        if lines:
+            w.progress_ns = time.time_ns()
         for start in range(0, len(lines), _BATCH_MAX):
             chunk = lines[start : start + _BATCH_MAX]
             w.recent.extend(chunk)
@@ -251,23 +273,86 @@ class Agent:
                 )
             )
             w.seq += len(chunk)
+            for line in chunk:
+                self._evidence(w, line)
             if not w.has_metrics_file:
                 for line in chunk:
-                    parsed = parse_loss_line(line)
-                    if parsed is not None:
-                        self.send(
-                            P.Metric(
-                                node=self.node,
-                                name=spec.name,
-                                rank=spec.rank,
-                                step=parsed[1],
-                                epoch=parsed[0],
-                                loss=parsed[2],
-                                ts=time.time(),
-                                source="parsed",
-                            )
-                        )
+                    self._parse_metric(w, line)
         self._flush_metrics(w, final)
+
+    def _evidence(self, w: Watched, line: str) -> None:
+        found = blame(line)
+        if found is None:
+            return
+        spec = w.proc.spec
+        self.send(
+            P.Evidence(
+                node=self.node,
+                name=spec.name,
+                rank=spec.rank,
+                ranks=tuple(found.ranks),
+                kind=found.kind,
+                text=found.text,
+                ts_ns=time.time_ns(),
+            )
+        )
+
+    def _parse_metric(self, w: Watched, line: str) -> None:
+        """Metrics of an unmodified script, from what it prints (LossMonitor, MindFormers, ...)."""
+        parsed = self.line_metrics.parse(line)
+        if parsed is None:
+            return
+        if parsed.step == NO_STEP:  # TimeMonitor: the step time of the step just reported
+            w.step_time_s = parsed.step_time_s
+            return
+        spec = w.proc.spec
+        self.send(
+            P.Metric(
+                node=self.node,
+                name=spec.name,
+                rank=spec.rank,
+                step=parsed.step,
+                epoch=parsed.epoch,
+                loss=parsed.loss,
+                step_time_s=parsed.step_time_s if parsed.step_time_s is not None else w.step_time_s,
+                ts=time.time(),
+                source="parsed",
+            )
+        )
+
+    def _check_stopped(self, now: float) -> None:
+        """A rank in state T makes no progress and never will on its own: report it unasked."""
+        for w in self.watched:
+            if not w.proc.alive or w.hung_reported or w.proc.stop_sent:
+                continue
+            if procmod.proc_state(w.proc.popen.pid) in ("T", "t"):
+                if w.stopped_since is None:
+                    w.stopped_since = now
+                elif now - w.stopped_since >= _STOPPED_CONFIRM_S:
+                    self._report_hung(w, "stopped")
+            else:
+                w.stopped_since = None
+
+    def _report_hung(self, w: Watched, why: str) -> None:
+        w.hung_reported = True
+        pid = w.proc.popen.pid
+        self._flush(w)
+        spec = w.proc.spec
+        self.send(
+            P.ProcHung(
+                node=self.node,
+                name=spec.name,
+                rank=spec.rank,
+                pid=pid,
+                why=why,
+                state=procmod.describe_state(procmod.proc_state(pid)),
+                since_ns=w.progress_ns,
+                ts_ns=time.time_ns(),
+                wchan=procmod.wchan(pid),
+                stack=procmod.py_stack(pid),
+                tail=tuple(list(w.recent)[-20:]),
+            )
+        )
 
     def _flush_metrics(self, w: Watched, final: bool) -> None:
         if not w.has_metrics_file:
@@ -277,6 +362,7 @@ class Agent:
             obj = parse_metrics_line(line)
             if obj is None:
                 continue
+            w.progress_ns = time.time_ns()
             self.send(
                 P.Metric(
                     node=self.node,
@@ -336,6 +422,24 @@ class Agent:
                     ts=time.time(),
                 )
             )
+
+
+def _ssh_server_addr() -> str | None:
+    """The address the console reached this node on (SSH_CONNECTION: client ip, port, server ip, port)."""
+    parts = os.environ.get("SSH_CONNECTION", "").split()
+    return parts[2] if len(parts) == 4 else None
+
+
+def _resolve(node: str, host: str) -> P.Resolved:
+    try:
+        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return P.Resolved(node=node, host=host, error=str(exc))
+    addrs = [str(info[4][0]) for info in infos]
+    v4 = [a for a in addrs if ":" not in a]
+    if not addrs:
+        return P.Resolved(node=node, host=host, error="no address")
+    return P.Resolved(node=node, host=host, address=(v4 or addrs)[0])
 
 
 def _unpack(archive: str, dest: str) -> None:

@@ -140,6 +140,7 @@ def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: 
     for p in live:
         p.stop_sent = True
         p.signal_group(signal.SIGTERM)
+        p.signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) process acts on its TERM only once continued
     deadline = time.monotonic() + max(grace_s, 0.0)
     while time.monotonic() < deadline:
         for p in live:
@@ -184,3 +185,61 @@ def describe_exit(returncode: int) -> tuple:
             name = "SIG%d" % signum
         return (None, name, signum)
     return (returncode, None, None)
+
+
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk sleep",
+    "T": "stopped",
+    "t": "tracing stop",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+
+
+def proc_state(pid: int) -> str:
+    """The /proc state letter of a process ("" where there is no /proc or it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    # The command name may hold spaces and parentheses: the state follows the last ")".
+    rest = data[data.rfind(b")") + 2 :]
+    return rest[:1].decode("ascii", "replace")
+
+
+def describe_state(letter: str) -> str:
+    return "%s (%s)" % (letter, _STATES.get(letter, "unknown")) if letter else "unknown"
+
+
+def wchan(pid: int) -> str:
+    try:
+        with open("/proc/%d/wchan" % pid) as f:
+            text = f.read().strip()
+    except OSError:
+        return ""
+    return "" if text in ("0", "") else text
+
+
+def py_stack(pid: int, timeout: float = 10.0) -> str:
+    """The Python stack of every thread (py-spy dump) where py-spy is installed, else ""."""
+    import shutil
+    import sys
+
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if exe is None:
+        return ""
+    try:
+        done = subprocess.run(
+            [exe, "dump", "--nonblocking", "--pid", str(pid)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "py-spy dump failed: %s" % exc
+    return done.stdout.decode("utf-8", "replace").strip()

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: attempts, hang reports, blame evidence, name resolution
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -68,6 +68,13 @@ def decode(line: str) -> Message:
     return from_dict(cls, raw)
 
 
+def message_class(tag: str) -> type[Message]:
+    cls = _REGISTRY.get(tag)
+    if cls is None:
+        raise ProtocolError(f"unknown message type {tag!r}")
+    return cls
+
+
 def from_dict(cls: type[Message], raw: dict[str, Any]) -> Message:
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -116,6 +123,24 @@ class Start(Message):
     workdir_archive: str | None = None  # a tar.gz the agent unpacks into cwd first
     grace_s: float = 3.0
     flush_interval_s: float = 0.1
+    metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
+
+
+@dataclass(frozen=True)
+class Inspect(Message):
+    """The console saw no progress from these processes: report their state and stack (ProcHung)."""
+
+    type: ClassVar[str] = "inspect"
+    names: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resolve(Message):
+    """Resolve a host name to an IP address as this node sees it (MS_SCHED_HOST must be an IP)."""
+
+    type: ClassVar[str] = "resolve"
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -146,6 +171,7 @@ class Hello(Message):
     hostname: str
     python: str
     platform: str
+    ssh_addr: str | None = None  # the server address of SSH_CONNECTION: how the console reached us
 
 
 @dataclass(frozen=True)
@@ -244,3 +270,44 @@ class AgentError(Message):
     type: ClassVar[str] = "agent_error"
     node: str
     message: str
+
+
+@dataclass(frozen=True)
+class ProcHung(Message):
+    """A process that makes no progress: stopped by a signal (state T), or silent when asked (Inspect)."""
+
+    type: ClassVar[str] = "proc_hung"
+    node: str
+    name: str
+    rank: int
+    pid: int
+    why: str  # "stopped" (state T, reported unasked) or "no progress" (answer to Inspect)
+    state: str  # /proc state letter and its meaning, e.g. "T (stopped)"
+    since_ns: int  # last progress (a log line or a metric) by this agent's clock
+    ts_ns: int
+    wchan: str = ""
+    stack: str = ""  # py-spy dump where py-spy is installed on the node, else empty
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence(Message):
+    """A line in which MindSpore itself names ranks that stopped responding (scheduler, HCCL)."""
+
+    type: ClassVar[str] = "evidence"
+    node: str
+    name: str  # the process whose log held the line (the witness)
+    rank: int
+    ranks: tuple[int, ...]  # the ranks it names
+    kind: str  # e.g. "first_timed_out", "timed_out", "remote_rank"
+    text: str
+    ts_ns: int
+
+
+@dataclass(frozen=True)
+class Resolved(Message):
+    type: ClassVar[str] = "resolved"
+    node: str
+    host: str
+    address: str | None = None  # an IPv4 address where there is one, else IPv6
+    error: str | None = None

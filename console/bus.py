@@ -1,38 +1,59 @@
-"""Fan-out of engine events to subscribers, each with its own queue.
+"""Fan-out of console events to sinks that cannot hurt the run.
 
-A slow subscriber (a busy TUI) must never stall supervision: publishing never blocks. Metrics
-and telemetry are dropped for a subscriber that has fallen far behind; lifecycle events and log
-lines are never dropped.
+Publishing never blocks and never raises. Each sink has its own bounded queue and its own task:
+- metric and telemetry updates are dropped for a sink that lags (counted, reported at the end);
+- log batches and lifecycle events are kept, but a sink that falls ``hard_limit`` events behind,
+  or whose handler raises, is detached with a Notice and the run goes on (mitmproxy's
+  ``safecall`` idea). Logs are never lost for good: they are on the nodes and fetched at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+import inspect
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mscon.agent.protocol import Metric, Telemetry
 
-from .events import AnyEvent
+from .events import AgentEvent, Event, Notice
 
-_DROPPABLE = (Metric, Telemetry)
+Handler = Callable[[Event], None | Awaitable[None]]
+
+
+def _droppable(ev: Event) -> bool:
+    return isinstance(ev, AgentEvent) and isinstance(ev.msg, Metric | Telemetry)
 
 
 class Subscription:
-    def __init__(self, lag_limit: int) -> None:
-        self._items: collections.deque[AnyEvent | None] = collections.deque()
+    def __init__(self, name: str, lag_limit: int, hard_limit: int) -> None:
+        self.name = name
+        self._items: collections.deque[Event | None] = collections.deque()
         self._ready = asyncio.Event()
         self.lag_limit = lag_limit
+        self.hard_limit = hard_limit
         self.dropped = 0
+        self.detached: str | None = None  # why it stopped receiving
 
-    def _put(self, event: AnyEvent | None) -> None:
-        if event is not None and isinstance(event, _DROPPABLE) and len(self._items) >= self.lag_limit:
+    def put(self, event: Event | None) -> bool:
+        """Queue an event; False when this sink must be detached (too far behind)."""
+        if self.detached is not None:
+            return True
+        if event is not None and len(self._items) >= self.lag_limit and _droppable(event):
             self.dropped += 1
-            return
+            return True
+        if event is not None and len(self._items) >= self.hard_limit:
+            return False
         self._items.append(event)
         self._ready.set()
+        return True
 
-    async def __aiter__(self) -> AsyncIterator[AnyEvent]:
+    def end(self) -> None:
+        self._items.append(None)
+        self._ready.set()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             while not self._items:
                 self._ready.clear()
@@ -46,17 +67,63 @@ class Subscription:
 class EventBus:
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
 
-    def subscribe(self, lag_limit: int = 10_000) -> Subscription:
-        sub = Subscription(lag_limit)
+    def subscribe(
+        self, name: str = "subscriber", lag_limit: int = 10_000, hard_limit: int = 200_000
+    ) -> Subscription:
+        sub = Subscription(name, lag_limit, hard_limit)
         self._subs.append(sub)
         return sub
 
-    def publish(self, event: AnyEvent) -> None:
-        for sub in self._subs:
-            sub._put(event)
+    def add_sink(
+        self, name: str, handler: Handler, lag_limit: int = 10_000, hard_limit: int = 200_000
+    ) -> Subscription:
+        """Run ``handler`` for every event in a task of its own; a handler that raises is detached."""
+        sub = self.subscribe(name, lag_limit, hard_limit)
+        task = asyncio.get_running_loop().create_task(self._pump(sub, handler), name=f"sink:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return sub
 
-    def close(self) -> None:
-        """Ends every subscription's iteration after what is queued."""
+    async def _pump(self, sub: Subscription, handler: Handler) -> None:
+        async for event in sub:
+            try:
+                result = handler(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001 - a broken view must not take the run with it
+                last = traceback.format_exception_only(exc)[-1].strip()
+                self._detach(sub, f"its handler raised {last}")
+                return
+
+    def _detach(self, sub: Subscription, why: str) -> None:
+        if sub.detached is not None:
+            return
+        sub.detached = why
+        sub._items.clear()
+        sub.end()
+        attempt = 0
+        self.publish(Notice(attempt, f"the {sub.name} view was detached: {why}; the run goes on"))
+
+    def publish(self, event: Event) -> None:
+        if self.closed:
+            return
+        for sub in list(self._subs):
+            if not sub.put(event):
+                self._detach(sub, f"it fell {sub.hard_limit} events behind")
+
+    def dropped(self) -> tuple[tuple[str, int], ...]:
+        return tuple((s.name, s.dropped) for s in self._subs if s.dropped)
+
+    async def close(self, drain_s: float = 10.0) -> None:
+        """End every subscription after what is queued; wait (bounded) for the sinks to drain."""
+        self.closed = True
         for sub in self._subs:
-            sub._put(None)
+            sub.end()
+        tasks = list(self._tasks)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_s)
+            for task in pending:
+                task.cancel()

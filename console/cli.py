@@ -11,9 +11,11 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from . import exit_codes
-from .engine import Engine, RunOptions
+from .commands import StopJob
 from .inventory import Inventory, InventoryError, load_inventory
+from .recorder import EventRecorder
 from .reporter import HeadlessReporter
+from .supervisor import RunOptions, Supervisor
 
 
 def _version() -> str:
@@ -56,7 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="trust and record host keys of hosts not yet in known_hosts (changed keys are still refused)",
     )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart the whole group from its latest checkpoint up to N times "
+        "(default: restart.max_restarts)",
+    )
+    run.add_argument(
+        "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="fewer mscon status lines")
+    validate = sub.add_parser(
+        "validate",
+        help="check inventories without connecting anywhere",
+        description="Load and lint inventories offline; exit 0 if all are valid, else 2.",
+    )
+    validate.add_argument("inventories", nargs="+", metavar="INVENTORY")
     return parser
 
 
@@ -73,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.USAGE
     if args.command == "run":
         return _run(parser, args, user_cmd)
+    if args.command == "validate":
+        from .validate import validate_main
+
+        return validate_main(args.inventories)
     parser.error(f"unknown command {args.command}")
     return exit_codes.USAGE
 
@@ -118,16 +140,18 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         )
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
         return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
+    if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
+        return _usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
     options = RunOptions(
         script=script,
         args=args_tuple,
         run_id=args.run_id,
         logs_root=args.logs_dir,
         accept_new_host_keys=args.accept_new_host_keys,
+        max_restarts=args.max_restarts,
     )
-    reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet)
     try:
-        return asyncio.run(_run_engine(inv, options, reporter))
+        return asyncio.run(_run_engine(inv, options, args))
     except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
         return exit_codes.INTERRUPTED
 
@@ -144,16 +168,27 @@ def _script_in_workdir(given: str, workdir: Path) -> str | None:
     return None
 
 
-async def _run_engine(inv: Inventory, options: RunOptions, reporter: HeadlessReporter) -> int:
-    engine = Engine(inv, options)
-    events = engine.bus.subscribe()
+async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
+    sup = Supervisor(inv, options)
+
+    def output_closed() -> None:  # from the stdout thread
+        stop = StopJob("output closed (stdout)", exit_codes.OUTPUT_CLOSED)
+        loop.call_soon_threadsafe(sup.submit, stop)
+
+    reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet, on_output_closed=output_closed)
+    sup.bus.add_sink("headless", reporter.handle)
+    recorder = None
+    if args.events is not None:
+        recorder = EventRecorder(args.events)
+        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
     for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
-        loop.add_signal_handler(sig, engine.request_stop, why)
-    async with asyncio.TaskGroup() as tg:
-        consumer = tg.create_task(reporter.consume(events))
-        result = await engine.run()
-        await consumer
+        loop.add_signal_handler(sig, sup.submit, StopJob(why))
+    try:
+        result = await sup.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
     return result.exit_code
 
 

@@ -7,3 +7,5 @@ PREFLIGHT = 3  # preflight checks failed
 UNREACHABLE = 4  # a node could not be reached, prepared, or was lost
 INTERRUPTED = 130  # Ctrl-C / SIGTERM
 # A failed run exits with its root-cause rank's code, or 128 + signal number.
+OUTPUT_CLOSED = 141  # our stdout was closed (`| head`): 128 + SIGPIPE, as a shell reports it
+HUNG = 124  # the root-cause rank hung (no progress, or stopped by a signal), as timeout(1)

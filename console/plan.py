@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec
 
@@ -28,21 +28,14 @@ def node_python(node: NodeSpec) -> str:
     return sys.executable if node.transport == "local" else "python3"
 
 
-def scheduler_host(inv: Inventory) -> str:
-    if inv.scheduler.host:
-        return inv.scheduler.host
-    first = inv.nodes[0]
-    if first.address:
-        return first.address
-    if first.transport == "local":
-        return "127.0.0.1"
-    return first.host
+def with_scheduler(spec: ProcSpec, sched_ip: str) -> ProcSpec:
+    """MS_SCHED_HOST is known only once the nodes are reached (it must be an IP: see supervisor)."""
+    return replace(spec, env={**spec.env, "MS_SCHED_HOST": sched_ip})
 
 
 def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[NodePlan, ...]:
     """One NodePlan per node; global ranks are numbered node by node, in inventory order."""
     world = inv.world_size
-    sched_host = scheduler_host(inv)
     plans = []
     first_rank = 0
     for index, node in enumerate(inv.nodes):
@@ -52,7 +45,6 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
         common = {
             **node.env,
             **inv.job.env,
-            "MS_SCHED_HOST": sched_host,
             "MS_SCHED_PORT": str(inv.scheduler.port),
             "MS_WORKER_NUM": str(world),
             "RANK_SIZE": str(world),

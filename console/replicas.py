@@ -10,8 +10,9 @@ _WINDOW = 200  # steps kept while waiting for the slowest rank's report
 
 
 class ReplicaWatch:
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, attempt: int = 0) -> None:
         self.world_size = world_size
+        self.attempt = attempt
         self.by_step: dict[int, dict[str, str]] = {}
         self.flagged: set[str] = set()
 
@@ -32,4 +33,4 @@ class ReplicaWatch:
         if not fresh:
             return None
         self.flagged.update(fresh)
-        return ReplicaDivergence(step=step, ranks=fresh, majority=majority)
+        return ReplicaDivergence(attempt=self.attempt, step=step, ranks=fresh, majority=majority)

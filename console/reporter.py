@@ -1,33 +1,105 @@
-"""The headless view: rank output prefixed on stdout, mscon's own lines and the summary on stderr."""
+"""The headless view: rank output prefixed on stdout, mscon's own lines and the summary on stderr.
+
+Stdout is written by a thread of its own straight to the file descriptor, so a reader that stops
+reading never holds up the engine (its lines pile up, bounded, and the excess is counted), and a
+closed stdout (``| head``) is reported once through ``on_output_closed`` so the run can end cleanly.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from mscon.agent.protocol import SCHEDULER_RANK
+from mscon.agent.protocol import SCHEDULER_RANK, AgentError, Evidence, LogBatch, Metric, ProcExited, ProcHung
 
-from .bus import Subscription
 from .events import (
-    AgentError,
-    LogBatch,
+    AgentEvent,
+    AttemptEnded,
+    AttemptOutcome,
+    Event,
     LogsFetched,
-    Metric,
     NodeState,
-    NodeStatus,
+    NodeUpdate,
     Notice,
-    ProcExited,
     ReplicaDivergence,
+    Restarting,
     RunFinished,
     RunResult,
     RunStarted,
-    RunStopping,
+    Stopping,
 )
+from .state import describe
 
 _PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours
+_PENDING_LIMIT = 32 * 2**20  # bytes of rank output held for a stdout that does not keep up
+
+
+def printable(text: str) -> str:
+    """Control characters escaped (\\x1b, newlines): a name can never forge a line or drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text
+    )
+
+
+class StdoutWriter:
+    """Writes to a file descriptor from a daemon thread; never blocks the caller."""
+
+    def __init__(self, fd: int, on_closed: Callable[[], None] | None = None) -> None:
+        self.fd = fd
+        self.on_closed = on_closed
+        self._buf = bytearray()
+        self._cond = threading.Condition()
+        self._busy = False
+        self.closed = False
+        self.dropped_lines = 0
+        self._thread = threading.Thread(target=self._run, name="stdout", daemon=True)
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        with self._cond:
+            if self.closed or len(self._buf) + len(data) > _PENDING_LIMIT:
+                self.dropped_lines += data.count(b"\n")
+                return
+            self._buf += data
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._buf:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                data, self._buf = bytes(self._buf), bytearray()
+                self._busy = True
+            view = memoryview(data)
+            try:
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            except OSError as exc:
+                with self._cond:
+                    self.closed = True
+                    self.dropped_lines += bytes(view).count(b"\n") + self._buf.count(b"\n")
+                    self._buf.clear()
+                    self._busy = False
+                    self._cond.notify_all()
+                if exc.errno in (errno.EPIPE, errno.EBADF, errno.EINVAL) and self.on_closed is not None:
+                    self.on_closed()
+                return
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until everything written so far is out; False if stdout did not take it in time."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.closed or (not self._buf and not self._busy), timeout)
 
 
 class HeadlessReporter:
@@ -37,56 +109,48 @@ class HeadlessReporter:
         err: TextIO | None = None,
         json_path: Path | None = None,
         quiet_states: bool = False,
+        on_output_closed: Callable[[], None] | None = None,
     ) -> None:
-        self.out = out or sys.stdout
+        stream = out or sys.stdout
         # Colour the prefixes only for a person at a terminal (and never with NO_COLOR set).
-        self.colour = self.out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-        self._prefixes: dict[tuple[str, str], str] = {}
+        self.colour = stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        stream.flush()
+        self.writer = StdoutWriter(stream.fileno(), on_output_closed)
+        self._prefixes: dict[tuple[str, str], bytes] = {}
         self.err = err or sys.stderr
         self.json_path = json_path
         self.quiet_states = quiet_states
         self.result: RunResult | None = None
 
-    def _prefix(self, node: str, name: str) -> str:
+    def _prefix(self, node: str, name: str) -> bytes:
         key = (node, name)
         if key not in self._prefixes:
-            text = f"[{node} {name}] "
+            text = f"[{printable(node)} {printable(name)}] "
             if self.colour:
                 text = f"\x1b[{_PALETTE[len(self._prefixes) % len(_PALETTE)]}m{text}\x1b[0m"
-            self._prefixes[key] = text
+            self._prefixes[key] = text.encode()
         return self._prefixes[key]
 
     def note(self, text: str) -> None:
-        self.err.write(f"mscon: {text}\n")
-        self.err.flush()
+        try:
+            self.err.write(f"mscon: {text}\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass  # stderr closed too: nothing left to tell
 
-    async def consume(self, events: Subscription) -> None:
-        async for event in events:
-            self.handle(event)
-
-    def handle(self, event: object) -> None:
-        if isinstance(event, LogBatch):
-            prefix = self._prefix(event.node, event.name)
-            # One write per batch of whole lines: output of two ranks never mixes inside a line.
-            self.out.write("".join(prefix + line + "\n" for line in event.lines))
-            self.out.flush()
+    def handle(self, event: Event) -> None:
+        if isinstance(event, AgentEvent):
+            self._agent(event)
         elif isinstance(event, RunStarted):
             self.note(
                 f"run {event.run_id}: {event.world_size} ranks on {len(event.nodes)} node(s) "
-                f"({', '.join(event.nodes)}); logs -> {event.logs_dir}"
+                f"({', '.join(map(printable, event.nodes))}); logs -> {event.logs_dir}"
             )
-        elif isinstance(event, NodeState):
-            if event.status in (NodeStatus.UNREACHABLE, NodeStatus.LOST):
-                self.note(f"{event.node}: {event.status.value}: {event.detail}")
-            elif not self.quiet_states and event.status is NodeStatus.RUNNING:
-                self.note(f"{event.node}: agent up ({event.detail}), ranks starting")
-        elif isinstance(event, ProcExited):
-            if not event.ok and not event.stopped_by_agent:
-                what = f"killed by {event.signal}" if event.signal else f"exit code {event.exitcode}"
-                self.note(f"{_who(event.name, event.node)} failed: {what}")
-        elif isinstance(event, Metric):
-            if event.profile_dir:
-                self.note(f"{_who(event.name, event.node)}: profiler output in {event.profile_dir}")
+        elif isinstance(event, NodeUpdate):
+            if event.state in (NodeState.UNREACHABLE, NodeState.LOST):
+                self.note(f"{printable(event.node)}: {event.state.value}: {printable(event.detail)}")
+            elif not self.quiet_states and event.state is NodeState.READY:
+                self.note(f"{printable(event.node)}: agent up ({printable(event.detail)})")
         elif isinstance(event, ReplicaDivergence):
             self.note(
                 f"WARNING: replicas diverged at step {event.step}: {', '.join(event.ranks)} "
@@ -94,36 +158,118 @@ class HeadlessReporter:
             )
         elif isinstance(event, Notice):
             self.note(event.text)
-        elif isinstance(event, RunStopping):
-            self.note(f"stopping every rank on every node: {event.reason}")
-        elif isinstance(event, AgentError):
-            self.note(f"{event.node}: agent: {event.message}")
+        elif isinstance(event, Stopping):
+            self.note(f"stopping every rank on every node: {printable(event.reason)}")
+        elif isinstance(event, AttemptEnded):
+            if event.outcome is AttemptOutcome.FAILED:
+                self.note(f"attempt {event.attempt} failed: {printable(describe(event.root_cause))}")
+        elif isinstance(event, Restarting):
+            self.note(
+                f"restarting the whole group as attempt {event.attempt} in {event.backoff_s:g} s "
+                f"({event.restarts_left} restart(s) left after this): {printable(event.reason)}"
+            )
         elif isinstance(event, LogsFetched):
             if event.error:
-                self.note(f"{event.node}: could not fetch logs: {event.error}")
+                self.note(f"{printable(event.node)}: could not fetch logs: {printable(event.error)}")
         elif isinstance(event, RunFinished):
             self.result = event.result
             self.finish(event.result)
 
+    def _agent(self, event: AgentEvent) -> None:
+        msg = event.msg
+        if isinstance(msg, LogBatch):
+            prefix = self._prefix(msg.node, msg.name)
+            # One write per batch of whole lines: output of two ranks never mixes inside a line.
+            self.writer.write(
+                b"".join(prefix + line.encode("utf-8", "replace") + b"\n" for line in msg.lines)
+            )
+        elif isinstance(msg, ProcExited):
+            if not msg.ok and not msg.stopped_by_agent:
+                what = f"killed by {msg.signal}" if msg.signal else f"exit code {msg.exitcode}"
+                self.note(f"{_who(msg.name, msg.node)} failed: {what}")
+        elif isinstance(msg, ProcHung):
+            why = "stopped by a signal" if msg.why == "stopped" else "makes no progress"
+            self.note(f"{_who(msg.name, msg.node)} {why} (process state {msg.state})")
+        elif isinstance(msg, Evidence):
+            self.note(
+                f"MindSpore names rank(s) {', '.join(map(str, msg.ranks))}: {printable(msg.text)[:300]}"
+            )
+        elif isinstance(msg, Metric):
+            if msg.profile_dir:
+                self.note(f"{_who(msg.name, msg.node)}: profiler output in {msg.profile_dir}")
+        elif isinstance(msg, AgentError):
+            self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
+
     def finish(self, result: RunResult) -> None:
-        self.err.write(format_summary(result))
-        self.err.flush()
+        if not self.writer.drain(timeout=5.0) and not self.writer.closed:
+            self.note("stdout is not being read; the rest of the rank output is in the logs")
+        if self.writer.dropped_lines:
+            self.note(
+                f"{self.writer.dropped_lines} line(s) of rank output not shown (stdout closed or "
+                "too slow); every line is in the fetched logs"
+            )
+        try:
+            self.err.write(format_summary(result))
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
         if self.json_path is not None:
             self.json_path.parent.mkdir(parents=True, exist_ok=True)
             self.json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
 
 
 def _who(name: str, node: str) -> str:
-    return f"{name} on {node}" if name != "sched" else f"the scheduler on {node}"
+    node = printable(node)
+    return f"{printable(name)} on {node}" if name != "sched" else f"the scheduler on {node}"
 
 
 def format_summary(result: RunResult) -> str:
+    status = f"{result.status.value} in {result.wall_s:.1f} s"
+    head = f"mscon: run {result.run_id} {status}: {printable(result.reason)}"
+    lines = ["", head]
+    lines += _rank_table(result)
+    if len(result.attempts) > 1:
+        lines.append("")
+        lines.append("attempts:")
+        for a in result.attempts:
+            what = describe(a.root_cause) if a.root_cause is not None else a.reason
+            lines.append(f"  {a.attempt}: {a.outcome.value} after {a.wall_s:.1f} s: {printable(what)}")
+            if a.root_cause is not None and a.root_cause is not result.root_cause:
+                lines += ["    " + printable(t) for t in _last_lines(a.root_cause)[-3:]]
+    rc = result.root_cause
+    if rc is not None:
+        lines.append("")
+        lines.append(f"Root cause (first failure, by the clock of the {rc.clock}): {printable(describe(rc))}")
+        if rc.evidence:
+            lines.append(f"  MindSpore says: {printable(rc.evidence)[:500]}")
+        if rc.stack:
+            lines.append("  where it was stuck:")
+            lines.extend("    " + printable(s) for s in rc.stack.splitlines()[-15:])
+        shown = _last_lines(rc)
+        if shown:
+            lines.append("  last lines:")
+            lines.extend("    " + printable(line) for line in shown)
+    if result.divergent_ranks:
+        lines.append(f"replicas that diverged: {', '.join(result.divergent_ranks)}")
+    for sink, n in result.dropped:
+        lines.append(f"the {sink} view skipped {n} metric update(s) to keep up")
+    lines.append(f"logs: {result.logs_dir}")
+    lines.append(f"exit code: {result.exit_code}")
+    return "\n".join(lines) + "\n"
+
+
+def _last_lines(rc: object) -> list[str]:
+    tb = getattr(rc, "traceback", None)
+    return tb.splitlines()[-12:] if tb else list(getattr(rc, "tail", ())[-10:])
+
+
+def _rank_table(result: RunResult) -> list[str]:
     header = ("node", "rank", "status", "last step", "last loss", "wall s", "")
     rows = [header]
     for r in sorted(result.ranks, key=lambda r: (r.rank == SCHEDULER_RANK, r.rank)):
         rows.append(
             (
-                r.node,
+                printable(r.node),
                 "sched" if r.rank == SCHEDULER_RANK else str(r.rank),
                 r.status,
                 "-" if r.last_step is None else str(r.last_step),
@@ -133,22 +279,4 @@ def format_summary(result: RunResult) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    head = f"mscon: run {result.run_id} {result.status.value} in {result.wall_s:.1f} s: {result.reason}"
-    lines = ["", head]
-    for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-    rc = result.root_cause
-    if rc is not None:
-        what = f"killed by {rc.signal}" if rc.signal else f"exit code {rc.exitcode}"
-        lines.append("")
-        clock = f"by the agent clock on {rc.node}"
-        lines.append(f"Root cause (first failure, {clock}): {_who(rc.name, rc.node)}, {what}")
-        shown = rc.traceback.splitlines()[-12:] if rc.traceback else list(rc.tail[-10:])
-        if shown:
-            lines.append("  last lines:")
-            lines.extend("    " + line for line in shown)
-    if result.divergent_ranks:
-        lines.append(f"replicas that diverged: {', '.join(result.divergent_ranks)}")
-    lines.append(f"logs: {result.logs_dir}")
-    lines.append(f"exit code: {result.exit_code}")
-    return "\n".join(lines) + "\n"
+    return ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]

@@ -151,8 +151,8 @@ def agent_processes(node_names: list[str]) -> list[psutil.Process]:
         cmd = p.info["cmdline"] or []
         if p.info["status"] == psutil.STATUS_ZOMBIE or not any("mscon_agent" in w for w in cmd):
             continue
-        if any(name in cmd for name in node_names):
-            found.append(p)
+        # Node names travel on the agent's stdin, not its command line: every agent counts.
+        found.append(p)
     return found
 
 

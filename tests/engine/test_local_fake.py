@@ -52,7 +52,7 @@ def test_failure_names_root_cause_and_stops_everyone(tmp_path: Path) -> None:
     assert "fake failure on rank 2" in s["root_cause"]["traceback"]
     roles = {r["name"]: r["role"] for r in s["ranks"]}
     assert roles["r2"] == "root cause" and roles["r0"] == roles["r1"] == roles["r3"] == "victim"
-    assert "Root cause (first failure" in done.err and "r2 on local, exit code 7" in done.err
+    assert "Root cause (first failure" in done.err and "r2 on local failed first (exit code 7)" in done.err
     assert run_processes(s["run_id"]) == []
 
 

@@ -1,0 +1,578 @@
+"""The job supervisor: attempts, the restart budget, hang timers, and the commands that steer them.
+
+In the manner of torchrun's ``_invoke_run``: one ``Attempt`` per launch of the whole group; a
+failed attempt is followed by another (after ``restart.backoff_s``) while the budget lasts. The
+supervisor awaits one input queue (commands first, then timer ticks, then agent messages); it
+decides, ClusterState records, and the root cause is ClusterState's to compute. No UI code here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import json
+import os
+import secrets
+import time
+import traceback
+from collections.abc import Awaitable
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+from mscon.agent.protocol import (
+    AgentError,
+    AllExited,
+    Inspect,
+    LogBatch,
+    Message,
+    Metric,
+    ProcExited,
+    ProcHung,
+    ProcSpec,
+    ProcStarted,
+    Start,
+    Stop,
+)
+
+from . import exit_codes
+from .bus import EventBus
+from .commands import Command, RestartGroup, StopJob
+from .events import (
+    AgentEvent,
+    AttemptEnded,
+    AttemptOutcome,
+    AttemptStarted,
+    Event,
+    FailureKind,
+    JobState,
+    NodeState,
+    NodeUpdate,
+    RankRef,
+    Restarting,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    Stopping,
+)
+from .inventory import Inventory
+from .plan import build_plan, with_scheduler
+from .replicas import ReplicaWatch
+from .session import ClusterSession, TransportFactory
+from .state import ClusterState, describe
+from .transport import make_transport
+
+T = TypeVar("T")
+
+_SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
+_STOP_CONFIRM_S = 15.0  # beyond the grace period: an agent that has not confirmed its stop is cut off
+_TICK_S = 0.25
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    script: str | None = None  # overrides the inventory's job.script (relative to workdir)
+    args: tuple[str, ...] | None = None
+    run_id: str | None = None
+    logs_root: Path = Path("mscon-runs")
+    accept_new_host_keys: bool = False
+    max_restarts: int | None = None  # overrides restart.max_restarts
+
+
+class _Tick:
+    pass
+
+
+_TICK = _Tick()
+Input = Command | _Tick | tuple[str, Message | None]
+
+
+class Inputs:
+    """Everything the supervisor reacts to, in one queue: commands first, then ticks, then agents."""
+
+    def __init__(self) -> None:
+        self._q: asyncio.PriorityQueue[tuple[int, int, Input]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self.tick_pending = False
+
+    def put_nowait(self, item: Input) -> None:
+        prio = 0 if isinstance(item, StopJob | RestartGroup) else 1 if isinstance(item, _Tick) else 2
+        self._q.put_nowait((prio, next(self._seq), item))
+
+    async def put(self, item: Input) -> None:
+        self.put_nowait(item)
+
+    async def get(self) -> Input:
+        return (await self._q.get())[2]
+
+
+@dataclass(slots=True)
+class Attempt:
+    number: int
+    started: float = field(default_factory=time.monotonic)
+    done: set[str] = field(default_factory=set)  # nodes whose processes have all exited (or are lost)
+    stop_sent_at: float | None = None
+    stop_cmd: StopJob | None = None
+    restart_requested: bool = False
+    forced: bool = False
+    workers_done_at: float | None = None
+    sched_stop_sent: bool = False
+    progress: dict[str, float] = field(default_factory=dict)  # rank -> monotonic time of last progress
+    inspected: set[str] = field(default_factory=set)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_sent_at is not None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        inventory: Inventory,
+        options: RunOptions | None = None,
+        bus: EventBus | None = None,
+        transport_factory: TransportFactory = make_transport,
+    ):
+        self._factory = transport_factory
+        self.inv = inventory
+        self.options = options or RunOptions()
+        self.bus = bus or EventBus()
+        self.state = ClusterState()
+        self.run_id = self.options.run_id or new_run_id()
+        self.logs_dir = (self.options.logs_root / self.run_id).resolve()
+        self.script = self.options.script or inventory.job.script
+        self.args = self.options.args if self.options.args is not None else inventory.job.args
+        self.plans = build_plan(inventory, self.script, self.args)
+        mr = self.options.max_restarts
+        self.max_restarts = mr if mr is not None else inventory.restart.max_restarts
+        self.backoff_s = float(getattr(inventory.restart, "backoff_s", 2.0))
+        hang = getattr(inventory, "hang", None)
+        self.hang_timeout_s = float(getattr(hang, "timeout_s", 120.0))
+        self._inputs: Inputs | None = None
+        self._early: list[Command] = []
+        self._att: Attempt | None = None
+        self.session: ClusterSession | None = None
+        self._stop_cmd: StopJob | None = None
+        self.replicas = ReplicaWatch(inventory.world_size)
+
+    # ------------------------------------------------------------ commands and events
+
+    def submit(self, cmd: Command) -> None:
+        """Queue a command (call on the loop's thread; signal handlers and the UI do)."""
+        if isinstance(cmd, StopJob) and self._stop_cmd is None:
+            self._stop_cmd = cmd
+        if self._inputs is None:
+            self._early.append(cmd)
+        else:
+            self._inputs.put_nowait(cmd)
+
+    def emit(self, ev: Event) -> None:
+        self.state.apply(ev)
+        self.bus.publish(ev)
+
+    @property
+    def attempt_no(self) -> int:
+        return self._att.number if self._att else 0
+
+    # ------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        t0 = time.monotonic()
+        self._inputs = Inputs()
+        for cmd in self._early:
+            self._inputs.put_nowait(cmd)
+        self.emit(
+            RunStarted(
+                attempt=0,
+                run_id=self.run_id,
+                inventory=str(self.inv.path),
+                nodes=tuple(p.node.name for p in self.plans),
+                world_size=self.inv.world_size,
+                logs_dir=str(self.logs_dir),
+                max_restarts=self.max_restarts,
+            )
+        )
+        session = self.session = ClusterSession(
+            self.inv,
+            self.plans,
+            self.run_id,
+            self.emit,
+            self._inputs,
+            self.options.accept_new_host_keys,
+            self._factory,
+        )
+        ticker = asyncio.get_running_loop().create_task(self._ticker(), name="ticker")
+        status, code, reason = JobState.ERROR, exit_codes.INTERNAL, "internal error"
+        try:
+            status, code, reason = await self._run(session)
+        except Exception as exc:  # a bug: one line for the user, the traceback in the run folder
+            reason = (
+                f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)"
+            )
+            self._save_traceback()
+        finally:
+            ticker.cancel()
+            await session.close(self.inv.stop.grace_s)
+            await session.fetch_logs(self.logs_dir)
+            await session.disconnect()
+        result = self._result(status, code, reason, time.monotonic() - t0)
+        self._write_summary(result)
+        self.emit(RunFinished(self.attempt_no, result))
+        await self.bus.close()
+        return result
+
+    async def _ticker(self) -> None:
+        assert self._inputs is not None
+        while True:
+            await asyncio.sleep(_TICK_S)
+            if not self._inputs.tick_pending:
+                self._inputs.tick_pending = True
+                self._inputs.put_nowait(_TICK)
+
+    async def _run(self, session: ClusterSession) -> tuple[JobState, int, str]:
+        errors = await self._unless_stopped(session.open())
+        if self._stop_cmd is not None:
+            return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
+        if errors:
+            return JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
+        sched, error, code = await self._scheduler_address(session)
+        if sched is None:
+            return JobState.FAILED, code, error
+        number, restarts_used = 0, 0
+        while True:
+            outcome = await self._attempt(session, number, sched)
+            if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.INTERRUPTED):
+                break
+            if outcome is AttemptOutcome.FAILED:
+                if restarts_used >= self.max_restarts:
+                    break
+                restarts_used += 1
+            why = (
+                "restart requested"
+                if outcome is AttemptOutcome.RESTART_REQUESTED
+                else f"attempt {number} failed: {describe(self.state.root_cause())}"
+            )
+            self.emit(Restarting(number + 1, why, self.backoff_s, self.max_restarts - restarts_used))
+            await self._unless_stopped(asyncio.sleep(self.backoff_s))
+            for name in [n for n, link in session.links.items() if not link.open]:
+                if self._stop_cmd is None:
+                    error = await self._unless_stopped(session.reopen(name))
+                    if error:
+                        return JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}"
+            if self._stop_cmd is not None:
+                break
+            number += 1
+        return self._verdict()
+
+    async def _unless_stopped(self, aw: Awaitable[T], limit_s: float | None = None) -> T | None:
+        """Await ``aw`` while serving the input queue; None when a StopJob (or ``limit_s``) came first."""
+        assert self._inputs is not None
+        task = asyncio.ensure_future(aw)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        while not task.done():
+            getter = asyncio.ensure_future(self._inputs.get())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                if not getter.cancelled():  # it got an item while being cancelled: keep it
+                    self._requeue(getter.result())
+                if not task.done():  # timed out
+                    break
+                continue
+            item = getter.result()
+            if isinstance(item, _Tick):
+                self._inputs.tick_pending = False
+            elif isinstance(item, StopJob):
+                break
+            elif isinstance(item, tuple):
+                node, msg = item
+                if msg is None:
+                    self.emit(
+                        NodeUpdate(
+                            self.attempt_no, node, NodeState.LOST, self._link_error(node), time.time_ns()
+                        )
+                    )
+                else:
+                    self.emit(AgentEvent(self.attempt_no, msg))  # late telemetry between attempts
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+
+    def _link_error(self, node: str) -> str:
+        return self.session.links[node].error if self.session is not None else ""
+
+    def _requeue(self, item: Input) -> None:
+        assert self._inputs is not None
+        self._inputs.put_nowait(item)
+
+    # ------------------------------------------------------------ the scheduler's address
+
+    async def _scheduler_address(self, session: ClusterSession) -> tuple[str | None, str, int]:
+        """MS_SCHED_HOST must be an IP: MindSpore does not resolve names (``Parse ip failed``).
+
+        ``scheduler.host`` or the first node's ``address`` win and are resolved by the agent on
+        the first node; otherwise the address the first node's agent was reached on (its
+        SSH_CONNECTION), else its resolved HostName.
+        """
+        first = self.plans[0].node
+        link = session.links[first.name]
+        given = self.inv.scheduler.host or first.address
+        field_name = "scheduler.host" if self.inv.scheduler.host else f"nodes[0].address ({first.name})"
+        if given is None:
+            if first.transport == "local":
+                return "127.0.0.1", "", 0
+            if link.hello is not None and link.hello.ssh_addr and _is_ip(link.hello.ssh_addr):
+                return link.hello.ssh_addr, "", 0
+            resolved = getattr(link.transport, "_resolved", None)
+            given = resolved()[0] if callable(resolved) else first.host
+            field_name = f"nodes[0].host ({first.name})"
+        if _is_ip(given):
+            return given, "", 0
+        answer = await session.resolve(first.name, given)
+        if answer.address:
+            return answer.address, "", 0
+        return (
+            None,
+            f"{self.inv.path}: {field_name}: cannot resolve {given!r} to an IP address on {first.name} "
+            f"({answer.error}); MindSpore needs an IP in MS_SCHED_HOST: set scheduler.host",
+            exit_codes.USAGE if self.inv.scheduler.host or first.address else exit_codes.UNREACHABLE,
+        )
+
+    # ------------------------------------------------------------ one attempt
+
+    def _is_trainer(self) -> bool:
+        return PurePosixPath(self.script.replace("\\", "/")).parts[-2:] == ("trainer", "train.py")
+
+    def _argv(self, spec: ProcSpec, node: str, number: int) -> tuple[str, ...]:
+        """The attempt's command line: resume where the previous attempt left off."""
+        argv = spec.argv
+        if self._is_trainer():
+            if self.max_restarts > 0 and "--checkpoint-dir" not in argv:
+                assert self.session is not None
+                argv += ("--checkpoint-dir", f"{self.session.run_dir(node)}/checkpoints")
+            if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
+                argv += ("--resume",)
+        elif number > 0:
+            argv += tuple(getattr(self.inv.job, "resume_args", ()))
+        return argv
+
+    async def _attempt(self, session: ClusterSession, number: int, sched: str) -> AttemptOutcome:
+        assert self._inputs is not None
+        att = self._att = Attempt(number)
+        session.attempt = number
+        self.replicas = ReplicaWatch(self.inv.world_size, number)
+        refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
+        self.emit(AttemptStarted(number, refs, sched, self.inv.scheduler.port, time.time_ns()))
+        metrics_pattern = getattr(self.inv.job, "metrics_pattern", None)
+
+        async def start(plan_index: int) -> None:
+            plan = self.plans[plan_index]
+            name = plan.node.name
+            procs = tuple(
+                replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs
+            )
+            link = session.links[name]
+            run_dir = session.run_dir(name)
+            cwd = f"{run_dir}/work" if link.transport.syncs_workdir else str(self.inv.job.workdir)
+            msg = Start(
+                run_id=self.run_id,
+                node=name,
+                attempt=number,
+                run_dir=run_dir,
+                cwd=cwd,
+                procs=procs,
+                workdir_archive=link.remote_archive if number == 0 else None,
+                grace_s=self.inv.stop.grace_s,
+                metrics_pattern=metrics_pattern,
+            )
+            if await session.send(name, msg):
+                self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
+            elif not link.open:  # lost before its ranks could start
+                await self._node_lost(att, name)
+
+        await asyncio.gather(*(start(i) for i in range(len(self.plans))))
+        while len(att.done) < len(self.plans) and not att.forced:
+            item = await self._inputs.get()
+            await self._handle(att, item)
+        if att.forced:
+            await session.abort()
+        if att.stop_cmd is not None:
+            outcome, reason = AttemptOutcome.INTERRUPTED, att.stop_cmd.reason
+        elif att.restart_requested:
+            outcome, reason = AttemptOutcome.RESTART_REQUESTED, "restart requested"
+        elif self.state.workers_succeeded():
+            outcome, reason = AttemptOutcome.SUCCEEDED, "all ranks finished"
+        else:
+            outcome, reason = AttemptOutcome.FAILED, describe(self.state.root_cause())
+        root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
+        self.emit(AttemptEnded(number, outcome, reason, root, time.time_ns()))
+        return outcome
+
+    async def _handle(self, att: Attempt, item: Input) -> None:
+        if isinstance(item, StopJob):
+            if att.stop_cmd is not None or self._stop_cmd is not item:
+                att.forced = True  # a second Ctrl-C: cut the channels, the agents kill their ranks
+                return
+            att.stop_cmd = item
+            await self._begin_stop(item.reason)
+        elif isinstance(item, RestartGroup):
+            if not att.stopping:
+                att.restart_requested = True
+                await self._begin_stop(
+                    f"{item.reason}: the whole group restarts (a rank cannot rejoin a running collective)"
+                )
+        elif isinstance(item, _Tick):
+            assert self._inputs is not None
+            self._inputs.tick_pending = False
+            await self._timers(att)
+        else:
+            node, msg = item
+            if msg is None:
+                await self._node_lost(att, node)
+            else:
+                self.emit(AgentEvent(att.number, msg))
+                await self._policy(att, node, msg)
+
+    async def _node_lost(self, att: Attempt, node: str) -> None:
+        assert self.session is not None
+        error = self.session.links[node].error
+        self.emit(NodeUpdate(att.number, node, NodeState.LOST, error, time.time_ns()))
+        was_done = node in att.done
+        att.done.add(node)
+        if not att.stopping and not was_done:
+            await self._begin_stop(f"lost the node {node}: {error}", trigger=node)
+
+    async def _policy(self, att: Attempt, node: str, msg: Message) -> None:
+        now = time.monotonic()
+        if isinstance(msg, LogBatch | ProcStarted):
+            att.progress[msg.name] = now
+        elif isinstance(msg, Metric):
+            att.progress[msg.name] = now
+            if msg.checksum is not None:
+                divergence = self.replicas.observe(msg.name, msg.step, msg.checksum)
+                if divergence is not None:
+                    self.emit(divergence)
+        elif isinstance(msg, ProcExited):
+            if not msg.ok and not msg.stopped_by_agent and not att.stopping:
+                what = msg.signal or f"exit code {msg.exitcode}"
+                await self._begin_stop(f"{msg.name} on {msg.node} failed ({what})", trigger=msg.name)
+            if att.workers_done_at is None and self.state.workers_succeeded():
+                att.workers_done_at = now
+        elif isinstance(msg, ProcHung):
+            if not att.stopping:
+                await self._begin_stop(f"{msg.name} on {msg.node} is hung ({msg.why})", trigger=msg.name)
+        elif isinstance(msg, AgentError):
+            cur = self.state.attempt
+            if (
+                cur is not None
+                and any(f.kind is FailureKind.AGENT for f in cur.failures)
+                and not att.stopping
+            ):
+                await self._begin_stop(f"{node}: {msg.message}", trigger=node)
+        elif isinstance(msg, AllExited):
+            att.done.add(node)
+
+    async def _timers(self, att: Attempt) -> None:
+        assert self.session is not None
+        now = time.monotonic()
+        if att.stop_sent_at is not None and now - att.stop_sent_at > self.inv.stop.grace_s + _STOP_CONFIRM_S:
+            for name in [p.node.name for p in self.plans if p.node.name not in att.done]:
+                att.done.add(name)
+                self.emit(
+                    NodeUpdate(
+                        att.number, name, NodeState.LOST, "did not confirm the stop in time", time.time_ns()
+                    )
+                )
+        if att.workers_done_at is not None and not att.sched_stop_sent:
+            if now - att.workers_done_at > _SCHEDULER_LINGER_S:
+                att.sched_stop_sent = True
+                await self.session.broadcast(
+                    Stop(reason="scheduler outlived the workers", grace_s=self.inv.stop.grace_s)
+                )
+        if not att.stopping:
+            await self._check_hangs(att, now)
+
+    async def _check_hangs(self, att: Attempt, now: float) -> None:
+        """Ask for the state and stack of every rank silent for hang.timeout_s (answered by ProcHung)."""
+        assert self.session is not None
+        silent: dict[str, list[str]] = {}
+        for r in self.state.workers():
+            if not r.state.live or r.name in att.inspected or r.exited is not None:
+                continue
+            if now - att.progress.get(r.name, att.started) > self.hang_timeout_s:
+                silent.setdefault(r.node, []).append(r.name)
+        for node, names in silent.items():
+            att.inspected.update(names)
+            reason = f"no progress for {self.hang_timeout_s:g} s"
+            await self.session.send(node, Inspect(names=tuple(names), reason=reason))
+
+    async def _begin_stop(self, reason: str, trigger: str | None = None) -> None:
+        assert self.session is not None and self._att is not None
+        att = self._att
+        if att.stop_sent_at is None:
+            att.stop_sent_at = time.monotonic()
+            self.emit(Stopping(att.number, reason, trigger))
+        await self.session.broadcast(Stop(reason=reason, grace_s=self.inv.stop.grace_s))
+
+    # ------------------------------------------------------------ verdict and summary
+
+    def _verdict(self) -> tuple[JobState, int, str]:
+        if self._stop_cmd is not None:
+            return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
+        att = self.state.attempt
+        restarts = len(self.state.attempts) - 1
+        after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts else ""
+        if att is not None and att.outcome is AttemptOutcome.SUCCEEDED:
+            return JobState.SUCCEEDED, exit_codes.OK, "all ranks finished" + after
+        root = self.state.root_cause()
+        if root is not None:
+            return JobState.FAILED, root.code, describe(root) + after
+        return JobState.FAILED, exit_codes.INTERNAL, "ranks ended without a result" + after
+
+    def _result(self, status: JobState, code: int, reason: str, wall_s: float) -> RunResult:
+        last = self.state.attempt
+        root = self.state.root_cause() if status is JobState.FAILED and last is not None else None
+        return RunResult(
+            run_id=self.run_id,
+            status=status,
+            exit_code=code,
+            reason=reason,
+            root_cause=root,
+            ranks=self.state.rank_summaries() if last is not None else (),
+            wall_s=wall_s,
+            logs_dir=str(self.logs_dir),
+            attempts=self.state.attempt_summaries(),
+            divergent_ranks=tuple(sorted(self.state.divergent)),
+            dropped=self.bus.dropped(),
+        )
+
+    def _save_traceback(self) -> None:
+        with contextlib.suppress(OSError):
+            os.makedirs(self.logs_dir, exist_ok=True)
+            (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+
+    def _write_summary(self, result: RunResult) -> None:
+        with contextlib.suppress(OSError):
+            os.makedirs(self.logs_dir, exist_ok=True)
+            with open(self.logs_dir / "summary.json", "w", encoding="utf-8") as f:
+                json.dump(result.to_json(), f, indent=2)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
