@@ -182,6 +182,7 @@ class Agent:
             self.all_exited_sent = True
             return
         base_env = dict(os.environ)
+        base_env["MSCON_ATTEMPT"] = str(cmd.attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
         # Scheduler first: workers retry their connection to it, but it should be up early.
         for spec in sorted(cmd.procs, key=lambda s: not s.is_scheduler):
             try:

@@ -161,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-dir", default="profiler", help="where the profiler writes")
     g = p.add_argument_group("testing mscon")
     g.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
-    g.add_argument("--die-at-step", type=int, help="SIGKILL this process at this optimizer step")
+    g.add_argument(
+        "--die-at-step",
+        type=int,
+        help="SIGKILL this process at this optimizer step (first attempt only: a restarted group resumes)",
+    )
     g.add_argument("--die-rank", type=int, default=0, help="the rank --die-at-step applies to")
     return p
 

@@ -265,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                     {"epoch": epoch + 1},
                     args.keep_checkpoints,
                 )
-            if args.die_at_step == step and rank == args.die_rank:
+            if (
+                args.die_at_step == step
+                and rank == args.die_rank
+                and os.environ.get("MSCON_ATTEMPT", "0") == "0"
+            ):
                 print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     metrics.close()
