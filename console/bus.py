@@ -69,6 +69,7 @@ class EventBus:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        self.attempt = 0  # the supervisor keeps it current, for the bus's own notices
 
     def subscribe(
         self, name: str = "subscriber", lag_limit: int = 10_000, hard_limit: int = 200_000
@@ -104,8 +105,7 @@ class EventBus:
         sub.detached = why
         sub._items.clear()
         sub.end()
-        attempt = 0
-        self.publish(Notice(attempt, f"the {sub.name} view was detached: {why}; the run goes on"))
+        self.publish(Notice(self.attempt, f"the {sub.name} view was detached: {why}; the run goes on"))
 
     def publish(self, event: Event) -> None:
         if self.closed:

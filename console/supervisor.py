@@ -173,6 +173,7 @@ class Supervisor:
             self._inputs.put_nowait(cmd)
 
     def emit(self, ev: Event) -> None:
+        self.bus.attempt = ev.attempt
         self.state.apply(ev)
         self.bus.publish(ev)
 
