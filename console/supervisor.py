@@ -151,9 +151,8 @@ class Supervisor:
         self.plans = build_plan(inventory, self.script, self.args)
         mr = self.options.max_restarts
         self.max_restarts = mr if mr is not None else inventory.restart.max_restarts
-        self.backoff_s = float(getattr(inventory.restart, "backoff_s", 2.0))
-        hang = getattr(inventory, "hang", None)
-        self.hang_timeout_s = float(getattr(hang, "timeout_s", 120.0))
+        self.backoff_s = inventory.restart.backoff_s
+        self.hang_timeout_s = inventory.hang.timeout_s
         self._inputs: Inputs | None = None
         self._early: list[Command] = []
         self._att: Attempt | None = None
@@ -366,7 +365,7 @@ class Supervisor:
             if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
                 argv += ("--resume",)
         elif number > 0:
-            argv += tuple(getattr(self.inv.job, "resume_args", ()))
+            argv += self.inv.job.resume_args
         return argv
 
     async def _attempt(self, session: ClusterSession, number: int, sched: str) -> AttemptOutcome:
@@ -376,7 +375,7 @@ class Supervisor:
         self.replicas = ReplicaWatch(self.inv.world_size, number)
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
         self.emit(AttemptStarted(number, refs, sched, self.inv.scheduler.port, time.time_ns()))
-        metrics_pattern = getattr(self.inv.job, "metrics_pattern", None)
+        metrics_pattern = self.inv.job.metrics_pattern
 
         async def start(plan_index: int) -> None:
             plan = self.plans[plan_index]
