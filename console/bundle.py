@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import io
+import json
 import os
 import tarfile
 from dataclasses import dataclass
@@ -15,17 +16,76 @@ from mscon.agent import AGENT_FILES
 
 AGENT_PACKAGE = "mscon_agent"  # the agent's import name on the nodes
 
-# The agent's folder goes on sys.path from the command line rather than through PYTHONPATH, so the
-# ranks it starts inherit the node's environment (a user's PYTHONPATH included) unchanged.
-AGENT_BOOT = (
-    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-    f"runpy.run_module({AGENT_PACKAGE!r}, run_name='__main__', alter_sys=True)"
+# How the agent starts, on every node and locally alike. The command the node's login shell parses
+# is one FIXED string that holds no inventory value at all (no node name, no python path, no
+# folder): every value travels on the agent's stdin, ahead of the JSON protocol, so no login
+# shell (sh, bash, zsh, fish, csh/tcsh) can misparse or execute any of it. The two quoted words
+# below contain no single quote, backslash, "!" or newline, the only characters fish or csh treat
+# specially inside single quotes; the same command therefore means the same thing to all of them.
+#
+#   stdin line 1: the python to run (read by /bin/sh, byte by byte, then exec'd as one word)
+#   stdin line 2: {"v": 1, "node": NAME, "dir": AGENT_DIR}, read byte by byte by AGENT_BOOT
+#   then:         the JSON-lines protocol, read by the agent itself
+#
+# The agent's folder goes on sys.path from the boot code rather than through PYTHONPATH, so the
+# ranks it starts inherit the node's environment (a user's PYTHONPATH included) unchanged. The
+# boot drops the current folder ("" from ``-c``) from sys.path before importing anything, so a
+# stray json.py in the node user's home cannot shadow the standard library.
+BOOT_HEADER_VERSION = 1
+AGENT_SH = (
+    "IFS= read -r py || exit 125; "
+    'command -v "$py" >/dev/null || '
+    '{ echo "cannot execute the node python: No such file or directory" >&2; exit 127; }; '
+    'exec "$py" -c "$0"'
 )
+AGENT_BOOT = (
+    "import os,sys;sys.path[:]=[p for p in sys.path if p];import json,runpy;n=bytes([10]);"
+    'h=json.loads(b"".join(iter(lambda:os.read(0,1) or n,n)) or b"null");'
+    'h or sys.exit("mscon agent: no start header on stdin");'
+    'sys.path.insert(0,h["dir"]);'
+    f'runpy.run_module("{AGENT_PACKAGE}",{{"_BOOT_HEADER":h}},"__main__",True)'
+)
+# Characters no quoted word of the command may hold: the quote itself, backslash (fish), "!" and
+# newline (csh), and anything else that is not printable ASCII.
+_UNSAFE_IN_QUOTES = set("'\\!\n")
 
 
-def agent_argv(python: str, agent_dir: str, node: str) -> list[str]:
-    """The node-side command that starts the agent (``python -c BOOT AGENT_DIR --node NAME``)."""
-    return [python, "-c", AGENT_BOOT, agent_dir, "--node", node]
+def _check_fixed_word(word: str) -> str:
+    bad = sorted({c for c in word if c in _UNSAFE_IN_QUOTES or not (0x20 <= ord(c) < 0x7F)})
+    if bad:  # pragma: no cover - a programming error, caught by the unit tests
+        raise AssertionError(f"the fixed agent command may not contain {bad!r}")
+    return word
+
+
+AGENT_COMMAND = f"exec /bin/sh -c '{_check_fixed_word(AGENT_SH)}' '{_check_fixed_word(AGENT_BOOT)}'"
+
+
+def agent_command() -> str:
+    """The remote command that starts the agent: the same fixed string for every node."""
+    return AGENT_COMMAND
+
+
+def agent_argv() -> list[str]:
+    """The same start, as an argv for a local subprocess (no login shell in between)."""
+    return ["/bin/sh", "-c", AGENT_SH, AGENT_BOOT]
+
+
+def agent_stdin_header(python: str, agent_dir: str, node: str) -> str:
+    """What the console writes to the agent's stdin first: the python path, then one JSON line.
+
+    Raises ``ValueError`` for a python path that cannot travel as one line or would be read as an
+    option. The node name and the folder are JSON-encoded, so any string is safe there.
+    """
+    try:
+        python.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"unusable python path {python!r}: not valid UTF-8") from None
+    if not python or python.startswith("-") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in python):
+        raise ValueError(
+            f"unusable python path {python!r}: empty, starting with '-' or holding a control character"
+        )
+    header = {"v": BOOT_HEADER_VERSION, "node": node, "dir": agent_dir}
+    return python + "\n" + json.dumps(header, ensure_ascii=True, separators=(",", ":")) + "\n"
 
 
 # Never synced: VCS data, virtual environments, caches, and mscon's own outputs.

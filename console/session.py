@@ -17,6 +17,7 @@ from typing import Protocol
 
 from mscon.agent.protocol import PROTOCOL_VERSION, Hello, Message, Resolve, Resolved, Shutdown
 
+from . import safepath
 from .bundle import WorkdirArchive, agent_bundle, workdir_archive
 from .events import Event, LogsFetched, NodeState, NodeUpdate, Notice
 from .inventory import Inventory, NodeSpec
@@ -185,7 +186,7 @@ class ClusterSession:
                 link.error = str(exc)
             except TimeoutError:
                 link.error = f"{link.name}: timed out"
-            except OSError as exc:
+            except (OSError, safepath.UnsafePath) as exc:  # UnsafePath: a run dir that would escape
                 link.error = f"{link.name}: {exc}"
             else:
                 return None
@@ -253,15 +254,15 @@ class ClusterSession:
         async def one(link: NodeLink) -> None:
             if link.hello is None or not link.transport.home:
                 return
-            local = logs_dir / link.name
             try:
+                local = safepath.within(logs_dir, link.name)
                 remote = link.transport.run_dir(self.run_id)
-                await asyncio.wait_for(link.transport.fetch_run_dir(remote, str(local)), _FETCH_TIMEOUT_S)
+                fetch = link.transport.fetch_run_dir(remote, str(local), logs_root=str(logs_dir))
+                await asyncio.wait_for(fetch, _FETCH_TIMEOUT_S)
                 self.emit(LogsFetched(self.attempt, link.name, str(local)))
             except Exception as exc:  # noqa: BLE001 - a failed fetch is reported, never fatal
-                self.emit(
-                    LogsFetched(self.attempt, link.name, str(local), error=str(exc) or type(exc).__name__)
-                )
+                error = str(exc) or type(exc).__name__
+                self.emit(LogsFetched(self.attempt, link.name, str(logs_dir / link.name), error=error))
 
         await asyncio.gather(*(one(link) for link in self.links.values()))
 

@@ -335,8 +335,7 @@ class Supervisor:
                 return "127.0.0.1", "", 0
             if link.hello is not None and link.hello.ssh_addr and _is_ip(link.hello.ssh_addr):
                 return link.hello.ssh_addr, "", 0
-            resolved = getattr(link.transport, "_resolved", None)
-            given = resolved()[0] if callable(resolved) else first.host
+            given = link.transport.resolved_host()
             field_name = f"nodes[0].host ({first.name})"
         if _is_ip(given):
             return given, "", 0

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import abc
+import os
 import posixpath
+from pathlib import Path
 
 from mscon.agent.protocol import Message, ProtocolError, decode, encode
 
 from ..bundle import AgentBundle, WorkdirArchive
 from ..inventory import NodeSpec
+from ..safepath import UnsafePath, label, remote_within, within
 
 CACHE_DIR = ".cache/mscon"  # relative to the node user's home
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
@@ -16,6 +19,27 @@ LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
 
 class NodeUnreachable(Exception):
     """Connecting, authenticating or deploying failed; the message says why, in one line."""
+
+
+# Shown escaped: they could move the cursor, recolour or retitle the user's terminal, or reorder
+# text (bidirectional overrides). Newlines and tabs stay: callers split the tail into lines.
+_BIDI = frozenset(
+    [*"\u061c\u200e\u200f\u2028\u2029", *map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))]
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\xNN``, ``\\uNNNN``), newlines and tabs kept."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch in "\n\t" or (0x20 <= o < 0x7F) or (o > 0x9F and ch not in _BIDI):
+            out.append(ch)
+        elif o <= 0xFF:
+            out.append(f"\\x{o:02x}")
+        else:
+            out.append(f"\\u{o:04x}")
+    return "".join(out)
 
 
 class AgentChannel(abc.ABC):
@@ -32,7 +56,11 @@ class AgentChannel(abc.ABC):
         """Close stdin (the agent stops its ranks and exits), wait, then force."""
 
     @abc.abstractmethod
-    def stderr_tail(self) -> str: ...
+    def _stderr_raw(self) -> str: ...
+
+    def stderr_tail(self) -> str:
+        """The last few KiB the agent (or the shell before it) wrote to stderr, safe to print."""
+        return printable(self._stderr_raw())
 
     async def send(self, msg: Message) -> None:
         await self._write(encode(msg))
@@ -62,8 +90,31 @@ class NodeTransport(abc.ABC):
         return posixpath.join(self.home, CACHE_DIR)
 
     def run_dir(self, run_id: str) -> str:
+        """The node's folder for this run; both must be plain names (``UnsafePath`` otherwise)."""
         # Both run id and node name: several nodes may share one home directory.
-        return posixpath.join(self.cache_root, "runs", run_id, self.node.name)
+        return remote_within(
+            self.cache_root, "runs", label(run_id, "run id"), label(self.node.name, "node name")
+        )
+
+    def _fetch_dest(self, local: str, logs_root: str | None) -> Path:
+        """Where fetched logs go: refused (``UnsafePath``) before anything is written if it could
+        leave ``logs_root`` (or, without one, if it holds a ``..``)."""
+        label(self.node.name, "node name")
+        if logs_root is not None:
+            return within(logs_root, os.path.relpath(local, logs_root))
+        if "\0" in local or ".." in Path(local).parts:
+            raise UnsafePath(f"log folder {local!r} would not stay where it is put")
+        return Path(local)
+
+    def _check_run_dir(self, remote: str) -> None:
+        """``remote`` must lie under this node's cache folder (it names what is copied back)."""
+        rel = posixpath.relpath(posixpath.normpath(remote), posixpath.normpath(self.cache_root))
+        if "\0" in remote or rel == "." or rel == ".." or rel.startswith("../"):
+            raise UnsafePath(f"{remote!r} is not a run folder under {self.cache_root!r}")
+
+    def resolved_host(self) -> str:
+        """The host name this node is reached by (after ~/.ssh/config's HostName, for SSH)."""
+        return self.node.host
 
     @abc.abstractmethod
     async def connect(self) -> None: ...
@@ -80,8 +131,13 @@ class NodeTransport(abc.ABC):
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel: ...
 
     @abc.abstractmethod
-    async def fetch_run_dir(self, remote: str, local: str) -> None:
-        """Copy the node's run directory (logs, metrics; not the synced workdir) to ``local``."""
+    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+        """Copy the node's run directory (logs, metrics; not the synced workdir) to ``local``.
+
+        ``local`` must stay inside ``logs_root`` when given (``UnsafePath``, before anything is
+        written). Only plain file names, regular files and folders are copied; symbolic links on
+        the node are never followed, so nothing outside the run directory comes back.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None: ...

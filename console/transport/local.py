@@ -1,15 +1,24 @@
-"""The local transport: the agent as a subprocess of the console; no SSH, no workdir copy."""
+"""The local transport: the agent as a subprocess of the console; no SSH, no workdir copy.
+
+The agent starts exactly as on an SSH node (``/bin/sh`` with the fixed script and boot code from
+``bundle.py``, the python path and node name on stdin), so the local tests exercise that path too.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv
+from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv, agent_stdin_header
+from ..safepath import is_plain_name, within
 from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 class LocalChannel(AgentChannel):
@@ -43,7 +52,7 @@ class LocalChannel(AgentChannel):
             await self.proc.wait()
         await self._stderr_task
 
-    def stderr_tail(self) -> str:
+    def _stderr_raw(self) -> str:
         return self._stderr.decode("utf-8", errors="replace")
 
 
@@ -52,13 +61,13 @@ class LocalTransport(NodeTransport):
         self.home = str(Path.home())
 
     async def ensure_agent(self, bundle: AgentBundle) -> str:
-        root = Path(self.cache_root) / bundle.dirname
-        pkg = root / AGENT_PACKAGE
+        root = within(self.cache_root, bundle.dirname)
+        pkg = within(root, AGENT_PACKAGE)
         if not pkg.is_dir():
             root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
             for name, data in bundle.files.items():
-                (tmp / name).write_bytes(data)
+                within(tmp, name).write_bytes(data)
             try:
                 os.rename(tmp, pkg)
             except OSError:  # another console won the race; its copy is identical
@@ -74,10 +83,19 @@ class LocalTransport(NodeTransport):
 
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
         try:
-            proc = await self._spawn(agent_argv(python, agent_dir, self.node.name))
+            header = agent_stdin_header(python, agent_dir, self.node.name)
+        except ValueError as exc:
+            raise NodeUnreachable(f"{self.node.name}: {exc}") from None
+        try:
+            proc = await self._spawn(agent_argv())
         except OSError as exc:
             raise NodeUnreachable(f"{self.node.name}: the agent did not start with {python}: {exc}") from None
-        return LocalChannel(proc)
+        channel = LocalChannel(proc)
+        try:
+            await channel._write(header)
+        except (OSError, RuntimeError):
+            pass  # it is gone already: the caller sees its output end, and its stderr says why
+        return channel
 
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
@@ -90,11 +108,66 @@ class LocalTransport(NodeTransport):
             start_new_session=True,
         )
 
-    async def fetch_run_dir(self, remote: str, local: str) -> None:
-        src = Path(remote)
-        if not src.is_dir():
+    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+        dest = self._fetch_dest(local, logs_root)
+        self._check_run_dir(remote)
+        try:
+            fd = os.open(remote, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             return
-        shutil.copytree(src, local, dirs_exist_ok=True, ignore=shutil.ignore_patterns("work"))
+        except OSError:
+            if os.path.islink(remote):
+                return  # the run folder itself is a link: not followed
+            raise
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            _copy_tree(fd, dest, top=True)
+        finally:
+            os.close(fd)
 
     async def close(self) -> None:
         return None
+
+
+def _copy_tree(src_fd: int, dest: Path, top: bool = False) -> None:
+    """Copy the folder open as ``src_fd`` into ``dest``: plain names, regular files and folders
+    only, every entry opened relative to its parent's descriptor without following links, so a
+    link (or one swapped in while copying) never reads anything outside the run folder."""
+    with os.scandir(src_fd) as it:
+        entries = list(it)
+    for entry in entries:
+        name = entry.name
+        if (top and name == "work") or not is_plain_name(name):
+            continue  # the synced workdir is not a log; odd names are not copied
+        try:
+            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=src_fd)
+            except OSError:
+                continue
+            try:
+                sub = within(dest, name)
+                sub.mkdir(exist_ok=True)
+                _copy_tree(fd, sub)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            _copy_file(src_fd, name, within(dest, name))
+
+
+def _copy_file(src_fd: int, name: str, target: Path) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=src_fd)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            return
+        if target.is_symlink():
+            target.unlink()  # never write through a link in the destination either
+        out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+        with os.fdopen(out_fd, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)

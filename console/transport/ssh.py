@@ -1,7 +1,9 @@
 """SSH nodes through asyncssh: one connection per node, SFTP for files, one exec channel for the agent.
 
-Host keys are checked against known_hosts by default, exactly as ``ssh`` does; agent forwarding
-is never requested; the remote command line is built from quoted words only.
+Host keys are checked against known_hosts by default, exactly as ``ssh`` does (a missing file is
+explained; ``accept_new_host_keys`` creates it and records first-seen keys; a changed key is always
+refused); agent forwarding is never requested. The remote command is one fixed string with no
+inventory value in it (``bundle.AGENT_COMMAND``); the python path and node name go over stdin.
 """
 
 from __future__ import annotations
@@ -10,15 +12,17 @@ import asyncio
 import os
 import posixpath
 import secrets
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv
+from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_command, agent_stdin_header
 from ..inventory import Inventory, NodeSpec
+from ..safepath import is_plain_name, remote_within, within
 from .base import AgentChannel, NodeTransport, NodeUnreachable
+
+_FETCH_PARALLEL = 8  # files copied back at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,7 @@ class SshChannel(AgentChannel):
             self.proc.close()  # closing the channel: the agent sees EOF and stops its ranks
         self._stderr_task.cancel()
 
-    def stderr_tail(self) -> str:
+    def _stderr_raw(self) -> str:
         return self._stderr
 
 
@@ -79,7 +83,11 @@ class SshTransport(NodeTransport):
         return f"{self.node.name} ({self.node.host}{port})"
 
     def _known_hosts_path(self) -> str:
-        return self.inv.ssh.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
+        return os.path.expanduser(self.inv.ssh.known_hosts or "~/.ssh/known_hosts")
+
+    def _keepalive_s(self) -> float:
+        ssh = self.inv.ssh
+        return float(getattr(ssh, "keepalive_s", None) or getattr(ssh, "keepalive_interval_s", 5.0))
 
     def _connect_kwargs(self) -> dict:
         kw: dict = {
@@ -87,8 +95,10 @@ class SshTransport(NodeTransport):
             "agent_forwarding": False,
             "x11_forwarding": False,
             "connect_timeout": self.inv.ssh.connect_timeout_s,
-            "keepalive_interval": self.inv.ssh.keepalive_interval_s,
-            "keepalive_count_max": 3,
+            # One unanswered keepalive ends the connection: a vanished node is noticed within two
+            # intervals, not four.
+            "keepalive_interval": self._keepalive_s(),
+            "keepalive_count_max": 1,
         }
         if self.inv.ssh.config:
             kw["config"] = [self.inv.ssh.config]
@@ -110,7 +120,17 @@ class SshTransport(NodeTransport):
                 await self._connect()
 
     async def _connect(self) -> None:
+        kh = self._known_hosts_path()
         try:
+            if not os.path.exists(kh):
+                if not self.options.accept_new_host_keys:
+                    host, port = self._resolved()
+                    raise NodeUnreachable(
+                        f"{self._where}: no known host keys yet ({kh} does not exist): verify the host "
+                        f"key and add it (ssh-keyscan -p {port} {host} >> {kh}), "
+                        "or pass --accept-new-host-keys"
+                    )
+                await self._learn_host_key()  # creates the file (and its folder)
             try:
                 self.conn = await asyncssh.connect(self.node.host, **self._connect_kwargs())
             except asyncssh.HostKeyNotVerifiable:
@@ -119,17 +139,18 @@ class SshTransport(NodeTransport):
                 await self._learn_host_key()
                 self.conn = await asyncssh.connect(self.node.host, **self._connect_kwargs())
             self.sftp = await self.conn.start_sftp_client()
-            self.home = await self.sftp.realpath(".")
+            home = await self.sftp.realpath(".")
         except asyncssh.HostKeyNotVerifiable:
             if self._host_is_known():
                 raise NodeUnreachable(
                     f"{self._where}: HOST KEY MISMATCH: the server's key differs from the one in "
-                    f"{self._known_hosts_path()}; refusing to connect (possible man-in-the-middle). "
+                    f"{kh}; refusing to connect (possible man-in-the-middle). "
                     "If the host was reinstalled, remove its old entry (ssh-keygen -R HOST)."
                 ) from None
+            host, port = self._resolved()
             raise NodeUnreachable(
-                f"{self._where}: unknown host key (no entry in {self._known_hosts_path()}); "
-                "verify it and add it (ssh-keyscan), or pass --accept-new-host-keys"
+                f"{self._where}: unknown host key (no entry in {kh}); verify it and add it "
+                f"(ssh-keyscan -p {port} {host} >> {kh}), or pass --accept-new-host-keys"
             ) from None
         except asyncssh.PermissionDenied as exc:
             raise NodeUnreachable(f"{self._where}: authentication failed: {exc.reason}") from None
@@ -140,6 +161,11 @@ class SshTransport(NodeTransport):
         except (OSError, asyncssh.Error) as exc:
             reason = getattr(exc, "reason", None) or exc.strerror if isinstance(exc, OSError) else None
             raise NodeUnreachable(f"{self._where}: cannot connect: {reason or exc}") from None
+        # Every remote path is built under the home the server reports: it must be a plain
+        # absolute path, or a hostile server could steer uploads and fetches elsewhere.
+        if not home.startswith("/") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in home):
+            raise NodeUnreachable(f"{self._where}: the server reported an unusable home folder {home!r}")
+        self.home = posixpath.normpath(home)
 
     def _resolved(self) -> tuple[str, int]:
         """(host, port) after ~/.ssh/config (HostName, Port, HostKeyAlias): what known_hosts is keyed by."""
@@ -149,6 +175,14 @@ class SshTransport(NodeTransport):
         except (OSError, ValueError, asyncssh.Error):
             return self.node.host, self.node.port or 22
         return (opts.host_key_alias or opts.host or self.node.host), int(opts.port or 22)
+
+    def resolved_host(self) -> str:
+        kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
+        try:
+            opts = asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
+        except (OSError, ValueError, asyncssh.Error):
+            return self.node.host
+        return str(opts.host or self.node.host)
 
     def _host_is_known(self) -> bool:
         path = self._known_hosts_path()
@@ -163,17 +197,37 @@ class SshTransport(NodeTransport):
         return bool(host_keys or ca_keys)
 
     async def _learn_host_key(self) -> None:
+        """Record the server's current key (``--accept-new-host-keys``), creating the file with mode
+        0600 (and its folder with mode 0700) when they do not exist yet."""
         host, port = self._resolved()
-        key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(host, port=port), self.inv.ssh.connect_timeout_s
-        )
+        try:
+            key = await asyncio.wait_for(
+                asyncssh.get_server_host_key(host, port=port), self.inv.ssh.connect_timeout_s
+            )
+        except TimeoutError:
+            raise  # reported as a connect timeout
+        except (OSError, asyncssh.Error) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise NodeUnreachable(f"{self._where}: cannot connect: {reason}") from None
         if key is None:
             raise NodeUnreachable(f"{self._where}: the server offered no host key")
-        host = host if port == 22 else f"[{host}]:{port}"
+        entry = host if port == 22 else f"[{host}]:{port}"
+        line = f"{entry} {key.export_public_key().decode().strip()}\n"
         path = Path(self._known_hosts_path())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as f:
-            f.write(f"{host} {key.export_public_key().decode().strip()}\n")
+        try:
+            if not path.parent.is_dir():
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(path.parent, 0o700)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = "\n" + line  # never glue the new entry onto an unterminated last line
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise NodeUnreachable(f"{self._where}: cannot record the host key in {path}: {exc}") from None
 
     def _require(self) -> tuple[asyncssh.SSHClientConnection, asyncssh.SFTPClient]:
         if self.conn is None or self.sftp is None:
@@ -183,7 +237,8 @@ class SshTransport(NodeTransport):
     async def _put_atomic(self, remote: str, data: bytes) -> None:
         _, sftp = self._require()
         # Unique per writer: nodes may share one home directory (NFS) and upload the same file at once.
-        tmp = f"{remote}.tmp-{self.node.name}-{secrets.token_hex(4)}"
+        # Random only: no inventory value (a node name) ever becomes part of a remote path here.
+        tmp = f"{remote}.tmp-{secrets.token_hex(8)}"
         async with sftp.open(tmp, "wb") as f:
             await f.write(data)
         try:
@@ -196,15 +251,15 @@ class SshTransport(NodeTransport):
 
     async def ensure_agent(self, bundle: AgentBundle) -> str:
         _, sftp = self._require()
-        root = posixpath.join(self.cache_root, bundle.dirname)
-        pkg = posixpath.join(root, AGENT_PACKAGE)
-        marker = posixpath.join(pkg, ".complete")
+        root = remote_within(self.cache_root, bundle.dirname)
+        pkg = remote_within(root, AGENT_PACKAGE)
+        marker = remote_within(pkg, ".complete")
         try:
             if await sftp.exists(marker):
                 return root  # same content hash: already deployed
             await sftp.makedirs(pkg, exist_ok=True)
             for name, data in bundle.files.items():
-                await self._put_atomic(posixpath.join(pkg, name), data)
+                await self._put_atomic(remote_within(pkg, name), data)
             await self._put_atomic(marker, bundle.digest.encode())
         except (OSError, asyncssh.Error) as exc:
             raise NodeUnreachable(f"{self._where}: cannot deploy the agent: {exc}") from None
@@ -212,8 +267,8 @@ class SshTransport(NodeTransport):
 
     async def upload_workdir(self, archive: WorkdirArchive) -> str:
         _, sftp = self._require()
-        folder = posixpath.join(self.cache_root, "sync")
-        remote = posixpath.join(folder, archive.filename)
+        folder = remote_within(self.cache_root, "sync")
+        remote = remote_within(folder, archive.filename)
         try:
             if not await sftp.exists(remote):
                 await sftp.makedirs(folder, exist_ok=True)
@@ -224,22 +279,70 @@ class SshTransport(NodeTransport):
 
     async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
         conn, _ = self._require()
-        words = agent_argv(python, agent_dir, self.node.name)
-        command = " ".join(shlex.quote(w) for w in words)  # the remote login shell sees quoted words only
         try:
-            proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+            header = agent_stdin_header(python, agent_dir, self.node.name)
+        except ValueError as exc:
+            raise NodeUnreachable(f"{self._where}: {exc}") from None
+        try:
+            # The same fixed command for every node: no value of the inventory is in it, so no
+            # login shell (sh, bash, zsh, fish, csh) can misread one; they follow on stdin.
+            proc = await conn.create_process(agent_command(), encoding="utf-8", errors="replace")
         except (OSError, asyncssh.Error) as exc:
             raise NodeUnreachable(f"{self._where}: cannot start the agent: {exc}") from None
-        return SshChannel(proc)
+        channel = SshChannel(proc)
+        try:
+            await channel._write(header)
+        except (OSError, asyncssh.Error):
+            pass  # it is gone already: the caller sees its output end, and its stderr says why
+        return channel
 
-    async def fetch_run_dir(self, remote: str, local: str) -> None:
+    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+        dest = self._fetch_dest(local, logs_root)  # refused before anything is written
+        self._check_run_dir(remote)
         _, sftp = self._require()
-        os.makedirs(local, exist_ok=True)
+        try:
+            attrs = await sftp.lstat(remote)
+        except asyncssh.SFTPNoSuchFile:
+            return
+        if attrs.type != asyncssh.FILEXFER_TYPE_DIRECTORY:
+            return  # not a folder, or a link to one: not followed
+        dest.mkdir(parents=True, exist_ok=True)
+        files: list[tuple[str, Path]] = []
+        await self._list_tree(sftp, remote, dest, files, top=True)
+        sem = asyncio.Semaphore(_FETCH_PARALLEL)
+
+        async def get(src: str, target: Path) -> None:
+            async with sem:
+                if target.is_symlink():
+                    target.unlink()  # never write through a link in the destination
+                try:
+                    await sftp.get(src, str(target), preserve=False, follow_symlinks=False)
+                except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPBadMessage):
+                    pass  # gone meanwhile, or turned into a link pointing out of the tree
+
+        await asyncio.gather(*(get(src, target) for src, target in files))
+
+    async def _list_tree(
+        self, sftp: asyncssh.SFTPClient, remote: str, dest: Path, files: list[tuple[str, Path]], top: bool
+    ) -> None:
+        """Folders under ``remote`` (created under ``dest``) and the regular files to copy. Names the
+        node lists are used only when they are plain names; links are skipped, never followed."""
         for entry in await sftp.readdir(remote):
-            name = str(entry.filename)
-            if name in (".", "..", "work"):
-                continue
-            await sftp.get(posixpath.join(remote, name), local, recurse=True, preserve=False)
+            name = entry.filename
+            if isinstance(name, bytes):
+                try:
+                    name = name.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+            if (top and name == "work") or not is_plain_name(name):
+                continue  # the synced workdir is not a log; "..", "a/b" and odd names never are
+            kind = entry.attrs.type
+            if kind == asyncssh.FILEXFER_TYPE_DIRECTORY:
+                sub = within(dest, name)
+                sub.mkdir(exist_ok=True)
+                await self._list_tree(sftp, remote_within(remote, name), sub, files, top=False)
+            elif kind == asyncssh.FILEXFER_TYPE_REGULAR:
+                files.append((remote_within(remote, name), within(dest, name)))
 
     async def close(self) -> None:
         if self.sftp is not None:

@@ -1,12 +1,32 @@
-"""Agent bundle and workdir archive: content-hashed, reproducible, excluding junk."""
+"""Agent bundle and workdir archive (content-hashed, reproducible), and the fixed agent start command."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
-from mscon.console.bundle import agent_bundle, workdir_archive
+import pytest
+from mscon.agent.protocol import Hello
+from mscon.console.bundle import (
+    AGENT_BOOT,
+    AGENT_COMMAND,
+    AGENT_SH,
+    agent_argv,
+    agent_bundle,
+    agent_command,
+    agent_stdin_header,
+    workdir_archive,
+)
+from mscon.console.inventory import NodeSpec
+from mscon.console.transport.base import printable
+from mscon.console.transport.local import LocalTransport
 
 
 def test_agent_bundle_is_complete_and_stable() -> None:
@@ -31,3 +51,135 @@ def test_workdir_archive_excludes_and_is_reproducible(tmp_path: Path) -> None:
     assert sorted(names) == ["pkg/m.py", "train.py"]
     (tmp_path / "train.py").write_text("x = 2\n")
     assert workdir_archive(tmp_path, ("*.ckpt",)).digest != one.digest
+
+
+# ---------------------------------------------------------------- how the agent starts
+
+# Ways a login shell could be talked into running something if a value reached its command line:
+# quotes of both kinds, ;, $( ), backquotes, fish's ( ), csh's "!" and newline, and backslashes
+# before a quote (what broke fish with shlex.quote'd words). {m}: a folder the test watches.
+HOSTILE_NODES = [
+    "n1'\"; touch {m}/p1; echo $(touch {m}/p2) `touch {m}/p3` (touch {m}/p4) !! ;",
+    "a\\'\\';touch {m}/p5;#",
+    "x\n;touch {m}/p6",
+    "x\\",
+]
+# File names cannot hold "/": these touch files in the working folder.
+HOSTILE_PY_NAMES = ["py'\"; touch p7; $(touch p8) `touch p9` (touch p10) !! ;", "py\\'\\';touch p11;#"]
+SHELLS = ["sh", "dash", "bash", "zsh", "fish", "tcsh", "csh"]
+
+
+def test_the_remote_command_is_fixed_and_quotes_only_safe_characters() -> None:
+    assert agent_command() == AGENT_COMMAND  # one string for every node: no argument at all
+    assert shlex.split(AGENT_COMMAND) == ["exec", "/bin/sh", "-c", AGENT_SH, AGENT_BOOT]
+    assert AGENT_COMMAND == f"exec /bin/sh -c '{AGENT_SH}' '{AGENT_BOOT}'"
+    for word in (AGENT_SH, AGENT_BOOT):
+        # Inside single quotes fish treats \ specially, csh ! and newlines: none may appear.
+        assert not set(word) & set("'\\!\n"), word
+        assert all(0x20 <= ord(c) < 0x7F for c in word)
+    assert agent_argv() == ["/bin/sh", "-c", AGENT_SH, AGENT_BOOT]
+
+
+def test_the_stdin_header_carries_every_value() -> None:
+    text = agent_stdin_header("/opt/my env/bin/python3", "/home/u/.cache/mscon/agent-x", 'a"b\nc')
+    py, header, rest = text.split("\n")
+    assert py == "/opt/my env/bin/python3" and rest == ""
+    assert json.loads(header) == {"v": 1, "node": 'a"b\nc', "dir": "/home/u/.cache/mscon/agent-x"}
+    for bad in ("", "-c", "/usr/bin/python3\ntouch x", "/usr/bin/python3\r", "py\0"):
+        with pytest.raises(ValueError, match="unusable python path"):
+            agent_stdin_header(bad, "/d", "n")
+
+
+def _fake_agent(root: Path) -> Path:
+    """A stand-in agent package that reports what the boot gave it and what is left on stdin."""
+    pkg = root / "agentdir" / "mscon_agent"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        "import json, os, sys\n"
+        "rest = sys.stdin.read()\n"
+        "print(json.dumps({'header': _BOOT_HEADER, 'rest': rest, 'path0': sys.path[0],\n"
+        "                  'cwd_on_path': '' in sys.path, 'pythonpath': os.environ.get('PYTHONPATH'),\n"
+        "                  'argv': sys.argv[1:]}))\n"
+    )
+    return root / "agentdir"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_every_login_shell_runs_the_fixed_command_the_same_way(tmp_path: Path, shell: str) -> None:
+    exe = shutil.which(shell)
+    if exe is None:
+        pytest.skip(f"{shell} is not installed here (apt-get install -y {shell})")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    home = tmp_path / "home"  # the login shell's working folder
+    home.mkdir()
+    (home / "json.py").write_text("raise SystemExit('the home folder shadowed the standard library')\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    agent_dir = _fake_agent(tmp_path)
+    protocol = '{"type": "shutdown"}\n{"type": "more"}\n'
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONPATH": "/user/lib"}
+    for i, template in enumerate(HOSTILE_NODES):
+        python = bindir / HOSTILE_PY_NAMES[i % len(HOSTILE_PY_NAMES)]
+        if not python.exists():
+            python.symlink_to(os.path.realpath(sys.executable))
+        node = template.format(m=marks)
+        done = subprocess.run(
+            [exe, "-c", AGENT_COMMAND],
+            input=agent_stdin_header(str(python), str(agent_dir), node) + protocol,
+            cwd=home,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen["header"] == {"v": 1, "node": node, "dir": str(agent_dir)}  # intact, quotes and all
+        assert seen["rest"] == protocol  # the boot read its line and not a byte more
+        assert seen["path0"] == str(agent_dir) and not seen["cwd_on_path"]
+        assert seen["pythonpath"] == "/user/lib"  # the ranks' environment is left alone
+        assert seen["argv"] == []  # no value on the command line
+    assert list(marks.iterdir()) == []
+    assert not [p.name for p in home.iterdir() if p.name.startswith("p")]  # the python names' touches
+
+
+async def _start_local(tmp_path: Path, node: str, python: str):  # noqa: ANN202
+    t = LocalTransport(NodeSpec(name=node, host="localhost", devices=1, transport="local"))
+    t.home = str(tmp_path / "home")  # not the real home folder
+    agent_dir = await t.ensure_agent(agent_bundle())
+    return await t.start_agent(agent_dir, python)
+
+
+async def test_the_real_agent_gets_its_node_name_from_stdin(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    node = "".join(HOSTILE_NODES).format(m=marks)
+    python = tmp_path / HOSTILE_PY_NAMES[1]
+    python.symlink_to(sys.executable)
+    channel = await _start_local(tmp_path, node, str(python))
+    try:
+        hello = await channel.recv()
+        assert isinstance(hello, Hello), channel.stderr_tail()
+        assert hello.node == node
+        cmdline = open(f"/proc/{hello.pid}/cmdline", "rb").read().split(b"\0")
+        assert node.encode() not in cmdline and b"n1'" not in b" ".join(cmdline)
+    finally:
+        await channel.close(wait_s=10)
+    assert list(marks.iterdir()) == []
+
+
+async def test_a_missing_python_is_named_and_stderr_is_escaped(tmp_path: Path) -> None:
+    channel = await _start_local(tmp_path, "n1", "/no/such/python3")
+    assert await channel.recv() is None
+    await channel.close()
+    assert "No such file or directory" in channel.stderr_tail()
+    noisy = tmp_path / "noisy-python"  # writes terminal control sequences, then fails
+    noisy.write_text("#!/bin/sh\nprintf '\\033]0;owned\\007\\033[2Jgone\\r\\n' >&2\nexit 3\n")
+    noisy.chmod(0o755)
+    channel = await _start_local(tmp_path, "n1", str(noisy))
+    assert await channel.recv() is None
+    await channel.close()
+    assert channel.stderr_tail() == "\\x1b]0;owned\\x07\\x1b[2Jgone\\x0d\n"
+    assert printable("a\tb\n\x9b\u202ec é") == "a\tb\n\\x9b\\u202ec é"
