@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 import secrets
 import shutil
@@ -144,7 +146,9 @@ def test_fake_ranks_and_agent_reuse(tmp_path: Path, sshd_cluster: SshdCluster) -
     inv = ssh_inventory(tmp_path / "inv.yaml", sshd_cluster, 2, FAKE, ["--steps", "5", "--rate", "0"])
     first = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert first.code == 0, first.err
-    markers = list((Path.home() / ".cache" / "mscon").glob("agent-*/mscon_agent/.complete"))
+    # The node user's home as sshd sets it (from passwd), not this process's $HOME.
+    node_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    markers = list((node_home / ".cache" / "mscon").glob("agent-*/mscon_agent/.complete"))
     assert markers
     stamp = {m: m.stat().st_mtime_ns for m in markers}
     second = mscon("run", "--no-tui", inv, cwd=tmp_path)

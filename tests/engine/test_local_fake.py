@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import agent_processes, local_inventory, mscon, mscon_popen, run_processes, wait_gone
 
 FAKE = "bench/fake_rank.py"
@@ -201,3 +202,77 @@ def test_missing_python_is_a_clear_error(tmp_path: Path) -> None:
     done = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert done.code == 4, done.err
     assert "local: the agent did not start with /no/such/python3" in done.err and "Traceback" not in done.err
+
+
+_FORMATS = {
+    # rank -> the lines an unmodified script of that flavour prints; the last one gives step 3, loss 0.5
+    0: ["epoch: 1 step: 1, loss is 0.9", "epoch: 1 step: 3, loss is 0.5"],  # LossMonitor
+    1: ["epoch: 0, step: 2, loss is 0.7", "epoch: 0, step: 3, loss is 0.5"],  # the tutorials
+    2: [
+        "{ Epoch:[  1/  2], step:[    2/  125], loss: 0.700, per_step_time: 1234ms, lr: 1e-05}",
+        "{ Epoch:[  1/  2], step:[    3/  125], loss: 0.500, per_step_time: 1200ms, lr: 1e-05}",
+    ],  # MindFormers
+    3: ["Epoch [1/10], Step [2/600], Loss: 0.7000", "Epoch [1/10], Step [3/600], Loss: 0.5000"],
+}
+
+
+def test_metrics_of_unmodified_scripts_in_every_common_format(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(
+        "import os, sys\n"
+        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
+        "    sys.exit(0)\n"
+        f"lines = {_FORMATS!r}[int(os.environ['RANK_ID'])]\n"
+        "print('\\n'.join(lines), flush=True)\n"
+    )
+    inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, [])
+    done = mscon(
+        "run",
+        "--no-tui",
+        "-q",
+        inv,
+        "--workdir",
+        work,
+        "--json",
+        tmp_path / "s.json",
+        "--",
+        "job.py",
+        cwd=tmp_path,
+    )
+    assert done.code == 0, done.err
+    ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
+    for r in range(4):
+        assert (ranks[f"r{r}"]["last_step"], ranks[f"r{r}"]["last_loss"]) == (3, pytest.approx(0.5)), r
+
+
+def test_a_user_metrics_pattern_from_the_inventory(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(
+        "import os, sys\n"
+        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
+        "    sys.exit(0)\n"
+        "for i in range(1, 6):\n"
+        "    print(f'iter {i} objective={1.0 / i:.3f}', flush=True)\n"
+    )
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["metrics"] = {"pattern": r"iter (?P<step>\d+) objective=(?P<loss>[0-9.]+)"}
+    inv.write_text(yaml.safe_dump(doc))
+    done = mscon(
+        "run",
+        "--no-tui",
+        "-q",
+        inv,
+        "--workdir",
+        work,
+        "--json",
+        tmp_path / "s.json",
+        "--",
+        "job.py",
+        cwd=tmp_path,
+    )
+    assert done.code == 0, done.err
+    ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
+    assert ranks["r0"]["last_step"] == 5 and ranks["r0"]["last_loss"] == pytest.approx(0.2)
