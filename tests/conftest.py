@@ -145,13 +145,21 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def agent_processes(node_names: list[str]) -> list[psutil.Process]:
+def agent_processes(node_names: list[str], roots: list[int] | None = None) -> list[psutil.Process]:
+    """Live agents. Node names travel on the agent's stdin, not its command line, so a test scopes
+    them by ancestry instead: ``roots`` are the pids (sshd nodes, the mscon process) they descend
+    from. Without roots every agent on the machine counts."""
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
         if p.info["status"] == psutil.STATUS_ZOMBIE or not any("mscon_agent" in w for w in cmd):
             continue
-        # Node names travel on the agent's stdin, not its command line: every agent counts.
+        if roots is not None:
+            try:
+                if not {a.pid for a in p.parents()} & set(roots):
+                    continue
+            except psutil.Error:
+                continue
         found.append(p)
     return found
 

@@ -32,6 +32,10 @@ FAKE = "bench/fake_rank.py"
 TRAIN = "trainer/train.py"
 
 
+def _sshd_pids(cluster: SshdCluster) -> list[int]:
+    return [n.pid for n in cluster.nodes]
+
+
 def _summary(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -108,7 +112,7 @@ def test_kill9_one_rank_stops_every_rank_within_5s(
     s = _summary(tmp_path / "s.json")
     assert s["root_cause"]["name"] == "r3" and s["root_cause"]["node"] == "node2"
     assert s["root_cause"]["signal"] == "SIGKILL"
-    assert "r3 on node2, killed by SIGKILL" in err
+    assert "r3 on node2 failed first (killed by SIGKILL)" in err
     fetched = Path(s["logs_dir"])  # logs come back after a failure too, from both nodes
     assert "step: 5," in (fetched / "node2" / "attempt_0" / "r3.log").read_text()
     assert (fetched / "node1" / "attempt_0" / "r0.log").is_file()
@@ -163,7 +167,7 @@ def test_changed_host_key_is_refused(tmp_path: Path, sshd_cluster: SshdCluster) 
     assert done.code == 4, done.err
     assert "node2 (127.0.0.3" in done.err and "HOST KEY MISMATCH" in done.err
     assert "Traceback" not in done.err
-    assert agent_processes(["node1", "node2"]) == []  # nothing was started anywhere
+    assert agent_processes(["node1", "node2"], _sshd_pids(sshd_cluster)) == []  # nothing was started anywhere
 
 
 def test_unknown_host_key_needs_explicit_opt_in(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
@@ -199,7 +203,7 @@ def test_console_stop_or_crash_leaves_no_process(
     request.addfinalizer(proc.kill)
     _wait_for_line(proc, "[node2 r3] epoch: 1 step: 3,")
     ranks = run_processes(run_id)
-    agents = agent_processes(["node1", "node2"])
+    agents = agent_processes(["node1", "node2"], _sshd_pids(sshd_cluster))
     assert len(ranks) >= 4 and len(agents) == 2
     if how == "sigint":
         proc.send_signal(signal.SIGINT)
@@ -252,4 +256,6 @@ def test_wrong_python_on_a_node_is_named(tmp_path: Path, sshd_cluster: SshdClust
     assert done.code == 4, done.err
     assert "node2: the agent did not start with /opt/no-such-venv/bin/python3" in done.err
     assert "No such file or directory" in done.err
-    assert agent_processes(["node1", "node2"]) == []  # node1's agent was told to leave
+    assert (
+        agent_processes(["node1", "node2"], _sshd_pids(sshd_cluster)) == []
+    )  # node1's agent was told to leave

@@ -99,7 +99,7 @@ def test_interrupt_stops_everything(
         if "[local r2] epoch: 1 step: 3," in line:
             break
     ranks = run_processes(run_id)
-    agents = agent_processes(["local"])
+    agents = agent_processes(["local"], [proc.pid])
     assert len(ranks) >= 3 and agents  # 3 ranks (the fake scheduler exits at once)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
