@@ -34,6 +34,7 @@ class Subscription:
         self.lag_limit = lag_limit
         self.hard_limit = hard_limit
         self.dropped = 0
+        self.taken = 0  # events handed to the consumer (a drain that stalls is a stuck sink)
         self.detached: str | None = None  # why it stopped receiving
 
     def put(self, event: Event | None) -> bool:
@@ -59,6 +60,7 @@ class Subscription:
                 self._ready.clear()
                 await self._ready.wait()
             event = self._items.popleft()
+            self.taken += 1
             if event is None:
                 return
             yield event
@@ -68,6 +70,7 @@ class EventBus:
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pumps: dict[Subscription, asyncio.Task[None]] = {}
         self.closed = False
         self.attempt = 0  # the supervisor keeps it current, for the bus's own notices
 
@@ -84,6 +87,7 @@ class EventBus:
         """Run ``handler`` for every event in a task of its own; a handler that raises is detached."""
         sub = self.subscribe(name, lag_limit, hard_limit)
         task = asyncio.get_running_loop().create_task(self._pump(sub, handler), name=f"sink:{name}")
+        self._pumps[sub] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return sub
@@ -117,13 +121,20 @@ class EventBus:
     def dropped(self) -> tuple[tuple[str, int], ...]:
         return tuple((s.name, s.dropped) for s in self._subs if s.dropped)
 
-    async def close(self, drain_s: float = 10.0) -> None:
-        """End every subscription after what is queued; wait (bounded) for the sinks to drain."""
+    async def close(self, stall_s: float = 0.5, drain_s: float = 30.0) -> None:
+        """End every subscription after what is queued and let the sinks drain: a sink that takes
+        nothing off its queue for ``stall_s`` (stuck, not busy) is cancelled, and none gets more
+        than ``drain_s`` in all."""
         self.closed = True
         for sub in self._subs:
             sub.end()
-        tasks = list(self._tasks)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=drain_s)
-            for task in pending:
-                task.cancel()
+        deadline = asyncio.get_running_loop().time() + drain_s
+        seen = {s: s.taken for s in self._subs}
+        while self._tasks and asyncio.get_running_loop().time() < deadline:
+            await asyncio.wait(list(self._tasks), timeout=stall_s)
+            for s, task in list(self._pumps.items()):
+                if not task.done() and s.taken == seen[s]:
+                    task.cancel()
+            seen = {s: s.taken for s in self._subs}
+        for task in list(self._tasks):
+            task.cancel()

@@ -307,8 +307,6 @@ def dump(value: Any) -> Any:
         return [dump(v) for v in value]
     if isinstance(value, dict):
         return {str(k): dump(v) for k, v in value.items()}
-    if isinstance(value, float):
-        return round(value, 6) if value == value and abs(value) != float("inf") else value
     return value
 
 

@@ -246,6 +246,10 @@ class ClusterSession:
             with contextlib.suppress(BaseException):
                 await link.reader
 
+    async def cut(self, node: str) -> None:
+        """Close one node's channel now (its agent sees EOF and stops its ranks itself)."""
+        await self._close_link(self.links[node], 0.5)
+
     async def abort(self) -> None:
         """Cut every channel now: each agent sees EOF and stops its ranks itself."""
         await asyncio.gather(*(self._close_link(link, 0.5) for link in self.links.values()))

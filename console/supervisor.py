@@ -241,7 +241,11 @@ class Supervisor:
             return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
         if errors:
             return JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
-        sched, error, code = await self._scheduler_address(session)
+        found = await self._unless_stopped(self._scheduler_address(session))
+        if found is None or self._stop_cmd is not None:
+            stop = self._stop_cmd or StopJob()
+            return JobState.INTERRUPTED, stop.exit_code, stop.reason
+        sched, error, code = found
         if sched is None:
             return JobState.FAILED, code, error
         number, restarts_used = 0, 0
@@ -258,6 +262,8 @@ class Supervisor:
                 if outcome is AttemptOutcome.RESTART_REQUESTED
                 else f"attempt {number} failed: {describe(self.state.root_cause())}"
             )
+            if self._is_trainer() and "--checkpoint-dir" not in self._argv(self.plans[0].procs[0], "", 0):
+                why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
             self.emit(Restarting(number + 1, why, self.backoff_s, self.max_restarts - restarts_used))
             await self._unless_stopped(asyncio.sleep(self.backoff_s))
             for name in [n for n, link in session.links.items() if not link.open]:
@@ -358,6 +364,7 @@ class Supervisor:
         """The attempt's command line: resume where the previous attempt left off."""
         argv = spec.argv
         if self._is_trainer():
+            # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
             if self.max_restarts > 0 and "--checkpoint-dir" not in argv:
                 assert self.session is not None
                 argv += ("--checkpoint-dir", f"{self.session.run_dir(node)}/checkpoints")
@@ -489,6 +496,7 @@ class Supervisor:
         if att.stop_sent_at is not None and now - att.stop_sent_at > self.inv.stop.grace_s + _STOP_CONFIRM_S:
             for name in [p.node.name for p in self.plans if p.node.name not in att.done]:
                 att.done.add(name)
+                await self.session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it
                 self.emit(
                     NodeUpdate(
                         att.number, name, NodeState.LOST, "did not confirm the stop in time", time.time_ns()
