@@ -262,7 +262,7 @@ class Supervisor:
                 if outcome is AttemptOutcome.RESTART_REQUESTED
                 else f"attempt {number} failed: {describe(self.state.root_cause())}"
             )
-            if self._is_trainer() and "--checkpoint-dir" not in self._argv(self.plans[0].procs[0], "", 0):
+            if self._is_trainer() and self.max_restarts == 0 and "--checkpoint-dir" not in self.args:
                 why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
             self.emit(Restarting(number + 1, why, self.backoff_s, self.max_restarts - restarts_used))
             await self._unless_stopped(asyncio.sleep(self.backoff_s))
