@@ -216,63 +216,33 @@ _FORMATS = {
 }
 
 
-def test_metrics_of_unmodified_scripts_in_every_common_format(tmp_path: Path) -> None:
+def _run_user_job(tmp_path: Path, ranks: int, body: str, metrics_pattern: str | None = None) -> dict:
+    """Run an unmodified script (``body`` after the scheduler's early exit) and return its ranks."""
     work = tmp_path / "work"
     work.mkdir()
-    (work / "job.py").write_text(
-        "import os, sys\n"
-        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
-        "    sys.exit(0)\n"
-        f"lines = {_FORMATS!r}[int(os.environ['RANK_ID'])]\n"
-        "print('\\n'.join(lines), flush=True)\n"
-    )
-    inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, [])
+    preamble = "import os, sys\nif os.environ['MS_ROLE'] == 'MS_SCHED':\n    sys.exit(0)\n"
+    (work / "job.py").write_text(preamble + body)
+    inv = local_inventory(tmp_path / "inv.yaml", ranks, FAKE, [])
+    if metrics_pattern is not None:
+        doc = yaml.safe_load(inv.read_text())
+        doc["job"]["metrics"] = {"pattern": metrics_pattern}
+        inv.write_text(yaml.safe_dump(doc))
+    summary = tmp_path / "s.json"
     done = mscon(
-        "run",
-        "--no-tui",
-        "-q",
-        inv,
-        "--workdir",
-        work,
-        "--json",
-        tmp_path / "s.json",
-        "--",
-        "job.py",
-        cwd=tmp_path,
+        "run", "--no-tui", "-q", inv, "--workdir", work, "--json", summary, "--", "job.py", cwd=tmp_path
     )
     assert done.code == 0, done.err
-    ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
+    return {r["name"]: r for r in _summary(summary)["ranks"]}
+
+
+def test_metrics_of_unmodified_scripts_in_every_common_format(tmp_path: Path) -> None:
+    body = f"lines = {_FORMATS!r}[int(os.environ['RANK_ID'])]\nprint('\\n'.join(lines), flush=True)\n"
+    ranks = _run_user_job(tmp_path, 4, body)
     for r in range(4):
         assert (ranks[f"r{r}"]["last_step"], ranks[f"r{r}"]["last_loss"]) == (3, pytest.approx(0.5)), r
 
 
 def test_a_user_metrics_pattern_from_the_inventory(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "job.py").write_text(
-        "import os, sys\n"
-        "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
-        "    sys.exit(0)\n"
-        "for i in range(1, 6):\n"
-        "    print(f'iter {i} objective={1.0 / i:.3f}', flush=True)\n"
-    )
-    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
-    doc = yaml.safe_load(inv.read_text())
-    doc["job"]["metrics"] = {"pattern": r"iter (?P<step>\d+) objective=(?P<loss>[0-9.]+)"}
-    inv.write_text(yaml.safe_dump(doc))
-    done = mscon(
-        "run",
-        "--no-tui",
-        "-q",
-        inv,
-        "--workdir",
-        work,
-        "--json",
-        tmp_path / "s.json",
-        "--",
-        "job.py",
-        cwd=tmp_path,
-    )
-    assert done.code == 0, done.err
-    ranks = {r["name"]: r for r in _summary(tmp_path / "s.json")["ranks"]}
+    body = "for i in range(1, 6):\n    print(f'iter {i} objective={1.0 / i:.3f}', flush=True)\n"
+    ranks = _run_user_job(tmp_path, 1, body, r"iter (?P<step>\d+) objective=(?P<loss>[0-9.]+)")
     assert ranks["r0"]["last_step"] == 5 and ranks["r0"]["last_loss"] == pytest.approx(0.2)
