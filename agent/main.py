@@ -59,6 +59,7 @@ class Agent:
         self.inbox: queue.Queue = queue.Queue()
         self.watched: list[Watched] = []
         self.start_cmd: P.Start | None = None
+        self.last_heard = time.monotonic()
         self.line_metrics = LineMetrics()
         self.all_exited_sent = False
         self.failed = False
@@ -120,8 +121,16 @@ class Agent:
                     self.stop("console closed the connection", self._grace())
                     return 0
                 if line:
+                    self.last_heard = time.monotonic()
                     if not self.handle(line):
                         return 0
+                elif self._console_silent():
+                    self.stop(
+                        "no word from the console for %gs (network partition?)" % self._watchdog(),
+                        self._grace(),
+                        report=False,
+                    )
+                    return 0
                 self.tick()
         except ConsoleGone:
             self.stop("console output closed", self._grace(), report=False)
@@ -129,6 +138,14 @@ class Agent:
         except KeyboardInterrupt:
             self.stop("agent interrupted", self._grace(), report=False)
             return 130
+
+    def _watchdog(self) -> float:
+        return self.start_cmd.watchdog_s if self.start_cmd else 0.0
+
+    def _console_silent(self) -> bool:
+        """A partition leaves the channel open on this side: without this, ranks would run on."""
+        limit = self._watchdog()
+        return limit > 0 and time.monotonic() - self.last_heard > limit
 
     def _grace(self) -> float:
         return self.start_cmd.grace_s if self.start_cmd else 3.0

@@ -124,6 +124,14 @@ class Start(Message):
     grace_s: float = 3.0
     flush_interval_s: float = 0.1
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
+    watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
+
+
+@dataclass(frozen=True)
+class Ping(Message):
+    """The console is still there (the agent's watchdog; SSH keepalives only protect the console)."""
+
+    type: ClassVar[str] = "ping"
 
 
 @dataclass(frozen=True)

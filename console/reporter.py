@@ -60,6 +60,7 @@ class StdoutWriter:
         self._busy = False
         self.closed = False
         self.dropped_lines = 0
+        self.written = 0  # bytes out so far (a drain that sees no progress gives up)
         self._thread = threading.Thread(target=self._run, name="stdout", daemon=True)
         self._thread.start()
 
@@ -85,6 +86,7 @@ class StdoutWriter:
                 while view:
                     n = os.write(self.fd, view)
                     view = view[n:]
+                    self.written += n
             except OSError as exc:
                 with self._cond:
                     self.closed = True
@@ -96,10 +98,16 @@ class StdoutWriter:
                     self.on_closed()
                 return
 
-    def drain(self, timeout: float) -> bool:
-        """Wait until everything written so far is out; False if stdout did not take it in time."""
+    def drain(self, stall_s: float = 0.5) -> bool:
+        """Wait until everything written so far is out, as long as stdout keeps taking it; False
+        once it took nothing for ``stall_s`` (a reader that stopped reading)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.closed or (not self._buf and not self._busy), timeout)
+            while not (self.closed or (not self._buf and not self._busy)):
+                before = self.written
+                self._cond.wait(stall_s)
+                if self.written == before and (self._buf or self._busy):
+                    return False
+            return True
 
 
 class HeadlessReporter:
@@ -201,9 +209,9 @@ class HeadlessReporter:
             self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
 
     def finish(self, result: RunResult) -> None:
-        if not self.writer.drain(timeout=5.0) and not self.writer.closed:
+        if not self.writer.drain() and not self.writer.closed:
             self.note("stdout is not being read; the rest of the rank output is in the logs")
-        if self.writer.dropped_lines:
+        if self.writer.dropped_lines and not self.writer.closed:  # a closed stdout was said already
             self.note(
                 f"{self.writer.dropped_lines} line(s) of rank output not shown (stdout closed or "
                 "too slow); every line is in the fetched logs"

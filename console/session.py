@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from mscon.agent.protocol import PROTOCOL_VERSION, Hello, Message, Resolve, Resolved, Shutdown
+from mscon.agent.protocol import PROTOCOL_VERSION, Hello, Message, Ping, Resolve, Resolved, Shutdown
 
 from . import safepath
 from .bundle import WorkdirArchive, agent_bundle, workdir_archive
@@ -211,6 +211,16 @@ class ClusterSession:
 
     async def broadcast(self, msg: Message, nodes: list[str] | None = None) -> None:
         await asyncio.gather(*(self.send(n, msg) for n in (nodes or list(self.links))))
+
+    async def ping(self) -> None:
+        """Tell every agent we are here; a channel that does not take it within a second is skipped
+        (a partitioned node: its keepalive or its agent's watchdog ends it)."""
+
+        async def one(node: str) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.send(node, Ping()), 1.0)
+
+        await asyncio.gather(*(one(n) for n, link in self.links.items() if link.open))
 
     async def resolve(self, node: str, host: str, wait_s: float = 15.0) -> Resolved:
         link = self.links[node]

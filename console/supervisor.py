@@ -228,12 +228,16 @@ class Supervisor:
         return result
 
     async def _ticker(self) -> None:
-        assert self._inputs is not None
+        assert self._inputs is not None and self.session is not None
+        last_ping = time.monotonic()
         while True:
             await asyncio.sleep(_TICK_S)
             if not self._inputs.tick_pending:
                 self._inputs.tick_pending = True
                 self._inputs.put_nowait(_TICK)
+            if time.monotonic() - last_ping >= self.inv.ssh.keepalive_s:
+                last_ping = time.monotonic()
+                await self.session.ping()
 
     async def _run(self, session: ClusterSession) -> tuple[JobState, int, str]:
         errors = await self._unless_stopped(session.open())
@@ -357,6 +361,10 @@ class Supervisor:
 
     # ------------------------------------------------------------ one attempt
 
+    def _watchdog_s(self) -> float:
+        """How long an agent waits for word from us before it stops its ranks: a few pings missed."""
+        return max(5.0, 3 * self.inv.ssh.keepalive_s + 2)
+
     def _is_trainer(self) -> bool:
         return PurePosixPath(self.script.replace("\\", "/")).parts[-2:] == ("trainer", "train.py")
 
@@ -402,6 +410,7 @@ class Supervisor:
                 workdir_archive=link.remote_archive if number == 0 else None,
                 grace_s=self.inv.stop.grace_s,
                 metrics_pattern=metrics_pattern,
+                watchdog_s=self._watchdog_s(),
             )
             if await session.send(name, msg):
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
