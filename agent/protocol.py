@@ -319,3 +319,33 @@ class Resolved(Message):
     host: str
     address: str | None = None  # an IPv4 address where there is one, else IPv6
     error: str | None = None
+
+
+# ---------------------------------------------------------------- preflight
+
+
+@dataclass(frozen=True)
+class RunChecks(Message):
+    """Run these node checks (agent/checks.py names) with these parameters; answered by one
+    CheckResult per check (a check may report several) and then ChecksDone."""
+
+    type: ClassVar[str] = "run_checks"
+    names: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckResult(Message):
+    type: ClassVar[str] = "check_result"
+    node: str
+    name: str  # e.g. "shm", "mindspore", "gpu.count"
+    status: str  # "ok" | "warn" | "fail" | "n/a"
+    value: str = ""  # what was measured, short: "64 MiB free of 64 MiB"
+    remedy: str = ""  # one line: what to do about a warn or fail
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ChecksDone(Message):
+    type: ClassVar[str] = "checks_done"
+    node: str

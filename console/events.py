@@ -77,6 +77,13 @@ class AttemptOutcome(enum.StrEnum):
     RESTART_REQUESTED = "restart requested"  # by the operator: does not use up the restart budget
 
 
+class CheckStatus(enum.StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    NA = "n/a"
+
+
 class FailureKind(enum.StrEnum):
     EXIT = "exit"  # exited with a non-zero code on its own
     SIGNAL = "signal"  # killed by a signal nobody in mscon sent
@@ -280,6 +287,28 @@ class LogsFetched(Event):
     node: str
     path: str
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReported(Event):
+    """One preflight result of one node ("*" for checks across nodes: skew, mesh, scheduler)."""
+
+    kind: ClassVar[str] = "check"
+    attempt: int
+    node: str
+    name: str
+    status: CheckStatus
+    value: str = ""
+    remedy: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksFinished(Event):
+    kind: ClassVar[str] = "checks_finished"
+    attempt: int
+    failed: tuple[str, ...] = ()  # "node: check" of each fail
+    skipped: tuple[str, ...] = ()  # checks the operator skipped (--skip-check), recorded
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ from .events import (
     AttemptOutcome,
     AttemptStarted,
     AttemptSummary,
+    CheckReported,
+    ChecksFinished,
     Event,
     Failure,
     FailureKind,
@@ -116,6 +118,8 @@ class ClusterState:
         self.attempts: list[AttemptView] = []
         self.divergent: set[str] = set()
         self.result: RunResult | None = None
+        self.checks: dict[tuple[str, str], CheckReported] = {}  # (node, check) -> latest result
+        self.checks_finished: ChecksFinished | None = None
         self.events = 0
 
     # ------------------------------------------------------------ the reducer
@@ -152,6 +156,10 @@ class ClusterState:
             self.job = JobState.RESTARTING
         elif isinstance(ev, ReplicaDivergence):
             self.divergent.update(ev.ranks)
+        elif isinstance(ev, CheckReported):
+            self.checks[(ev.node, ev.name)] = ev
+        elif isinstance(ev, ChecksFinished):
+            self.checks_finished = ev
         elif isinstance(ev, RunFinished):
             self.result = ev.result
             self.job = ev.result.status
