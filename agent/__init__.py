@@ -1,3 +1,12 @@
 """The mscon node agent: stdlib (+ optional psutil) only, deployed to each node over SFTP."""
 
-AGENT_FILES = ("__init__.py", "__main__.py", "main.py", "procs.py", "protocol.py", "tail.py", "evidence.py")
+AGENT_FILES = (
+    "__init__.py",
+    "__main__.py",
+    "main.py",
+    "procs.py",
+    "protocol.py",
+    "tail.py",
+    "evidence.py",
+    "checks.py",
+)
