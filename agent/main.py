@@ -66,6 +66,8 @@ class Agent:
         self._last_flush = 0.0
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
+        self._checks: queue.Queue | None = None  # preflight requests, run one at a time by a thread
+        self._mesh: MeshListener | None = None
 
     # ------------------------------------------------------------ I/O
 
@@ -170,6 +172,17 @@ class Agent:
                     self._report_hung(w, "no progress")
         elif isinstance(msg, P.Resolve):
             self.send(_resolve(self.node, msg.host))
+        elif isinstance(msg, P.RunChecks):
+            self._run_checks(msg)
+        elif isinstance(msg, P.MeshListen):
+            self._mesh_listen(msg)
+        elif isinstance(msg, P.MeshProbe):
+            # Connects can take up to timeout_s each: answered from a thread, pings keep flowing.
+            threading.Thread(target=self._mesh_probe, args=(msg,), name="mesh-probe", daemon=True).start()
+        elif isinstance(msg, P.MeshClose):
+            if self._mesh is not None:
+                self._mesh.close()
+                self._mesh = None
         return True
 
     # ------------------------------------------------------------ commands
@@ -440,6 +453,154 @@ class Agent:
                     ts=time.time(),
                 )
             )
+
+    # ------------------------------------------------------------ preflight
+
+    def _run_checks(self, msg: P.RunChecks) -> None:
+        """Checks run in one worker thread, in the order asked, so each ChecksDone answers the
+        oldest open request and the agent keeps answering pings and stops meanwhile."""
+        if self._checks is None:
+            self._checks = queue.Queue()
+            threading.Thread(target=self._checks_worker, name="checks", daemon=True).start()
+        self._checks.put(msg)
+
+    def _checks_worker(self) -> None:
+        assert self._checks is not None
+        while True:
+            msg = self._checks.get()
+            try:
+                from . import checks  # imported on first use: a plain run never loads it
+
+                found = checks.run_node_checks(msg.names, msg.params)
+            except Exception as exc:  # noqa: BLE001 - an agent without checks still answers
+                found = [{"name": "checks", "status": "warn", "value": "cannot run checks: %s" % exc}]
+            try:
+                for r in found:
+                    self.send(
+                        P.CheckResult(
+                            node=self.node,
+                            name=str(r.get("name", "?")),
+                            status=str(r.get("status", "warn")),
+                            value=str(r.get("value", "")),
+                            remedy=str(r.get("remedy", "")),
+                            detail=str(r.get("detail", "")),
+                        )
+                    )
+                self.send(P.ChecksDone(node=self.node))
+            except ConsoleGone:
+                return
+
+    def _mesh_listen(self, msg: P.MeshListen) -> None:
+        if self._mesh is not None:
+            self._mesh.close()
+        try:
+            self._mesh = MeshListener(msg.token + " " + self.node, msg.timeout_s)
+        except OSError as exc:
+            self._mesh = None
+            self.send(P.MeshListening(node=self.node, error="cannot listen: %s" % (exc.strerror or exc)))
+            return
+        self.send(P.MeshListening(node=self.node, port=self._mesh.port))
+
+    def _mesh_probe(self, msg: P.MeshProbe) -> None:
+        out: list = [None] * len(msg.peers)
+
+        def one(i: int, peer: dict) -> None:
+            out[i] = probe_peer(peer, msg.token, msg.timeout_s)
+
+        peers = [dict(p) for p in msg.peers]
+        threads = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(peers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(msg.timeout_s + 2)
+        results = tuple(r if r is not None else {"ok": False, "error": "no answer"} for r in out)
+        try:
+            self.send(P.MeshResult(node=self.node, results=results))
+        except ConsoleGone:
+            pass
+
+
+class MeshListener:
+    """A TCP listener on an ephemeral port for the preflight mesh test: every connection gets one
+    line (the console's token and this node's name) and is closed."""
+
+    def __init__(self, greeting: str, timeout_s: float) -> None:
+        self.greeting = (greeting + "\n").encode("utf-8", "replace")
+        self.deadline = time.monotonic() + timeout_s
+        try:  # one dual-stack socket where the node has IPv6: peers may be given either family
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+        except OSError:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+        sock.listen(128)
+        sock.settimeout(0.2)
+        self.sock = sock
+        self.port = sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._serve, name="mesh-listen", daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed and time.monotonic() < self.deadline:
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            try:
+                conn.settimeout(2.0)
+                conn.sendall(self.greeting)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def probe_peer(peer: dict, token: str, timeout_s: float) -> dict:
+    """Connect to one peer's mesh listener: the TCP connect time is one round trip."""
+    name, host, port = str(peer.get("name", "")), str(peer.get("host", "")), int(peer.get("port", 0))
+    out = {"name": name, "host": host, "port": port, "ok": False, "rtt_ms": None, "error": ""}
+    t0 = time.perf_counter()
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except socket.timeout:
+        out["error"] = "timed out after %gs" % timeout_s
+        return out
+    except OSError as exc:
+        out["error"] = exc.strerror or str(exc)
+        return out
+    out["rtt_ms"] = (time.perf_counter() - t0) * 1000
+    try:
+        sock.settimeout(timeout_s)
+        got = b""
+        while not got.endswith(b"\n") and len(got) < 1024:
+            chunk = sock.recv(1024)
+            if not chunk:
+                break
+            got += chunk
+    except OSError as exc:
+        out["error"] = "connected, then %s" % (exc.strerror or exc)
+        return out
+    finally:
+        sock.close()
+    words = got.decode("utf-8", "replace").strip().split(" ", 1)
+    if len(words) == 2 and words[0] == token and words[1] == name:
+        out["ok"] = True
+    elif len(words) == 2 and words[0] == token:
+        out["error"] = "reached %s instead" % words[1]
+    else:
+        out["error"] = "reached something other than an mscon agent"
+    return out
 
 
 def _ssh_server_addr() -> str | None:

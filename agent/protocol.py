@@ -349,3 +349,50 @@ class CheckResult(Message):
 class ChecksDone(Message):
     type: ClassVar[str] = "checks_done"
     node: str
+
+
+# ---------------------------------------------------------------- preflight: the TCP mesh test
+
+
+@dataclass(frozen=True)
+class MeshListen(Message):
+    """Listen on an ephemeral TCP port (answered by MeshListening); every connection is answered
+    with one line, ``token`` and this node's name, so a peer can tell it reached this node and not
+    another host that happens to hold the address (a loopback scheduler address on a real cluster)."""
+
+    type: ClassVar[str] = "mesh_listen"
+    token: str = ""
+    timeout_s: float = 60.0  # the listener closes itself after this long, MeshClose or not
+
+
+@dataclass(frozen=True)
+class MeshListening(Message):
+    type: ClassVar[str] = "mesh_listening"
+    node: str
+    port: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class MeshProbe(Message):
+    """Connect to each peer's listener; ``peers`` holds {"name", "host", "port"} mappings.
+    Answered by MeshResult."""
+
+    type: ClassVar[str] = "mesh_probe"
+    peers: tuple[dict, ...] = ()
+    token: str = ""
+    timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class MeshResult(Message):
+    """One mapping per peer: {"name", "host", "port", "ok", "rtt_ms" (the TCP connect), "error"}."""
+
+    type: ClassVar[str] = "mesh_result"
+    node: str
+    results: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class MeshClose(Message):
+    type: ClassVar[str] = "mesh_close"

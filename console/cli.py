@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from importlib import metadata, resources
 from pathlib import Path
 
 from . import exit_codes
+from .check_report import CheckReporter, preflight_record
 from .commands import StopJob
 from .inventory import Inventory, InventoryError, load_inventory
+from .preflight import Preflight, PreflightOptions, all_check_names, known_check
 from .recorder import EventRecorder
 from .reporter import HeadlessReporter
 from .supervisor import RunOptions, Supervisor
@@ -36,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
-        help="launch the job of an inventory on every node and follow it",
+        aliases=["up"],  # mscon up: the same run, always in the live console (needs a terminal)
+        help="launch the job of an inventory on every node and follow it (up: in the live console)",
         description="Launch the inventory's job (or the script given after --) on every node, stream "
         "every rank's output, stop everything when a rank fails, and fetch the logs.",
         usage="mscon run [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
@@ -69,6 +76,60 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
     )
     run.add_argument("-q", "--quiet", action="store_true", help="fewer mscon status lines")
+    run.add_argument(
+        "--skip-check",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="launch even if this preflight check fails (repeatable; recorded in the summary)",
+    )
+    run.add_argument("--no-check", action="store_true", help="launch without the quick preflight checks")
+    check = sub.add_parser(
+        "check",
+        help="run the preflight checks on every node, start nothing",
+        description="Check every node of the inventory in parallel (Python, MindSpore, devices, shared "
+        "memory, limits, disk, the scheduler port, interfaces, environment, clocks, a TCP mesh between "
+        "the nodes, the job's arguments) and run a real AllReduce over every rank. Exit 0 (warnings "
+        "printed), 3 if a check failed, 4 if a node could not be reached.",
+        usage="mscon check [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
+    )
+    check.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
+    check.add_argument("--json", metavar="PATH", type=Path, help="also write every result as JSON to PATH")
+    check.add_argument(
+        "--skip-check", action="append", default=[], metavar="NAME", help="do not run this check (repeatable)"
+    )
+    check.add_argument(
+        "--quick", action="store_true", help="only the quick checks (what mscon run does first)"
+    )
+    check.add_argument(
+        "--collective",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the AllReduce smoke test over every rank (default: on)",
+    )
+    check.add_argument("--workdir", type=Path, help="override job.workdir")
+    check.add_argument(
+        "--logs-dir",
+        metavar="DIR",
+        type=Path,
+        default=Path("mscon-runs"),
+        help="where a failed smoke test's logs are kept",
+    )
+    check.add_argument(
+        "--accept-new-host-keys", action="store_true", help="trust and record host keys of new hosts"
+    )
+    check.add_argument(
+        "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
+    )
+    replay = sub.add_parser(
+        "replay",
+        help="replay a recorded run (--events) in the live console",
+        description="Feed a recording of console events into the console at --speed x real time.",
+    )
+    replay.add_argument("recording", metavar="EVENTS.jsonl", type=Path)
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="x real time (default 1; 0: as fast as possible)"
+    )
     validate = sub.add_parser(
         "validate",
         help="check inventories without connecting anywhere",
@@ -89,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return exit_codes.USAGE
-    if args.command == "run":
+    if args.command in ("run", "up"):
         return _run(parser, args, user_cmd)
+    if args.command == "replay":
+        from .tui.launch import replay_main
+
+        return replay_main(args.recording, args.speed)
+    if args.command == "check":
+        return _check(args, user_cmd)
     if args.command == "validate":
         from .validate import validate_main
 
@@ -111,7 +178,12 @@ def _load(path: str | None) -> Inventory:
         return load_inventory(p)
 
 
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+Job = tuple[Inventory, str | None, tuple[str, ...] | None]
+
+
+def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
+    """The inventory with --workdir applied, and the script and arguments given after --; or an
+    exit code after a one-line error."""
     try:
         inv = _load(args.inventory)
     except InventoryError as exc:
@@ -133,15 +205,39 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
                 "(the workdir is what gets synced to the nodes; set --workdir or job.workdir)"
             )
         args_tuple = tuple(user_cmd[1:])
-    if not args.no_tui:
-        print(
-            "mscon: the live console (mscon up) is not part of this version yet; running headless",
-            file=sys.stderr,
+    return inv, script, args_tuple
+
+
+def _skip_checks(names: list[str]) -> tuple[str, ...] | int:
+    unknown = [n for n in names if not known_check(n)]
+    if unknown:
+        return _usage_error(
+            f"--skip-check {unknown[0]}: no such check; checks: {', '.join(all_check_names())} "
+            "(or one result of them, e.g. limits.nofile)"
         )
+    return tuple(dict.fromkeys(names))
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+    job = _job(args, user_cmd)
+    if isinstance(job, int):
+        return job
+    inv, script, args_tuple = job
+    args.tui = _wants_tui(args)
+    if args.command == "up" and not args.tui:
+        return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
         return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         return _usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
+    skip = _skip_checks(args.skip_check)
+    if isinstance(skip, int):
+        return skip
+    preflight = None
+    if not args.no_check:
+        preflight = Preflight(
+            PreflightOptions(quick=True, skip=skip, shm_path=os.environ.get("MSCON_SHM_PATH") or None)
+        )
     options = RunOptions(
         script=script,
         args=args_tuple,
@@ -149,11 +245,19 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         logs_root=args.logs_dir,
         accept_new_host_keys=args.accept_new_host_keys,
         max_restarts=args.max_restarts,
+        preflight=preflight,
     )
     try:
         return asyncio.run(_run_engine(inv, options, args))
     except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
         return exit_codes.INTERRUPTED
+
+
+def _wants_tui(args: argparse.Namespace) -> bool:
+    """The live console at a terminal; headless with --no-tui or when not a terminal."""
+    if args.no_tui and args.command != "up":
+        return False
+    return sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def _script_in_workdir(given: str, workdir: Path) -> str | None:
@@ -171,6 +275,10 @@ def _script_in_workdir(given: str, workdir: Path) -> str | None:
 async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     sup = Supervisor(inv, options)
+    if args.tui:
+        from .tui.launch import run_live
+
+        return await run_live(sup, args)
 
     def output_closed() -> None:  # from the stdout thread
         stop = StopJob("output closed (stdout)", exit_codes.OUTPUT_CLOSED)
@@ -178,6 +286,10 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
 
     reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet, on_output_closed=output_closed)
     sup.bus.add_sink("headless", reporter.handle)
+    checks = None
+    if options.preflight is not None:
+        checks = CheckReporter(full=False)
+        sup.bus.add_sink("checks", checks.handle)
     recorder = None
     if args.events is not None:
         recorder = EventRecorder(args.events)
@@ -189,6 +301,82 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     finally:
         if recorder is not None:
             recorder.close()
+    if checks is not None and checks.finished is not None:
+        record = preflight_record(checks.results, checks.finished)
+        for path in (sup.logs_dir / "summary.json", args.json):
+            _add_to_summary(path, record)
+    return result.exit_code
+
+
+def _add_to_summary(path: Path | None, record: dict) -> None:
+    """The run's summary (summary.json, --json) also says what preflight found and what was skipped."""
+    if path is None:
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc["preflight"] = record
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    except (OSError, ValueError):
+        pass  # no summary was written (it says why elsewhere)
+
+
+def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+    job = _job(args, user_cmd)
+    if isinstance(job, int):
+        return job
+    inv, script, args_tuple = job
+    skip = _skip_checks(args.skip_check)
+    if isinstance(skip, int):
+        return skip
+    preflight = Preflight(
+        PreflightOptions(
+            quick=args.quick,
+            collective=args.collective and not args.quick,
+            skip=skip,
+            checks_only=True,
+            shm_path=os.environ.get("MSCON_SHM_PATH") or None,
+            smoke_logs_root=args.logs_dir,
+        )
+    )
+    # A check leaves nothing behind: its own run folder (a summary of no ranks) goes when it ends.
+    logs_root = Path(tempfile.mkdtemp(prefix="mscon-check-"))
+    options = RunOptions(
+        script=script,
+        args=args_tuple,
+        logs_root=logs_root,
+        accept_new_host_keys=args.accept_new_host_keys,
+        preflight=preflight,
+    )
+    try:
+        return asyncio.run(_check_engine(inv, options, args))
+    except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
+        return exit_codes.INTERRUPTED
+    finally:
+        shutil.rmtree(logs_root, ignore_errors=True)
+
+
+async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    sup = Supervisor(inv, options)
+    reporter = CheckReporter(full=True)
+    sup.bus.add_sink("checks", reporter.handle)
+    recorder = None
+    if args.events is not None:
+        recorder = EventRecorder(args.events)
+        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
+    for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
+        loop.add_signal_handler(sig, sup.submit, StopJob(why))
+    try:
+        result = await sup.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
+    if args.json is not None:
+        doc = reporter.document(result)
+        assert options.preflight is not None
+        doc["preflight_s"] = options.preflight.wall_s  # the checks alone, without connecting
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return result.exit_code
 
 

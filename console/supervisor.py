@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mscon.agent.protocol import (
     AgentError,
@@ -64,6 +64,9 @@ from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
 from .transport import make_transport
 
+if TYPE_CHECKING:
+    from .preflight import Preflight
+
 T = TypeVar("T")
 
 _SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
@@ -83,6 +86,7 @@ class RunOptions:
     logs_root: Path = Path("mscon-runs")
     accept_new_host_keys: bool = False
     max_restarts: int | None = None  # overrides restart.max_restarts
+    preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
 
 
 class _Tick:
@@ -244,6 +248,8 @@ class Supervisor:
         if self._stop_cmd is not None:
             return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
         if errors:
+            if self.options.preflight is not None:
+                self.options.preflight.unreachable(self, session)
             return JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
         found = await self._unless_stopped(self._scheduler_address(session))
         if found is None or self._stop_cmd is not None:
@@ -252,6 +258,13 @@ class Supervisor:
         sched, error, code = found
         if sched is None:
             return JobState.FAILED, code, error
+        if self.options.preflight is not None:
+            verdict = await self._unless_stopped(self.options.preflight.run(self, session, sched))
+            if verdict is None or self._stop_cmd is not None:
+                stop = self._stop_cmd or StopJob()
+                return JobState.INTERRUPTED, stop.exit_code, stop.reason
+            if not verdict.proceed:
+                return verdict.status, verdict.exit_code, verdict.reason
         number, restarts_used = 0, 0
         while True:
             outcome = await self._attempt(session, number, sched)
@@ -269,7 +282,7 @@ class Supervisor:
             if self._is_trainer() and self.max_restarts == 0 and "--checkpoint-dir" not in self.args:
                 why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
             self.emit(Restarting(number + 1, why, self.backoff_s, self.max_restarts - restarts_used))
-            await self._unless_stopped(asyncio.sleep(self.backoff_s))
+            await self._unless_stopped(asyncio.sleep(self.backoff_s), restart_cuts=True)
             for name in [n for n, link in session.links.items() if not link.open]:
                 if self._stop_cmd is None:
                     error = await self._unless_stopped(session.reopen(name))
@@ -280,8 +293,11 @@ class Supervisor:
             number += 1
         return self._verdict()
 
-    async def _unless_stopped(self, aw: Awaitable[T], limit_s: float | None = None) -> T | None:
-        """Await ``aw`` while serving the input queue; None when a StopJob (or ``limit_s``) came first."""
+    async def _unless_stopped(
+        self, aw: Awaitable[T], limit_s: float | None = None, restart_cuts: bool = False
+    ) -> T | None:
+        """Await ``aw`` while serving the input queue; None when a StopJob (or ``limit_s``, or with
+        ``restart_cuts`` a RestartGroup: the operator's `r` during a backoff) came first."""
         assert self._inputs is not None
         task = asyncio.ensure_future(aw)
         deadline = None if limit_s is None else time.monotonic() + limit_s
@@ -301,7 +317,7 @@ class Supervisor:
             item = getter.result()
             if isinstance(item, _Tick):
                 self._inputs.tick_pending = False
-            elif isinstance(item, StopJob):
+            elif isinstance(item, StopJob) or (isinstance(item, RestartGroup) and restart_cuts):
                 break
             elif isinstance(item, tuple):
                 node, msg = item

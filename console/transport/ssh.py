@@ -138,7 +138,15 @@ class SshTransport(NodeTransport):
                     raise
                 await self._learn_host_key()
                 self.conn = await asyncssh.connect(self.node.host, **self._connect_kwargs())
-            self.sftp = await self.conn.start_sftp_client()
+            try:
+                self.sftp = await self.conn.start_sftp_client()
+            except asyncssh.ChannelOpenError as exc:
+                # Connected and authenticated, but the subsystem request was refused: asyncssh only
+                # says "Session request failed", which reads like a network problem.
+                raise NodeUnreachable(
+                    f"{self._where}: the SSH server has no SFTP subsystem (Subsystem sftp in sshd_config; "
+                    f"the server said: {exc.reason})"
+                ) from None
             home = await self.sftp.realpath(".")
         except asyncssh.HostKeyNotVerifiable:
             if self._host_is_known():
@@ -160,6 +168,8 @@ class SshTransport(NodeTransport):
             ) from None
         except (OSError, asyncssh.Error) as exc:
             reason = getattr(exc, "reason", None) or exc.strerror if isinstance(exc, OSError) else None
+            if isinstance(exc, OSError) and exc.errno and str(reason).startswith("Connect call failed"):
+                reason = os.strerror(exc.errno)  # asyncio's words for a refusal name no reason
             raise NodeUnreachable(f"{self._where}: cannot connect: {reason or exc}") from None
         # Every remote path is built under the home the server reports: it must be a plain
         # absolute path, or a hostile server could steer uploads and fetches elsewhere.

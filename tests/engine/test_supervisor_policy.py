@@ -507,6 +507,21 @@ async def test_stop_job_during_backoff_ends_the_run(tmp_path: Path) -> None:
     assert len(run.result.attempts) == 1 and run.wall < 2.0
 
 
+async def test_restart_group_during_backoff_cuts_it_short(tmp_path: Path) -> None:
+    def script(attempt: int) -> Script:
+        return {"r0": [Exit(0.02, code=5)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
+
+    cluster = make_cluster(tmp_path, script)
+
+    async def operator(sup: Supervisor) -> None:
+        await until(lambda: bool(sup.state.attempts) and sup.state.job is JobState.RESTARTING)
+        sup.submit(RestartGroup())
+
+    run = await run_job(tmp_path, cluster, max_restarts=1, backoff_s=30.0, during=operator)
+    assert (run.result.exit_code, run.result.status) == (0, JobState.SUCCEEDED)
+    assert len(run.result.attempts) == 2 and run.wall < 3.0  # not the 30 s backoff
+
+
 # ------------------------------------------------------------------ 9. a lost node
 
 

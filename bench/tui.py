@@ -1,0 +1,201 @@
+"""Console benchmark: the TUI under 64, 256 and 1,024 ranks, each sending 2 metric updates and 20 log
+lines a second (the agent batches lines every 0.1 s, so 10 log batches per rank per second).
+
+    PYTHONPATH=.dev .venv/bin/python bench/tui.py [--ranks 64 256 1024] [--seconds 15] [--screen devices]
+
+1,024 real processes are too many for a 2-core machine, so the events come from a synthetic source
+that does what the supervisor does with an agent's messages (ClusterState.apply, then the EventBus,
+whose "tui" sink is the console's buffer) at the rates above. The app runs headless (the compositor
+renders every frame; only the terminal write is skipped) on the Devices screen (panes up to 16
+ranks, the table above). Reported: CPU of the whole process as a fraction of one core, and of the
+view alone (minus the synthetic engine, measured on its own); event arrival -> paint and flush ->
+paint latency (p50/p99); resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / ".dev"))
+
+from mscon.agent.protocol import LogBatch, Metric, ProcStarted  # noqa: E402
+from mscon.console.bus import EventBus  # noqa: E402
+from mscon.console.events import AgentEvent, AttemptStarted, Event, RankRef, RunStarted  # noqa: E402
+from mscon.console.tui.app import MsconApp  # noqa: E402
+from mscon.console.tui.feed import Changes  # noqa: E402
+from mscon.console.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
+
+BATCH_S = 0.1  # the agent's flush interval
+LINES_PER_S = 20
+METRICS_PER_S = 2
+
+
+class SyntheticSource(Source):
+    """The supervisor's emit (state.apply + bus.publish) fed by a generator at agent rates."""
+
+    live = True
+
+    def __init__(self, ranks: int, seconds: float) -> None:
+        super().__init__()
+        self.ranks = ranks
+        self.seconds = seconds
+        self.bus = EventBus()
+        self.behind = 0  # ticks that started late (the machine could not keep up)
+
+    def emit(self, ev: Event) -> None:
+        self.state.apply(ev)
+        self.bus.publish(ev)
+
+    async def _run(self, handler: Handler) -> int:
+        if handler is not None:
+            self.bus.add_sink("tui", handler, lag_limit=TUI_LAG_LIMIT, hard_limit=TUI_HARD_LIMIT)
+        names = [f"r{i}" for i in range(self.ranks)]
+        self.emit(RunStarted(0, "bench", "bench.yaml", ("node",), self.ranks, "/tmp/bench"))
+        now = time.time_ns()
+        self.emit(
+            AttemptStarted(0, tuple(RankRef(n, "node", i) for i, n in enumerate(names)), "127.0.0.1", 1, now)
+        )
+        for i, n in enumerate(names):
+            self.emit(AgentEvent(0, ProcStarted("node", n, i, 1000 + i, now, f"/tmp/{n}.log")))
+        lines_per_batch = int(LINES_PER_S * BATCH_S)
+        metric_every = round(1 / (METRICS_PER_S * BATCH_S))
+        filler = "x" * 60
+        start = time.monotonic()
+        tick = 0
+        seq = [0] * self.ranks
+        while time.monotonic() - start < self.seconds:
+            ts = time.time_ns()
+            step = tick // metric_every
+            for i, n in enumerate(names):
+                lines = tuple(
+                    f"rank {i} step {step} line {seq[i] + k} {filler}" for k in range(lines_per_batch)
+                )
+                self.emit(AgentEvent(0, LogBatch("node", n, i, seq[i], lines, ts)))
+                seq[i] += lines_per_batch
+                if tick % metric_every == (i % metric_every):
+                    slow = 2.0 if i == 1 else 1.0
+                    self.emit(
+                        AgentEvent(
+                            0,
+                            Metric(
+                                "node",
+                                n,
+                                i,
+                                step,
+                                2.0 * 0.99**step,
+                                1,
+                                0.5 * slow,
+                                64 / slow,
+                                ts / 1e9,
+                                "metrics",
+                            ),
+                        )
+                    )
+            tick += 1
+            delay = start + tick * BATCH_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                self.behind += 1
+                await asyncio.sleep(0)
+        await self.bus.close()
+        return 0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def engine_only(ranks: int, seconds: float) -> float:
+    """CPU (fraction of a core) of the synthetic engine with a sink that drops everything."""
+    src = SyntheticSource(ranks, seconds)
+    c0, t0 = time.process_time(), time.monotonic()
+    src.start(lambda ev: None)
+    await src.done.wait()
+    return (time.process_time() - c0) / (time.monotonic() - t0)
+
+
+async def with_console(ranks: int, seconds: float, warmup: float, screen: str) -> dict[str, float]:
+    src = SyntheticSource(ranks, seconds + warmup)
+    arrival_paint: list[float] = []
+    flush_paint: list[float] = []
+    measuring = False
+
+    def on_paint(ch: Changes, t_flush: float, t_paint: float) -> None:
+        if measuring:
+            flush_paint.append(t_paint - t_flush)
+            arrival_paint.extend(t_paint - a for a in ch.arrivals)
+
+    app = MsconApp(src, on_paint=on_paint, toasts=False)
+    proc = psutil.Process()
+    async with app.run_test(size=(200, 60)) as pilot:
+        if screen == "devices":
+            await pilot.press("2")
+        await asyncio.sleep(warmup)
+        measuring = True
+        c0, t0 = time.process_time(), time.monotonic()
+        await src.done.wait()
+        cpu = (time.process_time() - c0) / (time.monotonic() - t0)
+        measuring = False
+        rss = proc.memory_info().rss
+        await pilot.pause(0.3)
+        dropped = src.bus.dropped()
+    return {
+        "cpu": cpu,
+        "a50": pct(arrival_paint, 0.5) * 1000,
+        "a99": pct(arrival_paint, 0.99) * 1000,
+        "f50": pct(flush_paint, 0.5) * 1000,
+        "f99": pct(flush_paint, 0.99) * 1000,
+        "rss": rss / 2**20,
+        "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "events": app.feed.total_events,
+        "flushes": app.flushes,
+        "behind": src.behind,
+        "dropped": sum(n for _, n in dropped),
+        "lines": sum(app.store.count(f"r{i}") for i in range(ranks)),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--screen", choices=["devices", "overview"], default="devices")
+    a = p.parse_args()
+    os.environ.pop("NO_COLOR", None)
+    print(
+        f"{a.seconds:g} s per size after {a.warmup:g} s warm-up; screen: {a.screen}; machine: "
+        f"{psutil.cpu_count()} cores"
+    )
+    head = (
+        f"{'ranks':>6} {'events/s':>9} {'cpu (core)':>10} {'view cpu':>9} {'arrive->paint p50/p99 ms':>25} "
+        f"{'flush->paint p50/p99 ms':>24} {'rss MiB':>8} {'late ticks':>10} {'dropped':>8}"
+    )
+    print(head)
+    for n in a.ranks:
+        engine = asyncio.run(engine_only(n, min(a.seconds, 8.0)))
+        r = asyncio.run(with_console(n, a.seconds, a.warmup, a.screen))
+        rate = r["events"] / (a.seconds + a.warmup)
+        print(
+            f"{n:>6} {rate:>9,.0f} {r['cpu']:>10.2f} {max(0.0, r['cpu'] - engine):>9.2f} "
+            f"{r['a50']:>12.0f} / {r['a99']:<10.0f} {r['f50']:>11.1f} / {r['f99']:<10.1f} {r['rss']:>8.0f} "
+            f"{r['behind']:>10} {r['dropped']:>8}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Stragglers: ranks whose recent step time is well above the other ranks' (one place, no UI).
+
+``StepTimes`` is a small reducer fed with the agents' ``Metric`` messages: per rank, the step times
+of the last ``window`` steps, taken from ``step_time_s`` where the rank reports it and otherwise
+derived from consecutive metrics (time between them over the steps between them).
+``find_stragglers`` is a pure function over those samples: a rank is a straggler when the median
+of its recent step times is at least ``factor`` times the median of the other ranks' medians.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mscon.agent.protocol import Metric
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerPolicy:
+    factor: float = 1.3  # a straggler's step time is at least this multiple of the others' median
+    window: int = 20  # steps per rank taken into account
+    min_samples: int = 3  # fewer recent step times than this: no verdict for that rank
+    min_ranks: int = 2  # fewer ranks with a verdict than this: nobody is a straggler
+
+
+class StepTimes:
+    """Per-rank step-time history over the last ``window`` steps."""
+
+    def __init__(self, window: int = 20, keep: int = 512) -> None:
+        self.window = window
+        self.keep = keep
+        self._samples: dict[str, collections.deque[float]] = {}
+        self._history: dict[str, collections.deque[float]] = {}  # longer, for plots
+        # (rank, source) -> (epoch, step, ts) of the last metric: step times derived from timestamps
+        self._last: dict[tuple[str, str], tuple[int, int, float]] = {}
+
+    def reset(self) -> None:
+        """A new attempt: every rank starts again."""
+        self._samples.clear()
+        self._history.clear()
+        self._last.clear()
+
+    def observe(self, msg: Metric) -> None:
+        epoch = msg.epoch if msg.epoch is not None else 0
+        key = (msg.name, msg.source)
+        prev = self._last.get(key)
+        if prev is not None and (epoch, msg.step) <= prev[:2]:
+            return  # a repeat (the same step from another path) or out of order: no new step
+        self._last[key] = (epoch, msg.step, msg.ts)
+        value = msg.step_time_s
+        if value is None and prev is not None and prev[0] == epoch and msg.ts and prev[2]:
+            steps = msg.step - prev[1]
+            value = (msg.ts - prev[2]) / steps if steps > 0 and msg.ts > prev[2] else None
+        if value is None or value <= 0:
+            return
+        q = self._samples.get(msg.name)
+        if q is None:
+            q = self._samples[msg.name] = collections.deque(maxlen=self.window)
+            self._history[msg.name] = collections.deque(maxlen=self.keep)
+        q.append(value)
+        self._history[msg.name].append(value)
+
+    def recent(self, name: str) -> Sequence[float]:
+        return tuple(self._samples.get(name, ()))
+
+    def history(self, name: str) -> Sequence[float]:
+        return tuple(self._history.get(name, ()))
+
+    def latest(self, name: str) -> float | None:
+        q = self._samples.get(name)
+        return q[-1] if q else None
+
+    def samples(self, names: Iterable[str] | None = None) -> dict[str, Sequence[float]]:
+        keys = self._samples.keys() if names is None else names
+        return {n: self._samples[n] for n in keys if n in self._samples}
+
+
+def find_stragglers(
+    samples: Mapping[str, Sequence[float]], policy: StragglerPolicy = StragglerPolicy()
+) -> frozenset[str]:
+    """Ranks whose median step time (last ``policy.window`` steps) is >= ``policy.factor`` x the
+    median of the other ranks' medians."""
+    medians = {
+        name: statistics.median(values if len(values) <= policy.window else list(values)[-policy.window :])
+        for name, values in samples.items()
+        if len(values) >= policy.min_samples
+    }
+    if len(medians) < policy.min_ranks:
+        return frozenset()
+    ordered = sorted(medians.values())
+    index = {}
+    for i, v in enumerate(ordered):
+        index.setdefault(v, i)
+    return frozenset(
+        name
+        for name, value in medians.items()
+        if value >= policy.factor * _median_without(ordered, index[value])
+    )
+
+
+def _median_without(ordered: Sequence[float], skip: int) -> float:
+    """The median of the sorted values without the one at ``skip`` (O(1))."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k if k < skip else k + 1]
+
+    if n % 2:
+        return at(n // 2)
+    return (at(n // 2 - 1) + at(n // 2)) / 2

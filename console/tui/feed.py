@@ -1,0 +1,231 @@
+"""The view's intake: the bus handler only appends; a timer drains the buffer a few times a second.
+
+``Feed.handle`` is the sink handler (an append, nothing else: the engine never waits on the view).
+``Feed.drain`` runs on the view's timer: it files log lines in the LineStore, keeps the step-time
+history and the cluster series, recomputes stragglers, and returns what changed, so that widgets
+update only what they show. The ClusterState itself is the source's (already current).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from mscon.agent.protocol import (
+    AgentError,
+    Evidence,
+    LogBatch,
+    Metric,
+    ProcExited,
+    ProcHung,
+    ProcStarted,
+    Telemetry,
+)
+
+from ..events import (
+    AgentEvent,
+    AttemptEnded,
+    AttemptStarted,
+    CheckReported,
+    ChecksFinished,
+    Event,
+    NodeUpdate,
+    Notice,
+    ReplicaDivergence,
+    Restarting,
+    RunFinished,
+    RunStarted,
+    Stopping,
+)
+from ..stragglers import StepTimes, StragglerPolicy, find_stragglers
+from .linestore import LineStore
+from .source import Source
+
+
+@dataclass(slots=True)
+class Changes:
+    """What one drain brought."""
+
+    events: int = 0
+    ranks: set[str] = field(default_factory=set)  # ranks whose numbers, state or last line changed
+    lines: set[str] = field(default_factory=set)  # ranks with new log lines
+    structure: bool = False  # the set of ranks or nodes changed (a run or an attempt started)
+    nodes: bool = False
+    checks: bool = False
+    failure: bool = False  # failures, stops, attempt ends: the root cause may have changed
+    metrics: bool = False
+    stragglers: bool = False
+    notices: list[str] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # perf_counter() at each event's arrival
+
+    def __bool__(self) -> bool:
+        return self.events > 0 or self.stragglers
+
+
+@dataclass(slots=True)
+class _Bucket:
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    steps: int = 0
+    samples: dict[str, float] = field(default_factory=dict)  # rank -> samples/s it reported
+
+
+class ClusterSeries:
+    """Cluster loss (mean over ranks) and throughput per second of the ranks' own metric clocks."""
+
+    def __init__(self, keep: int = 900) -> None:
+        self.keep = keep
+        self.t0: float | None = None
+        self._buckets: collections.OrderedDict[int, _Bucket] = collections.OrderedDict()
+        self._last: dict[str, tuple[int, int]] = {}  # rank -> (epoch, step) last counted
+
+    def observe(self, msg: Metric, arrival: float) -> None:
+        key = (msg.epoch or 0, msg.step)
+        if self._last.get(msg.name, (-1, -1)) >= key:
+            return  # the same step reported twice (parsed line and metrics file)
+        self._last[msg.name] = key
+        ts = msg.ts or arrival
+        if self.t0 is None:
+            self.t0 = ts
+        sec = int(ts - self.t0)
+        b = self._buckets.get(sec)
+        if b is None:
+            b = self._buckets[sec] = _Bucket()
+            while len(self._buckets) > self.keep:
+                self._buckets.popitem(last=False)
+        b.steps += 1
+        if msg.loss is not None:
+            b.loss_sum += msg.loss
+            b.loss_n += 1
+        if msg.samples_per_s is not None:
+            b.samples[msg.name] = msg.samples_per_s
+
+    def new_attempt(self) -> None:
+        self._last.clear()
+
+    def points(self, complete_only: bool = True) -> tuple[list[float], list[float], list[float], str]:
+        """(seconds, mean loss, throughput, throughput unit); the newest second is partial."""
+        keys = sorted(self._buckets)
+        if complete_only and keys:
+            keys = keys[:-1]
+        xs: list[float] = []
+        loss: list[float] = []
+        thr: list[float] = []
+        samples = any(self._buckets[k].samples for k in keys)
+        for k in keys:
+            b = self._buckets[k]
+            if b.loss_n == 0:
+                continue
+            xs.append(float(k))
+            loss.append(b.loss_sum / b.loss_n)
+            thr.append(sum(b.samples.values()) if samples else float(b.steps))
+        return xs, loss, thr, ("samples/s" if samples else "rank steps/s")
+
+
+class Feed:
+    def __init__(self, source: Source, store: LineStore, policy: StragglerPolicy | None = None) -> None:
+        self.source = source
+        self.store = store
+        self.policy = policy or StragglerPolicy()
+        self.step_times = StepTimes(self.policy.window)
+        self.series = ClusterSeries()
+        self.stragglers: frozenset[str] = frozenset()
+        self.notices: collections.deque[str] = collections.deque(maxlen=200)
+        self._pending: collections.deque[tuple[float, Event]] = collections.deque()
+        self.total_events = 0
+
+    def handle(self, event: Event) -> None:
+        """The bus sink: buffer and return."""
+        self._pending.append((time.perf_counter(), event))
+
+    @property
+    def backlog(self) -> int:
+        return len(self._pending)
+
+    def drain(self, limit: int = 200_000) -> Changes:
+        ch = Changes()
+        pending = self._pending
+        metrics_seen = False
+        n = 0
+        while pending and n < limit:
+            arrival, ev = pending.popleft()
+            n += 1
+            ch.arrivals.append(arrival)
+            if isinstance(ev, AgentEvent):
+                msg = ev.msg
+                if isinstance(msg, LogBatch):
+                    self.store.append(msg.name, msg.lines)
+                    ch.lines.add(msg.name)
+                    ch.ranks.add(msg.name)
+                elif isinstance(msg, Metric):
+                    self.step_times.observe(msg)
+                    self.series.observe(msg, time.time())
+                    ch.ranks.add(msg.name)
+                    metrics_seen = True
+                elif isinstance(msg, Telemetry):
+                    ch.ranks.add(msg.name)
+                    ch.nodes = True
+                elif isinstance(msg, ProcStarted | ProcExited | ProcHung):
+                    ch.ranks.add(msg.name)
+                    ch.nodes = True
+                    if isinstance(msg, ProcExited | ProcHung):
+                        ch.failure = True
+                elif isinstance(msg, Evidence | AgentError):
+                    ch.failure = True
+                else:
+                    ch.nodes = True
+            elif isinstance(ev, AttemptStarted):
+                ch.structure = ch.nodes = ch.failure = True
+                self.step_times.reset()
+                self.series.new_attempt()
+                if ev.attempt > 0:
+                    for r in ev.ranks:
+                        self.store.append(r.name, (f"──── attempt {ev.attempt} ────",))
+            elif isinstance(ev, RunStarted):
+                ch.structure = ch.nodes = True
+            elif isinstance(ev, NodeUpdate):
+                ch.nodes = True
+            elif isinstance(ev, CheckReported | ChecksFinished):
+                ch.checks = ch.nodes = True
+            elif isinstance(ev, Stopping | AttemptEnded | Restarting | RunFinished):
+                ch.failure = ch.nodes = True
+                text = _notice_text(ev)
+                if text:
+                    ch.notices.append(text)
+                    self.notices.append(text)
+            elif isinstance(ev, Notice | ReplicaDivergence):
+                text = _notice_text(ev)
+                ch.notices.append(text)
+                self.notices.append(text)
+        ch.events = n
+        self.total_events += n
+        self.store.flush()
+        if metrics_seen or ch.structure or ch.failure:
+            ch.metrics = metrics_seen
+            live = [r.name for r in self.source.state.workers() if r.state.live]
+            found = find_stragglers(self.step_times.samples(live), self.policy)
+            if found != self.stragglers:
+                ch.ranks |= found ^ self.stragglers
+                self.stragglers = found
+                ch.stragglers = True
+        return ch
+
+
+def _notice_text(ev: Event) -> str:
+    if isinstance(ev, Stopping):
+        return f"stopping every rank: {ev.reason}"
+    if isinstance(ev, AttemptEnded):
+        return f"attempt {ev.attempt} {ev.outcome.value}: {ev.reason}"
+    if isinstance(ev, Restarting):
+        return (
+            f"restarting the whole group as attempt {ev.attempt} in {ev.backoff_s:g} s "
+            f"({ev.restarts_left} restart(s) left)"
+        )
+    if isinstance(ev, RunFinished):
+        return f"run {ev.result.status.value}: {ev.result.reason} (exit code {ev.result.exit_code})"
+    if isinstance(ev, Notice):
+        return ev.text
+    if isinstance(ev, ReplicaDivergence):
+        return f"replicas diverged at step {ev.step}: {', '.join(ev.ranks)}"
+    return ""

@@ -1,0 +1,78 @@
+"""Overview: the nodes, the cluster's loss and throughput over time, and the root cause once known."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from ...state import describe
+from .. import fmt
+from ..feed import Changes
+from ..model import ViewModel
+from ..widgets.node_table import NodeTable
+from ..widgets.plots import SeriesPlot
+
+
+def summary_text(model: ViewModel) -> Text:
+    st = model.state
+    att = st.attempt
+    text = Text()
+    text.append("job ")
+    text.append_text(fmt.job_state(st.job))
+    text.append(f"   elapsed {fmt.elapsed(model.elapsed_s())}")
+    text.append(f"   attempt {att.number if att else '-'}")
+    text.append(f"   restarts used {model.restarts_used()} of {st.max_restarts}")
+    workers = st.workers()
+    text.append(f"   ranks {sum(r.state.live for r in workers)}/{len(workers)} up")
+    for note in list(model.feed.notices)[-3:]:
+        text.append(f"\n{fmt.line(note, 200)}", style="dim")
+    return text
+
+
+def root_text(model: ViewModel) -> Text | None:
+    root = model.state.root_cause()
+    if root is None:
+        return None
+    text = Text("Root cause: ", style=fmt.ROOT_STYLE)
+    text.append(fmt.line(describe(root)), style=fmt.ROOT_STYLE)
+    text.append(f"  (code {root.code}, by the clock of the {root.clock}; details on the Failure tab)")
+    return text
+
+
+class OverviewView(Vertical):
+    DEFAULT_CSS = """
+    OverviewView #summary { height: auto; padding: 0 1; }
+    OverviewView #root { height: auto; padding: 0 1; border: heavy red; display: none; }
+    OverviewView #root.-shown { display: block; }
+    OverviewView NodeTable { height: auto; max-height: 40%; }
+    OverviewView #plots { height: 1fr; min-height: 8; }
+    """
+
+    def __init__(self, model: ViewModel, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="summary")
+        yield Static(id="root")
+        yield NodeTable(id="nodes")
+        with Horizontal(id="plots"):
+            yield SeriesPlot("cluster loss (mean over ranks)", id="loss-plot")
+            yield SeriesPlot("throughput", id="throughput-plot")
+
+    def show(self, ch: Changes | None) -> None:
+        model = self.model
+        self.query_one("#summary", Static).update(summary_text(model))
+        if ch is None or ch.failure or ch.structure:
+            root = root_text(model)
+            panel = self.query_one("#root", Static)
+            panel.set_class(root is not None, "-shown")
+            panel.update(root or "")
+        if ch is None or ch.nodes or ch.ranks or ch.checks:
+            self.query_one(NodeTable).show(model)
+        if ch is None or ch.metrics or ch.structure:
+            xs, loss, thr, unit = model.feed.series.points(complete_only=not model.source.done.is_set())
+            self.query_one("#loss-plot", SeriesPlot).set_data(xs, loss)
+            self.query_one("#throughput-plot", SeriesPlot).set_data(xs, thr, title=f"throughput ({unit})")

@@ -1,0 +1,41 @@
+"""The one-line run status at the top of every screen."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from .. import fmt
+from ..model import ViewModel
+
+
+def status_text(model: ViewModel) -> Text:
+    st = model.state
+    workers = st.workers()
+    up = sum(1 for r in workers if r.state.live)
+    failed = sum(1 for r in workers if r.state.value in ("failed", "hung", "lost"))
+    att = st.attempt
+    text = Text()
+    text.append(f" {model.source.title} ", style="reverse")
+    text.append(f" {st.run_id or '-'}  ")
+    text.append_text(fmt.job_state(st.job))
+    text.append(f"  attempt {att.number if att else '-'}")
+    text.append(f"  restarts {model.restarts_used()}/{st.max_restarts}")
+    text.append(f"  ranks {up}/{len(workers)} up")
+    if failed:
+        text.append(f"  {failed} failed/hung", style=fmt.ROOT_STYLE)
+    if model.feed.stragglers:
+        text.append(f"  {len(model.feed.stragglers)} straggler(s)", style=fmt.STRAGGLER_STYLE)
+    text.append(f"  elapsed {fmt.elapsed(model.elapsed_s())}")
+    if model.query:
+        text.append(f"  filter: {model.query}", style="bold")
+    return text
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; background: $panel; }
+    """
+
+    def show(self, model: ViewModel) -> None:
+        self.update(status_text(model))

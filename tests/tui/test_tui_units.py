@@ -1,0 +1,109 @@
+"""The console's pure parts: stragglers, the line store, the rank filter, the replay clock, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from mscon.agent.protocol import Metric
+from mscon.console.state import RankView
+from mscon.console.stragglers import StepTimes, StragglerPolicy, find_stragglers
+from mscon.console.tui.feed import ClusterSeries
+from mscon.console.tui.filtering import rank_filter
+from mscon.console.tui.linestore import LineStore
+from mscon.console.tui.widgets.log_view import line_style
+from tui_helpers import DATA
+
+
+def test_a_rank_well_above_the_others_median_is_a_straggler() -> None:
+    base = {f"r{i}": [0.10] * 20 for i in range(7)}
+    assert find_stragglers(base) == frozenset()
+    assert find_stragglers({**base, "r7": [0.129] * 20}) == frozenset()  # under 1.3x
+    assert find_stragglers({**base, "r7": [0.13] * 20}) == {"r7"}  # 1.3x: a straggler
+    # only the last `window` steps count: an old slow patch is forgiven
+    assert find_stragglers({**base, "r7": [0.5] * 10 + [0.1] * 20}) == frozenset()
+    assert find_stragglers({**base, "r7": [0.2] * 20}, StragglerPolicy(factor=2.5)) == frozenset()
+    assert find_stragglers({"r0": [0.1] * 20}) == frozenset()  # nobody to compare with
+    assert find_stragglers({"r0": [0.1] * 2, "r1": [1.0] * 2}) == frozenset()  # too few samples
+    assert find_stragglers({"r0": [0.1] * 5, "r1": [0.3] * 5}) == {"r1"}  # two ranks
+
+
+def _metric(name: str, step: int, ts: float, step_time: float | None = None, epoch: int = 1) -> Metric:
+    return Metric("n", name, int(name[1:]), step, 1.0, epoch, step_time, None, ts)
+
+
+def test_step_times_are_reported_or_derived() -> None:
+    st = StepTimes(window=3)
+    for step in range(1, 6):
+        st.observe(_metric("r0", step, 100.0 + step * 0.5))  # no step time: 0.5 s between steps
+        st.observe(_metric("r1", step, 100.0 + step, step_time=0.2))
+    assert st.recent("r0") == (0.5, 0.5, 0.5) and st.recent("r1") == (0.2, 0.2, 0.2)
+    st.observe(_metric("r0", 5, 200.0))  # a repeat of step 5: ignored
+    st.observe(_metric("r0", 1, 300.0, epoch=2))  # a new epoch: no derived time across it
+    assert st.latest("r0") == 0.5 and len(st.history("r0")) == 4
+    st.reset()
+    assert st.recent("r0") == ()
+
+
+def test_cluster_series_counts_each_step_once() -> None:
+    s = ClusterSeries()
+    for step in range(1, 5):
+        for r in ("r0", "r1"):
+            m = _metric(r, step, 10.0 + step)
+            s.observe(m, 0.0)
+            s.observe(m, 0.0)  # the same step again (parsed line and metrics file)
+    xs, loss, thr, unit = s.points(complete_only=False)
+    assert xs == [0.0, 1.0, 2.0, 3.0] and loss == [1.0] * 4 and thr == [2.0] * 4 and unit == "rank steps/s"
+
+
+def test_line_store_keeps_every_line_on_disk(tmp_path: Path) -> None:
+    store = LineStore(tmp_path)
+    store.append("r0", ["a", "b"])
+    store.append("r1", ["ünï", ""])
+    store.append("r0", (f"line {i}" for i in range(100_000)))
+    assert store.count("r0") == 100_002 and store.count("r1") == 2 and store.count("r9") == 0
+    assert store.line("r0", 0) == "a" and store.line("r0", 100_001) == "line 99999"
+    assert store.line("r1", 0) == "ünï" and store.line("r1", 1) == "" and store.line("r1", 5) == ""
+    assert [t for _, t in store.lines("r0", 1, 4)] == ["b", "line 0", "line 1"]
+    store.close()
+    assert not any(tmp_path.iterdir())
+
+
+def test_rank_filter_words() -> None:
+    r = RankView("r3", "node-a", 3)
+    r.tail.append("epoch: 1 step: 9, loss is 0.5")
+    assert rank_filter("")(r, False)
+    assert rank_filter("r3")(r, False) and not rank_filter("r4")(r, False)
+    assert rank_filter("node:node-a state:pend")(r, False)
+    assert not rank_filter("node:b")(r, False)
+    assert rank_filter("straggler")(r, True) and not rank_filter("state:straggler")(r, False)
+    assert rank_filter("LOSS")(r, False)
+
+
+def test_tracebacks_and_errors_are_highlighted() -> None:
+    assert line_style("Traceback (most recent call last):") == "red"
+    assert line_style('  File "train.py", line 3, in <module>') == "red"
+    assert line_style("RuntimeError: boom") == "red"
+    assert line_style("[ERROR] ME(1):x") == "red"
+    assert line_style("[WARNING] slow") == "yellow"
+    assert line_style("epoch: 1 step: 2, loss is 0.5") is None
+
+
+def test_cli_replay_and_up_need_a_terminal(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mscon.console.cli", *args], capture_output=True, text=True, timeout=60
+        )
+
+    done = cli("replay", str(DATA / "ok.jsonl"))
+    assert done.returncode == 2 and "needs a terminal" in done.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "nope"}\n')
+    done = cli("replay", str(bad))
+    assert done.returncode == 2 and "not a recording" in done.stderr
+    done = cli("up", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2
+    inv = Path(__file__).resolve().parents[2] / "inventory" / "local.yaml"
+    done = cli("up", str(inv))
+    assert done.returncode == 2 and "mscon up needs a terminal" in done.stderr

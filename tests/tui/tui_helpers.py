@@ -1,0 +1,89 @@
+"""Shared helpers of the console tests: replayed apps, waiting on the screen, reading it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mscon.agent.protocol import Metric
+from mscon.console.events import AgentEvent, Event
+from mscon.console.recorder import read_events
+from mscon.console.tui.app import MsconApp
+from mscon.console.tui.source import ReplaySource
+from textual.app import App
+from textual.pilot import Pilot
+
+DATA = Path(__file__).resolve().parent / "data"
+SIZE = (130, 40)
+
+
+def recording(name: str) -> list[Event]:
+    return list(read_events(DATA / f"{name}.jsonl"))
+
+
+def upto_metrics(events: list[Event], n: int) -> list[Event]:
+    """The recording cut after its ``n``-th metric: a run in full swing, frozen."""
+    seen = 0
+    for i, ev in enumerate(events):
+        if isinstance(ev, AgentEvent) and isinstance(ev.msg, Metric):
+            seen += 1
+            if seen == n:
+                return events[: i + 1]
+    return events
+
+
+def replay_app(name: str, metrics: int | None = None, **options: object) -> MsconApp:
+    events = recording(name)
+    if metrics is not None:
+        events = upto_metrics(events, metrics)
+    options.setdefault("toasts", False)
+    return MsconApp(ReplaySource(events, speed=0), **options)  # type: ignore[arg-type]
+
+
+def screen_text(app: App[object]) -> str:
+    """The characters on screen, line by line (what a person reads)."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(seg.text for seg in strip).rstrip() for strip in strips)
+
+
+async def wait_for(pilot: Pilot[object], cond: Callable[[], object], limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting; screen:\n{screen_text(pilot.app)}")
+        await pilot.pause(0.05)
+
+
+async def settled(pilot: Pilot[object]) -> None:
+    """The replay is over and the view has drawn all of it."""
+    app = pilot.app
+    assert isinstance(app, MsconApp)
+    await app.source.done.wait()
+    await wait_for(pilot, lambda: app._done_seen)
+    await pilot.pause()
+
+
+async def shows(pilot: Pilot[object], text: str, limit_s: float = 20.0) -> str:
+    await wait_for(pilot, lambda: text in screen_text(pilot.app), limit_s)
+    return screen_text(pilot.app)
+
+
+async def show_tab(pilot: Pilot[object], key: str, tab: str) -> None:
+    """Press a tab's key and wait until that tab is the one on screen."""
+    from textual.widgets import TabbedContent
+
+    app = pilot.app
+    assert isinstance(app, MsconApp)
+    await pilot.press(key)
+    await wait_for(pilot, lambda: app.main_screen.query_one(TabbedContent).active == tab)
+
+
+async def show_devices(pilot: Pilot[object], panes: int) -> None:
+    from mscon.console.tui.widgets.rank_pane import RankPane
+
+    app = pilot.app
+    assert isinstance(app, MsconApp)
+    await show_tab(pilot, "2", "devices")
+    await wait_for(pilot, lambda: len(app.main_screen.query(RankPane)) == panes)
+    await pilot.pause()
