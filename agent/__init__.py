@@ -9,4 +9,5 @@ AGENT_FILES = (
     "tail.py",
     "evidence.py",
     "checks.py",
+    "mesh.py",
 )

@@ -22,6 +22,7 @@ import time
 from . import procs as procmod
 from . import protocol as P
 from .evidence import blame
+from .mesh import MeshListener, probe_peer
 from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
 _TAIL_KEEP = 200  # lines kept per process for the exit report
@@ -518,89 +519,6 @@ class Agent:
             self.send(P.MeshResult(node=self.node, results=results))
         except ConsoleGone:
             pass
-
-
-class MeshListener:
-    """A TCP listener on an ephemeral port for the preflight mesh test: every connection gets one
-    line (the console's token and this node's name) and is closed."""
-
-    def __init__(self, greeting: str, timeout_s: float) -> None:
-        self.greeting = (greeting + "\n").encode("utf-8", "replace")
-        self.deadline = time.monotonic() + timeout_s
-        try:  # one dual-stack socket where the node has IPv6: peers may be given either family
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", 0))
-        except OSError:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("0.0.0.0", 0))
-        sock.listen(128)
-        sock.settimeout(0.2)
-        self.sock = sock
-        self.port = sock.getsockname()[1]
-        self.closed = False
-        threading.Thread(target=self._serve, name="mesh-listen", daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.closed and time.monotonic() < self.deadline:
-            try:
-                conn, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            try:
-                conn.settimeout(2.0)
-                conn.sendall(self.greeting)
-            except OSError:
-                pass
-            finally:
-                conn.close()
-        self.close()
-
-    def close(self) -> None:
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def probe_peer(peer: dict, token: str, timeout_s: float) -> dict:
-    """Connect to one peer's mesh listener: the TCP connect time is one round trip."""
-    name, host, port = str(peer.get("name", "")), str(peer.get("host", "")), int(peer.get("port", 0))
-    out = {"name": name, "host": host, "port": port, "ok": False, "rtt_ms": None, "error": ""}
-    t0 = time.perf_counter()
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-    except socket.timeout:
-        out["error"] = "timed out after %gs" % timeout_s
-        return out
-    except OSError as exc:
-        out["error"] = exc.strerror or str(exc)
-        return out
-    out["rtt_ms"] = (time.perf_counter() - t0) * 1000
-    try:
-        sock.settimeout(timeout_s)
-        got = b""
-        while not got.endswith(b"\n") and len(got) < 1024:
-            chunk = sock.recv(1024)
-            if not chunk:
-                break
-            got += chunk
-    except OSError as exc:
-        out["error"] = "connected, then %s" % (exc.strerror or exc)
-        return out
-    finally:
-        sock.close()
-    words = got.decode("utf-8", "replace").strip().split(" ", 1)
-    if len(words) == 2 and words[0] == token and words[1] == name:
-        out["ok"] = True
-    elif len(words) == 2 and words[0] == token:
-        out["error"] = "reached %s instead" % words[1]
-    else:
-        out["error"] = "reached something other than an mscon agent"
-    return out
 
 
 def _ssh_server_addr() -> str | None:

@@ -223,7 +223,7 @@ def _notice_text(ev: Event) -> str:
             f"({ev.restarts_left} restart(s) left)"
         )
     if isinstance(ev, RunFinished):
-        return f"run {ev.result.status.value}: {ev.result.reason} (exit code {ev.result.exit_code})"
+        return f"run {ev.result.status.value}, exit {ev.result.exit_code}: {ev.result.reason}"
     if isinstance(ev, Notice):
         return ev.text
     if isinstance(ev, ReplicaDivergence):
