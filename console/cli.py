@@ -17,6 +17,7 @@ from pathlib import Path
 from . import exit_codes
 from .check_report import CheckReporter, preflight_record
 from .commands import StopJob
+from .events import RunResult
 from .inventory import Inventory, InventoryError, load_inventory
 from .preflight import Preflight, PreflightOptions, all_check_names, known_check
 from .recorder import EventRecorder
@@ -290,17 +291,7 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     if options.preflight is not None:
         checks = CheckReporter(full=False)
         sup.bus.add_sink("checks", checks.handle)
-    recorder = None
-    if args.events is not None:
-        recorder = EventRecorder(args.events)
-        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
-    for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
-        loop.add_signal_handler(sig, sup.submit, StopJob(why))
-    try:
-        result = await sup.run()
-    finally:
-        if recorder is not None:
-            recorder.close()
+    result = await _supervise(sup, args, loop)
     if checks is not None and checks.finished is not None:
         record = preflight_record(checks.results, checks.finished)
         for path in (sup.logs_dir / "summary.json", args.json):
@@ -355,11 +346,8 @@ def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
         shutil.rmtree(logs_root, ignore_errors=True)
 
 
-async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
-    loop = asyncio.get_running_loop()
-    sup = Supervisor(inv, options)
-    reporter = CheckReporter(full=True)
-    sup.bus.add_sink("checks", reporter.handle)
+async def _supervise(sup: Supervisor, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> RunResult:
+    """Run the supervisor with the recorder (--events) attached and Ctrl-C/SIGTERM as StopJob."""
     recorder = None
     if args.events is not None:
         recorder = EventRecorder(args.events)
@@ -367,10 +355,18 @@ async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Name
     for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
         loop.add_signal_handler(sig, sup.submit, StopJob(why))
     try:
-        result = await sup.run()
+        return await sup.run()
     finally:
         if recorder is not None:
             recorder.close()
+
+
+async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    sup = Supervisor(inv, options)
+    reporter = CheckReporter(full=True)
+    sup.bus.add_sink("checks", reporter.handle)
+    result = await _supervise(sup, args, loop)
     if args.json is not None:
         doc = reporter.document(result)
         assert options.preflight is not None
