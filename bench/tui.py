@@ -1,15 +1,17 @@
 """Console benchmark: the TUI under 64, 256 and 1,024 ranks, each sending 2 metric updates and 20 log
 lines a second (the agent batches lines every 0.1 s, so 10 log batches per rank per second).
 
-    PYTHONPATH=.dev .venv/bin/python bench/tui.py [--ranks 64 256 1024] [--seconds 15] [--screen devices]
+    PYTHONPATH=.dev .venv/bin/python bench/tui.py [--ranks 64 256 1024] [--seconds 15] [--burst]
 
 1,024 real processes are too many for a 2-core machine, so the events come from a synthetic source
 that does what the supervisor does with an agent's messages (ClusterState.apply, then the EventBus,
-whose "tui" sink is the console's buffer) at the rates above. The app runs headless (the compositor
-renders every frame; only the terminal write is skipped) on the Devices screen (panes up to 16
-ranks, the table above). Reported: CPU of the whole process as a fraction of one core, and of the
-view alone (minus the synthetic engine, measured on its own); event arrival -> paint and flush ->
-paint latency (p50/p99); resident memory.
+whose "tui" sink is the console's buffer) at the rates above, each node's agent (64 ranks) in turn
+over the 0.1 s (``--burst``: all at once). The app runs headless (the compositor renders every
+frame; only the terminal write is skipped) on the Devices screen (panes up to 16 ranks, the table
+above). Reported: CPU of the whole process as a fraction of one core, and of the
+view alone (minus the synthetic engine, measured on its own); event arrival (the engine's receipt,
+so the bus queue and the wait for a flush count) -> paint, and flush start -> paint (p50/p99);
+resident memory.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ from mscon.console.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Sou
 BATCH_S = 0.1  # the agent's flush interval
 LINES_PER_S = 20
 METRICS_PER_S = 2
+RANKS_PER_NODE = 64
+
+
+class _Forget(dict[int, float]):
+    def __setitem__(self, key: int, value: float) -> None:
+        pass
 
 
 class SyntheticSource(Source):
@@ -43,20 +51,25 @@ class SyntheticSource(Source):
 
     live = True
 
-    def __init__(self, ranks: int, seconds: float) -> None:
+    def __init__(self, ranks: int, seconds: float, burst: bool = False) -> None:
         super().__init__()
         self.ranks = ranks
         self.seconds = seconds
+        self.burst = burst  # every rank's batch at the same instant (else each node's agent in turn)
         self.bus = EventBus()
         self.behind = 0  # ticks that started late (the machine could not keep up)
+        self.emitted: dict[int, float] = {}  # id(event) -> perf_counter() when the engine got it
 
     def emit(self, ev: Event) -> None:
+        self.emitted[id(ev)] = time.perf_counter()
         self.state.apply(ev)
         self.bus.publish(ev)
 
     async def _run(self, handler: Handler) -> int:
         if handler is not None:
             self.bus.add_sink("tui", handler, lag_limit=TUI_LAG_LIMIT, hard_limit=TUI_HARD_LIMIT)
+        else:
+            self.emitted = _Forget()
         names = [f"r{i}" for i in range(self.ranks)]
         self.emit(RunStarted(0, "bench", "bench.yaml", ("node",), self.ranks, "/tmp/bench"))
         now = time.time_ns()
@@ -71,10 +84,14 @@ class SyntheticSource(Source):
         start = time.monotonic()
         tick = 0
         seq = [0] * self.ranks
+        per_node = len(names) if self.burst else RANKS_PER_NODE
         while time.monotonic() - start < self.seconds:
             ts = time.time_ns()
             step = tick // metric_every
             for i, n in enumerate(names):
+                if i and i % per_node == 0:  # the next node's agent: its batch comes a little later
+                    slot = start + (tick + i / len(names)) * BATCH_S - time.monotonic()
+                    await asyncio.sleep(max(0.0, slot))
                 lines = tuple(
                     f"rank {i} step {step} line {seq[i] + k} {filler}" for k in range(lines_per_batch)
                 )
@@ -117,17 +134,19 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def engine_only(ranks: int, seconds: float) -> float:
+async def engine_only(ranks: int, seconds: float, burst: bool) -> float:
     """CPU (fraction of a core) of the synthetic engine with a sink that drops everything."""
-    src = SyntheticSource(ranks, seconds)
+    src = SyntheticSource(ranks, seconds, burst)
     c0, t0 = time.process_time(), time.monotonic()
     src.start(lambda ev: None)
     await src.done.wait()
     return (time.process_time() - c0) / (time.monotonic() - t0)
 
 
-async def with_console(ranks: int, seconds: float, warmup: float, screen: str) -> dict[str, float]:
-    src = SyntheticSource(ranks, seconds + warmup)
+async def with_console(
+    ranks: int, seconds: float, warmup: float, screen: str, burst: bool
+) -> dict[str, float]:
+    src = SyntheticSource(ranks, seconds + warmup, burst)
     arrival_paint: list[float] = []
     flush_paint: list[float] = []
     measuring = False
@@ -138,6 +157,16 @@ async def with_console(ranks: int, seconds: float, warmup: float, screen: str) -
             arrival_paint.extend(t_paint - a for a in ch.arrivals)
 
     app = MsconApp(src, on_paint=on_paint, toasts=False)
+    sink = app.feed.handle
+    pending = app.feed._pending
+
+    def handle(ev: Event) -> None:  # arrival = when the engine got the event (the bus wait counts)
+        sink(ev)
+        t = src.emitted.pop(id(ev), None)
+        if t is not None:
+            pending[-1] = (t, ev)
+
+    app.feed.handle = handle  # type: ignore[method-assign]
     proc = psutil.Process()
     async with app.run_test(size=(200, 60)) as pilot:
         if screen == "devices":
@@ -173,6 +202,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--screen", choices=["devices", "overview"], default="devices")
+    p.add_argument("--burst", action="store_true", help="every rank's batch at once (no node stagger)")
     a = p.parse_args()
     os.environ.pop("NO_COLOR", None)
     print(
@@ -185,8 +215,8 @@ def main() -> int:
     )
     print(head)
     for n in a.ranks:
-        engine = asyncio.run(engine_only(n, min(a.seconds, 8.0)))
-        r = asyncio.run(with_console(n, a.seconds, a.warmup, a.screen))
+        engine = asyncio.run(engine_only(n, min(a.seconds, 8.0), a.burst))
+        r = asyncio.run(with_console(n, a.seconds, a.warmup, a.screen, a.burst))
         rate = r["events"] / (a.seconds + a.warmup)
         print(
             f"{n:>6} {rate:>9,.0f} {r['cpu']:>10.2f} {max(0.0, r['cpu'] - engine):>9.2f} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mscon.agent.protocol import (
@@ -41,6 +42,8 @@ from ..events import (
 from ..stragglers import StepTimes, StragglerPolicy, find_stragglers
 from .linestore import LineStore
 from .source import Source
+
+STRAGGLER_EVERY_S = 0.25
 
 
 @dataclass(slots=True)
@@ -134,10 +137,17 @@ class Feed:
         self.notices: collections.deque[str] = collections.deque(maxlen=200)
         self._pending: collections.deque[tuple[float, Event]] = collections.deque()
         self.total_events = 0
+        self.wake: Callable[[], None] | None = None  # told once when the buffer stops being empty
+        self._woken = False
+        self._metrics_unchecked = False  # step times came since stragglers were last looked for
+        self._checked = 0.0  # monotonic() when they were
 
     def handle(self, event: Event) -> None:
-        """The bus sink: buffer and return."""
+        """The bus sink: buffer and return (the first event after a drain also wakes the view)."""
         self._pending.append((time.perf_counter(), event))
+        if not self._woken and self.wake is not None:
+            self._woken = True
+            self.wake()
 
     @property
     def backlog(self) -> int:
@@ -145,6 +155,7 @@ class Feed:
 
     def drain(self, limit: int = 200_000) -> Changes:
         ch = Changes()
+        self._woken = False
         pending = self._pending
         metrics_seen = False
         n = 0
@@ -201,8 +212,17 @@ class Feed:
         ch.events = n
         self.total_events += n
         self.store.flush()
-        if metrics_seen or ch.structure or ch.failure:
-            ch.metrics = metrics_seen
+        ch.metrics = metrics_seen
+        self._metrics_unchecked = self._metrics_unchecked or metrics_seen
+        now = time.monotonic()
+        if (
+            ch.structure
+            or ch.failure
+            or (self._metrics_unchecked and now - self._checked >= STRAGGLER_EVERY_S)
+        ):
+            # at most a few times a second under load: a straggler shows over many steps anyway
+            self._metrics_unchecked = False
+            self._checked = now
             live = [r.name for r in self.source.state.workers() if r.state.live]
             found = find_stragglers(self.step_times.samples(live), self.policy)
             if found != self.stragglers:

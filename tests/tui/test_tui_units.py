@@ -107,3 +107,42 @@ def test_cli_replay_and_up_need_a_terminal(tmp_path: Path) -> None:
     inv = Path(__file__).resolve().parents[2] / "inventory" / "local.yaml"
     done = cli("up", str(inv))
     assert done.returncode == 2 and "mscon up needs a terminal" in done.stderr
+
+
+def test_rank_table_rows_render_as_their_text_would() -> None:
+    """The table builds its rows as segments (no Text per cell): same cells, cuts and styles."""
+    from mscon.console.events import RankState
+    from mscon.console.tui import fmt
+    from mscon.console.tui.widgets.rank_table import _line, _segments, _sig
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.text import Text
+
+    console = Console(width=300)
+    rows = [
+        (Text("r1", style=fmt.ROOT_STYLE), "node-with-a-long-name", fmt.rank_state(RankState.RUNNING, True))
+        + ("12", "0.1234", Text("1.2 s", style=fmt.STRAGGLER_STYLE), "64", "n/a", "3")
+        + (Text("x" * 100, style="dim"),),
+        (
+            Text("r2"),
+            "nöde-日本語-long",
+            fmt.rank_state(RankState.HUNG),
+            "-",
+            "-",
+            Text("-"),
+            "-",
+            "1 GiB",
+            "-",
+        )
+        + (Text("日本語" * 40, style="dim"),),
+        (Text("r3"), "a\tb", fmt.rank_state(RankState.FAILED), "-", "-", Text("-"), "-", "-", "-", Text("")),
+    ]
+
+    def cells(segments: list[Segment]) -> list[tuple[str, str]]:
+        return [(s.text, str(s.style or "")) for s in Segment.simplify(segments)]
+
+    for row in rows:
+        assert cells(list(_line(row).render(console))) == cells(_segments(row, console))
+    # a row whose only change is a style (a rank turning root cause) is a different row
+    plain = (Text("r1"),) + rows[0][1:]
+    assert plain == rows[0] and _sig(plain) != _sig(rows[0])

@@ -28,6 +28,7 @@ class DevicesView(Vertical):
         super().__init__(id=id)
         self.model = model
         self._names: list[str] = []
+        self._head: Text | None = None
         self._lock = asyncio.Lock()  # the timer and a tab switch may both ask for a rebuild
 
     def compose(self) -> ComposeResult:
@@ -62,7 +63,7 @@ class DevicesView(Vertical):
             table.show(model, names)
         else:
             self.query_one(RankGrid).show(model, names)
-        shown = sum(1 for r in model.workers() if model.selected(r))
+        shown = table.row_count if self.table_mode else sum(1 for r in model.workers() if model.selected(r))
         head = Text(f"{len(self._names)} ranks")
         if model.query:
             head.append(f", {shown} match '{model.query}'")
@@ -73,7 +74,9 @@ class DevicesView(Vertical):
         if stragglers:
             head.append(f"; stragglers: {', '.join(stragglers[:8])}", style="yellow")
         head.append("; enter: open a rank")
-        self.query_one("#devices-head", Static).update(head)
+        if head != self._head:  # one fixed line: no layout pass
+            self._head = head
+            self.query_one("#devices-head", Static).update(head, layout=False)
 
     def focus_main(self) -> None:
         if self.table_mode:

@@ -37,5 +37,10 @@ class StatusBar(Static):
     StatusBar { height: 1; background: $panel; }
     """
 
+    _last: Text | None = None
+
     def show(self, model: ViewModel) -> None:
-        self.update(status_text(model))
+        text = status_text(model)
+        if text != self._last:  # one fixed line: no layout pass
+            self._last = text
+            self.update(text, layout=False)
