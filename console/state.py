@@ -112,6 +112,7 @@ class ClusterState:
         self.run_id = ""
         self.logs_dir = ""
         self.max_restarts = 0
+        self.world_size = 0
         self.job = JobState.CONNECTING
         self.nodes: dict[str, NodeView] = {}
         self.ranks: dict[str, RankView] = {}
@@ -130,6 +131,7 @@ class ClusterState:
             self._agent(ev)
         elif isinstance(ev, RunStarted):
             self.run_id, self.logs_dir, self.max_restarts = ev.run_id, ev.logs_dir, ev.max_restarts
+            self.world_size = ev.world_size
             self.nodes = {n: NodeView(n) for n in ev.nodes}
         elif isinstance(ev, NodeUpdate):
             self._node(ev)

@@ -219,11 +219,12 @@ async def test_checks_by_node() -> None:
     app = replay_app("checks")
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
-        assert "1 fail 1 warn 3 ok" in screen_text(app)  # the node row (the "*" checks: Checks tab)
-        await show_tab(pilot, "3", "checks")
+        # A warn and a fail: the Checks screen came up by itself, with the remedies.
         text = await shows(pilot, "6 checks")
         assert "disk" in text and "0.4 GiB free" in text and "free space under ~/.cache/mscon" in text
         assert "skipped: gpu" in text
+        await show_tab(pilot, "1", "overview")
+        assert "1 fail 1 warn 3 ok" in screen_text(app)  # the node row (the "*" checks: Checks tab)
 
 
 async def test_restarted_run_shows_attempts() -> None:

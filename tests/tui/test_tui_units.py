@@ -146,3 +146,26 @@ def test_rank_table_rows_render_as_their_text_would() -> None:
     # a row whose only change is a style (a rank turning root cause) is a different row
     plain = (Text("r1"),) + rows[0][1:]
     assert plain == rows[0] and _sig(plain) != _sig(rows[0])
+
+
+def test_start_up_phases_follow_the_recording() -> None:
+    from mscon.console.events import AttemptStarted, NodeState, NodeUpdate, RunStarted
+    from mscon.console.state import ClusterState
+    from mscon.console.tui.startup import phases, starting
+    from tui_helpers import recording
+
+    state = ClusterState()
+    seen: list[tuple[int, ...]] = []
+    for ev in recording("checks"):
+        state.apply(ev)
+        if isinstance(ev, RunStarted | NodeUpdate | AttemptStarted):
+            seen.append(tuple(p.done for p in phases(state)))
+        if isinstance(ev, NodeUpdate) and ev.state is NodeState.CONNECTING:
+            assert starting(state)
+    names = [p.name for p in phases(state)]
+    assert names == ["connect", "deploy", "checks", "ranks"]
+    connect, deploy, checks, ranks = phases(state)
+    assert (connect.done, deploy.done, ranks.done, ranks.total) == (1, 1, 4, 4)
+    assert checks.failed == 1  # the recording's failed disk check
+    assert seen[0] == (0, 0, 0, 0)  # nothing done at RunStarted
+    assert not starting(state)  # the run is over: no start-up panel

@@ -12,6 +12,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 
 from ..feed import Changes
 from ..model import ViewModel
+from ..startup import checks_need_a_look
 from ..widgets.rank_pane import OpenRank
 from ..widgets.status_bar import StatusBar
 from .checks import ChecksView
@@ -53,6 +54,7 @@ class MainScreen(Screen[None]):
         self.model = model
         self.stale = True
         self.ready = False
+        self.checks_shown = False  # the Checks screen comes up by itself once, on a warn or fail
 
     def on_mount(self) -> None:
         self.ready = True
@@ -83,6 +85,10 @@ class MainScreen(Screen[None]):
             self.stale = True
             return
         self.query_one(StatusBar).show(self.model)
+        if not self.checks_shown and checks_need_a_look(self.model.state):
+            self.checks_shown = True
+            self.query_one(TabbedContent).active = View.CHECKS.value
+            ch = None
         if self.stale:
             ch, self.stale = None, False
         view = self.active

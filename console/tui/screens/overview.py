@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -11,6 +13,7 @@ from ...state import describe
 from .. import fmt
 from ..feed import Changes
 from ..model import ViewModel
+from ..startup import phases, starting
 from ..widgets.node_table import NodeTable
 from ..widgets.plots import SeriesPlot
 
@@ -31,6 +34,19 @@ def summary_text(model: ViewModel) -> Text:
     return text
 
 
+def startup_table(model: ViewModel) -> Table:
+    """One progress bar per start-up phase: connect, deploy, checks, ranks."""
+    grid = Table.grid(padding=(0, 2))
+    for p in phases(model.state):
+        if p.skipped:
+            grid.add_row(p.name, Text("no preflight", style="dim"), "")
+            continue
+        bar = ProgressBar(total=max(p.total, 1), completed=p.done + p.failed, width=40)
+        note = f"{p.done}/{p.total}" + (f", {p.failed} failed" if p.failed else "")
+        grid.add_row(p.name, bar, Text(note, style="bold red" if p.failed else ""))
+    return grid
+
+
 def root_text(model: ViewModel) -> Text | None:
     root = model.state.root_cause()
     if root is None:
@@ -44,6 +60,8 @@ def root_text(model: ViewModel) -> Text | None:
 class OverviewView(Vertical):
     DEFAULT_CSS = """
     OverviewView #summary { height: auto; padding: 0 1; }
+    OverviewView #startup { height: auto; padding: 0 1; display: none; }
+    OverviewView #startup.-shown { display: block; }
     OverviewView #root { height: auto; padding: 0 1; border: heavy red; display: none; }
     OverviewView #root.-shown { display: block; }
     OverviewView NodeTable { height: auto; max-height: 40%; }
@@ -55,6 +73,7 @@ class OverviewView(Vertical):
         self.model = model
 
     def compose(self) -> ComposeResult:
+        yield Static(id="startup")
         yield Static(id="summary")
         yield Static(id="root")
         yield NodeTable(id="nodes")
@@ -64,6 +83,11 @@ class OverviewView(Vertical):
 
     def show(self, ch: Changes | None) -> None:
         model = self.model
+        panel = self.query_one("#startup", Static)
+        shown = starting(model.state)
+        panel.set_class(shown, "-shown")
+        if shown:
+            panel.update(startup_table(model))
         self.query_one("#summary", Static).update(summary_text(model))
         if ch is None or ch.failure or ch.structure:
             root = root_text(model)
