@@ -10,4 +10,5 @@ AGENT_FILES = (
     "evidence.py",
     "checks.py",
     "mesh.py",
+    "devices.py",
 )

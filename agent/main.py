@@ -21,6 +21,7 @@ import time
 
 from . import procs as procmod
 from . import protocol as P
+from .devices import DeviceSampler
 from .evidence import blame
 from .mesh import MeshListener, probe_peer
 from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
@@ -62,6 +63,7 @@ class Agent:
         self.start_cmd: P.Start | None = None
         self.last_heard = time.monotonic()
         self.line_metrics = LineMetrics()
+        self.devices: DeviceSampler | None = None  # started with the first Start (it knows the target)
         self.all_exited_sent = False
         self.failed = False
         self._last_flush = 0.0
@@ -194,6 +196,9 @@ class Agent:
             return
         self.start_cmd = cmd
         self.line_metrics = LineMetrics(cmd.metrics_pattern)
+        if self.devices is None:
+            target = cmd.procs[0].env.get("DEVICE_TARGET", "") if cmd.procs else ""
+            self.devices = DeviceSampler(target)
         self.watched = []
         self.all_exited_sent = False
         self.failed = False
@@ -444,6 +449,8 @@ class Agent:
             if not w.proc.alive:
                 continue
             cpu, rss = w.proc.sample()
+            local = w.proc.spec.local_rank
+            dev = self.devices.latest.get(local) if self.devices is not None and local >= 0 else None
             self.send(
                 P.Telemetry(
                     node=self.node,
@@ -452,6 +459,9 @@ class Agent:
                     cpu_percent=cpu,
                     rss_bytes=rss,
                     ts=time.time(),
+                    device_util=dev.util if dev else None,
+                    device_mem_bytes=dev.used if dev else None,
+                    device_mem_total=dev.total if dev else None,
                 )
             )
 

@@ -235,6 +235,9 @@ class Telemetry(Message):
     cpu_percent: float | None
     rss_bytes: int | None
     ts: float
+    device_util: float | None = None  # percent, from nvidia-smi where the node has it
+    device_mem_bytes: int | None = None  # used on this rank's device (DEVICE_ID)
+    device_mem_total: int | None = None
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class RankView:
     step_time_s: float | None = None
     samples_per_s: float | None = None
     device_memory_bytes: int | None = None
+    device_memory_total: int | None = None
+    device_util: float | None = None  # percent
     cpu_percent: float | None = None
     rss_bytes: int | None = None
     exited: ProcExited | None = None
@@ -221,6 +223,9 @@ class ClusterState:
             r = self.ranks.get(msg.name)
             if r is not None:
                 r.cpu_percent, r.rss_bytes = msg.cpu_percent, msg.rss_bytes
+                r.device_util = msg.device_util
+                if msg.device_mem_bytes is not None:  # the device's own figure beats the trainer's
+                    r.device_memory_bytes, r.device_memory_total = msg.device_mem_bytes, msg.device_mem_total
         elif isinstance(msg, ProcStarted):
             r = self.ranks.get(msg.name)
             if r is not None:

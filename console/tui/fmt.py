@@ -107,3 +107,30 @@ def line(text: str, width: int = 0) -> str:
     """A log line made safe to show (control characters escaped), optionally cut to ``width``."""
     safe = printable(text)
     return safe if not width or len(safe) <= width else safe[: max(0, width - 1)] + "…"
+
+
+_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(fraction: float | None, width: int = 10) -> str:
+    """A bar of ``width`` cells filled to ``fraction`` (0..1), in eighths of a cell."""
+    if fraction is None or fraction != fraction:
+        return ""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (_EIGHTHS[part] if part else "")).ljust(width)
+
+
+def device_text(r: object) -> Text:
+    """Device memory (used/total, with a bar) and utilisation; "n/a" where the node reports none."""
+    used = getattr(r, "device_memory_bytes", None)
+    total = getattr(r, "device_memory_total", None)
+    util = getattr(r, "device_util", None)
+    text = Text(f"device mem {size(used, 'n/a')}")
+    if used is not None and total:
+        text.append(f"/{size(total)} ")
+        text.append(bar(used / total), style="cyan")
+    if util is not None:
+        text.append(f"  util {util:.0f}% ")
+        text.append(bar(util / 100), style="green")
+    return text

@@ -51,8 +51,13 @@ def starting(state: ClusterState) -> bool:
     return not all(p.complete for p in phases(state))
 
 
-def checks_need_a_look(state: ClusterState) -> bool:
-    """The preflight is over and something warned or failed: the Checks screen should be shown."""
-    return state.checks_finished is not None and any(
-        ev.status in (CheckStatus.WARN, CheckStatus.FAIL) for ev in state.checks.values()
-    )
+def checks_verdict(state: ClusterState) -> CheckStatus | None:
+    """Once the preflight is over: FAIL (the run will not launch: show the Checks screen), WARN
+    (the run goes on: say so), else None."""
+    if state.checks_finished is None:
+        return None
+    found = {ev.status for ev in state.checks.values()}
+    for status in (CheckStatus.FAIL, CheckStatus.WARN):
+        if status in found:
+            return status
+    return None

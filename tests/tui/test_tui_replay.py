@@ -219,7 +219,7 @@ async def test_checks_by_node() -> None:
     app = replay_app("checks")
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
-        # A warn and a fail: the Checks screen came up by itself, with the remedies.
+        # A fail: the Checks screen came up by itself, with the remedies.
         text = await shows(pilot, "6 checks")
         assert "disk" in text and "0.4 GiB free" in text and "free space under ~/.cache/mscon" in text
         assert "skipped: gpu" in text

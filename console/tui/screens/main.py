@@ -10,9 +10,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
+from ...events import CheckStatus
 from ..feed import Changes
 from ..model import ViewModel
-from ..startup import checks_need_a_look
+from ..startup import checks_verdict
 from ..widgets.rank_pane import OpenRank
 from ..widgets.status_bar import StatusBar
 from .checks import ChecksView
@@ -85,10 +86,16 @@ class MainScreen(Screen[None]):
             self.stale = True
             return
         self.query_one(StatusBar).show(self.model)
-        if not self.checks_shown and checks_need_a_look(self.model.state):
+        verdict = None if self.checks_shown else checks_verdict(self.model.state)
+        if verdict is CheckStatus.FAIL:  # the run will not launch: the remedies are what matters now
             self.checks_shown = True
             self.query_one(TabbedContent).active = View.CHECKS.value
             ch = None
+        elif verdict is CheckStatus.WARN:  # the run goes on; the remedies are one key away
+            self.checks_shown = True
+            self.app.notify(
+                "preflight warnings: see the Checks screen (3) for the remedies", severity="warning"
+            )
         if self.stale:
             ch, self.stale = None, False
         view = self.active

@@ -75,8 +75,8 @@ class RankPane(Widget, can_focus=True):
         nums = Text(f"step {r.last_step if r.last_step is not None else '-'}  loss {fmt.num(r.last_loss)}  ")
         nums.append(f"{fmt.step_time(st)}/step", style=fmt.STRAGGLER_STYLE if straggler else "")
         nums.append(f"  {fmt.rate(r.samples_per_s)} samples/s")
-        res = Text(f"device mem {fmt.size(r.device_memory_bytes, 'n/a')}  ")
-        res.append(f"cpu {fmt.num(r.cpu_percent, 0)}%  rss {fmt.size(r.rss_bytes)}")
+        res = fmt.device_text(r)
+        res.append(f"  cpu {fmt.num(r.cpu_percent, 0)}%  rss {fmt.size(r.rss_bytes)}")
         if r.exited is not None and not r.exited.ok:
             res.append(f"  {r.exited.signal or f'exit {r.exited.exitcode}'}", style=fmt.ROOT_STYLE)
         self.query_one("#head", Label).update(head)
