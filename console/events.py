@@ -200,6 +200,7 @@ class RunStarted(Event):
     world_size: int
     logs_dir: str
     max_restarts: int = 0
+    hosts: tuple[str, ...] = ()  # as the inventory gives them (ssh-config aliases, names, IPs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,7 @@ class RankView:
 @dataclass(slots=True)
 class NodeView:
     name: str
+    host: str = ""
     state: NodeState = NodeState.PENDING
     detail: str = ""
     lost_ns: int | None = None
@@ -134,7 +135,8 @@ class ClusterState:
         elif isinstance(ev, RunStarted):
             self.run_id, self.logs_dir, self.max_restarts = ev.run_id, ev.logs_dir, ev.max_restarts
             self.world_size = ev.world_size
-            self.nodes = {n: NodeView(n) for n in ev.nodes}
+            hosts = ev.hosts or ("",) * len(ev.nodes)
+            self.nodes = {n: NodeView(n, h) for n, h in zip(ev.nodes, hosts, strict=False)}
         elif isinstance(ev, NodeUpdate):
             self._node(ev)
         elif isinstance(ev, AttemptStarted):

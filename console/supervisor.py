@@ -198,6 +198,7 @@ class Supervisor:
                 inventory=str(self.inv.path),
                 nodes=tuple(p.node.name for p in self.plans),
                 world_size=self.inv.world_size,
+                hosts=tuple(p.node.host for p in self.plans),
                 logs_dir=str(self.logs_dir),
                 max_restarts=self.max_restarts,
             )

@@ -169,3 +169,12 @@ def test_start_up_phases_follow_the_recording() -> None:
     assert checks.failed == 1  # the recording's failed disk check
     assert seen[0] == (0, 0, 0, 0)  # nothing done at RunStarted
     assert not starting(state)  # the run is over: no start-up panel
+
+
+def test_nodes_keep_the_host_they_were_given() -> None:
+    from mscon.console.events import RunStarted
+    from mscon.console.state import ClusterState
+
+    state = ClusterState()
+    state.apply(RunStarted(0, "r", "inv.yaml", ("a", "b"), 4, "/tmp/x", hosts=("node-a", "10.0.0.2")))
+    assert [(n.name, n.host) for n in state.nodes.values()] == [("a", "node-a"), ("b", "10.0.0.2")]

@@ -11,7 +11,7 @@ from ...events import CheckStatus, RankState
 from .. import fmt
 from ..model import ViewModel
 
-COLUMNS = ("node", "state", "checks", "ranks up", "failed", "CPU", "memory")
+COLUMNS = ("node", "host", "state", "checks", "ranks up", "failed", "CPU", "memory")
 
 
 def checks_summary(model: ViewModel, node: str) -> Text:
@@ -52,6 +52,7 @@ class NodeTable(DataTable[str | Text]):
             view = st.nodes.get(name)
             row = (
                 fmt.line(name),
+                fmt.line(view.host) if view and view.host else "-",
                 fmt.node_state(view.state) if view else Text("-"),
                 checks_summary(model, name),
                 str(up),
