@@ -78,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="fewer mscon status lines")
     run.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=1.3,
+        metavar="F",
+        help="the console marks a rank whose step time is F x the others' median (default 1.3)",
+    )
+    run.add_argument(
+        "--straggler-window",
+        type=int,
+        default=20,
+        metavar="N",
+        help="... over its last N steps (default 20)",
+    )
+    run.add_argument(
         "--skip-check",
         action="append",
         default=[],
@@ -229,6 +243,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
         return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
+    if not (1.0 < args.straggler_factor <= 100.0 and 2 <= args.straggler_window <= 10_000):
+        return _usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         return _usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
     skip = _skip_checks(args.skip_check)

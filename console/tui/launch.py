@@ -11,6 +11,7 @@ from .. import exit_codes
 from ..events import Event
 from ..recorder import EventRecorder, read_events
 from ..reporter import format_summary
+from ..stragglers import StragglerPolicy
 from ..supervisor import Supervisor
 from .run import run_console
 from .source import LiveSource, ReplaySource
@@ -27,8 +28,9 @@ async def run_live(sup: Supervisor, args: argparse.Namespace) -> int:
         recorder = EventRecorder(args.events)
         sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
     source = LiveSource(sup)
+    policy = StragglerPolicy(factor=args.straggler_factor, window=args.straggler_window)
     try:
-        code = await run_console(source)
+        code = await run_console(source, policy=policy)
     finally:
         if recorder is not None:
             recorder.close()

@@ -178,3 +178,10 @@ def test_nodes_keep_the_host_they_were_given() -> None:
     state = ClusterState()
     state.apply(RunStarted(0, "r", "inv.yaml", ("a", "b"), 4, "/tmp/x", hosts=("node-a", "10.0.0.2")))
     assert [(n.name, n.host) for n in state.nodes.values()] == [("a", "node-a"), ("b", "10.0.0.2")]
+
+
+def test_straggler_thresholds_are_checked_on_the_command_line(tmp_path: Path) -> None:
+    from conftest import mscon
+
+    done = mscon("run", "--no-tui", "--straggler-factor", "0.5", cwd=tmp_path)
+    assert done.code == 2 and "--straggler-factor" in done.err and "Traceback" not in done.err
