@@ -68,7 +68,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch import MSRUN_REMOTE, Contention, wait_idle  # bench/ is on sys.path when run as a script
+from launch import (  # bench/ is on sys.path when run as a script
+    Contention,
+    bench_env,
+    start_msrun_node,
+    wait_idle,
+)
 from procstat import sshd_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -280,15 +285,6 @@ class Trial:
     def job_summary(self) -> str:
         c = collections.Counter(self.job.values())
         return ", ".join(f"{n} {r}" for r, n in sorted(c.items()))
-
-
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
-    env["GLOG_v"] = "3"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -534,7 +530,7 @@ def run_mscon(
     proc = subprocess.Popen(
         cmd,
         cwd=tmp,
-        env=_env(),
+        env=bench_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -735,34 +731,9 @@ def run_msrun(trial: Trial, a: argparse.Namespace, train_args: list[str], tmp: P
     trial.t_start = time.monotonic()
     try:
         for node in range(a.nodes):
-            log_dir = base / f"node{node}"
-            log_dir.mkdir(parents=True)
-            out = open(base / f"msrun-node{node}.out", "wb")  # closed in finally
-            outs.append(out)
-            launcher = [str(VENV_BIN / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
-            cmd = [
-                *launcher,
-                f"--worker_num={world}",
-                f"--local_worker_num={a.ranks_per_node}",
-                "--master_addr=127.0.0.1",
-                f"--master_port={port}",
-                f"--node_rank={node}",
-                f"--log_dir={log_dir}",
-                "--join=True",
-                SCRIPT,
-                *train_args,
-            ]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=REPO,
-                    env=_env(),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+            proc, out = start_msrun_node(base, node, a.nodes, a.ranks_per_node, port, train_args)
+            procs.append(proc)
+            outs.append(out)  # closed in finally
         poller.start()
         victim_log = f"node{a.rank // a.ranks_per_node}/worker_{a.rank}.log"
         deadline = trial.t_start + a.timeout

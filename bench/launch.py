@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from procstat import (  # bench/ is on sys.path when run as a script
     foreign_cpu,
@@ -117,7 +117,8 @@ class Trial:
         )
 
 
-def _env() -> dict[str, str]:
+def bench_env() -> dict[str, str]:
+    """Both launchers' environment: the venv's python first on PATH (msrun finds `python` there)."""
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
     env["GLOG_v"] = "3"
@@ -301,7 +302,7 @@ def run_mscon(
     proc = subprocess.Popen(
         cmd,
         cwd=tmp,
-        env=_env(),
+        env=bench_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -365,6 +366,42 @@ def run_mscon(
 # ---------------------------------------------------------------- msrun
 
 
+def start_msrun_node(
+    base: Path, node: int, nodes: int, ranks_per_node: int, port: int, train_args: list[str]
+) -> tuple[subprocess.Popen[bytes], BinaryIO]:
+    """Start msrun as node ``node`` would run it, logging under ``base/node<node>``; the caller
+    closes the returned output file (``base/msrun-node<node>.out``) and stops the process."""
+    log_dir = base / f"node{node}"
+    log_dir.mkdir(parents=True)
+    out = open(base / f"msrun-node{node}.out", "wb")  # noqa: SIM115 - the caller closes it
+    # msrun starts a scheduler wherever --master_addr is a local address, i.e. in EVERY process
+    # here (the second one then fails to bind and msrun exits 1). The other nodes run msrun as it
+    # runs on a second machine: same entry point, but the master address is not local.
+    launcher = [str(VENV_BIN / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
+    cmd = [
+        *launcher,
+        f"--worker_num={nodes * ranks_per_node}",
+        f"--local_worker_num={ranks_per_node}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        f"--node_rank={node}",
+        f"--log_dir={log_dir}",
+        "--join=True",
+        SCRIPT,
+        *train_args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=bench_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return proc, out
+
+
 def run_msrun(
     index: int, nodes: int, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float, port: int
 ) -> Trial:
@@ -375,37 +412,9 @@ def run_msrun(
     outs = []
     t0 = time.monotonic()
     for node in range(nodes):
-        log_dir = base / f"node{node}"
-        log_dir.mkdir(parents=True)
-        out = open(base / f"msrun-node{node}.out", "wb")  # closed below
-        outs.append(out)
-        # msrun starts a scheduler wherever --master_addr is a local address, i.e. in BOTH processes
-        # here (the second one then fails to bind and msrun exits 1). The other nodes run msrun as
-        # it runs on a second machine: same entry point, but the master address is not local.
-        launcher = [str(VENV_BIN / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
-        cmd = [
-            *launcher,
-            f"--worker_num={world}",
-            f"--local_worker_num={ranks_per_node}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            f"--node_rank={node}",
-            f"--log_dir={log_dir}",
-            "--join=True",
-            SCRIPT,
-            *train_args,
-        ]
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                env=_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+        proc, out = start_msrun_node(base, node, nodes, ranks_per_node, port, train_args)
+        procs.append(proc)
+        outs.append(out)  # closed below
     # rank r of node n logs to <log_dir of n>/worker_<r>.log; the scheduler to node0/scheduler.log
     logs = {r: base / f"node{r // ranks_per_node}" / f"worker_{r}.log" for r in range(world)}
     offsets = dict.fromkeys(logs, 0)
@@ -560,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"script: {SCRIPT} {' '.join(train_args)}; {a.repeat} trial(s) per launcher, order alternating")
     if not a.no_warmup:
         t = time.monotonic()
-        subprocess.run([str(PYTHON), "-c", "import mindspore"], env=_env(), check=True, capture_output=True)
+        warm = [str(PYTHON), "-c", "import mindspore"]
+        subprocess.run(warm, env=bench_env(), check=True, capture_output=True)
         print(f"warm-up (untimed): import mindspore took {time.monotonic() - t:.1f} s")
 
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-launch-"))
