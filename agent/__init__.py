@@ -11,4 +11,9 @@ AGENT_FILES = (
     "checks.py",
     "mesh.py",
     "devices.py",
+    "journal.py",
+    "coord.py",
+    "daemon.py",
+    "detached.py",
+    "relay.py",
 )

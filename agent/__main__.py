@@ -4,7 +4,8 @@ Two ways in:
 
 * ``python -m <agent package> --node NAME``: by hand, and in the agent's own tests.
 * the console's boot code (``console/bundle.py``: ``AGENT_BOOT``), which reads the start header
-  (``{"v": 1, "node": NAME, "dir": AGENT_DIR}``) from stdin, puts the folder on ``sys.path`` and
+  (``{"v": 1, "node": NAME, "dir": AGENT_DIR}``, plus ``"mode": "attach", "run": RUN_ID`` to reach
+  a detached run or ``"mode": "ls"`` to list runs) from stdin, puts the folder on ``sys.path`` and
   runs this module with the header in ``_BOOT_HEADER``. The node name therefore never appears in
   a command line: not in the one the node's login shell parses, not in the process list.
 """
@@ -24,7 +25,13 @@ def _argv():
         sys.stderr.write("mscon agent: the start header on stdin names no node\n")
         sys.stderr.flush()
         os._exit(2)
-    return ["--node=" + node]  # one word: a name starting with "-" is not read as an option
+    argv = ["--node=" + node]  # one word: a name starting with "-" is not read as an option
+    mode = header.get("mode")
+    if mode == "attach" and isinstance(header.get("run"), str):
+        argv.append("--attach=" + header["run"])
+    elif mode == "ls":
+        argv.append("--ls")
+    return argv
 
 
 code = main(_argv())

@@ -3,7 +3,12 @@
 Policy: the console owns restarts and cross-node decisions; the agent owns its node's processes.
 When a rank fails, the agent stops its node-local siblings at once (the console stops the other
 nodes). When stdin closes (the console or its SSH channel is gone), the agent stops everything
-and exits, so a crashed console leaves nothing behind.
+and exits, so a crashed console leaves nothing behind, unless the console detached the run first
+(``Detach``): then the agent becomes a daemon on a Unix socket and node 0's agent takes over the
+run's policy (``detached.py``).
+
+Every lifecycle message is also kept in the run folder's journal (``journal.py``), so a console
+that attaches later learns the whole run.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import time
 
 from . import procs as procmod
 from . import protocol as P
+from .detached import DetachedRun
 from .devices import DeviceSampler
 from .evidence import blame
+from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
 from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
@@ -71,16 +78,31 @@ class Agent:
         self._last_state_check = 0.0
         self._checks: queue.Queue | None = None  # preflight requests, run one at a time by a thread
         self._mesh: MeshListener | None = None
+        self.journal: Journal | None = None
+        self.run_dir = ""
+        self.detached: DetachedRun | None = None
+        self.to_console = True  # False once a detached agent's console left: output goes to clients
+        self.exit_now = False
+        self._state_extra: dict = {}
 
     # ------------------------------------------------------------ I/O
 
     def send(self, msg: P.Message) -> None:
+        if self.journal is not None and msg.type in JOURNALED:
+            self.journal.add(self.start_cmd.attempt if self.start_cmd else 0, msg.to_dict())
         line = P.encode(msg)
+        if self.detached is not None:
+            self.detached.observe(msg)  # the coordinator's policy, a follower's report
+            self.detached.broadcast(line)  # consoles attached on the socket
+        if not self.to_console:
+            return
         with self.out_lock:
             try:
                 self.out.write(line)
                 self.out.flush()
             except (BrokenPipeError, OSError, ValueError) as exc:
+                if self.detached is not None:
+                    return  # the console went while detaching: the daemon goes on
                 raise ConsoleGone() from exc
 
     def _read_stdin(self) -> None:
@@ -98,8 +120,8 @@ class Agent:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 if line.strip():
-                    self.inbox.put(line.decode("utf-8", errors="replace"))
-        self.inbox.put(None)  # EOF
+                    self.inbox.put(("console", None, line.decode("utf-8", errors="replace")))
+        self.inbox.put(("console", None, None))  # EOF
 
     # ------------------------------------------------------------ main loop
 
@@ -119,24 +141,40 @@ class Agent:
             )
             while True:
                 try:
-                    line = self.inbox.get(timeout=0.02)
+                    source, obj, line = self.inbox.get(timeout=0.02)
                 except queue.Empty:
-                    line = ""
-                if line is None:  # console gone
-                    self.stop("console closed the connection", self._grace())
-                    return 0
-                if line:
+                    source, obj, line = "", None, ""
+                if source == "console" and line is None:  # console gone
+                    if self.detached is not None:
+                        self.to_console = False
+                        self.detached.console_left()
+                    else:
+                        self.stop("console closed the connection", self._grace())
+                        self._final_state()
+                        return 0
+                elif source == "console":
                     self.last_heard = time.monotonic()
                     if not self.handle(line):
+                        self._final_state()
                         return 0
+                elif source:
+                    assert self.detached is not None
+                    self.detached.handle(source, obj, line)
                 elif self._console_silent():
                     self.stop(
                         "no word from the console for %gs (network partition?)" % self._watchdog(),
                         self._grace(),
                         report=False,
                     )
+                    self._final_state()
                     return 0
                 self.tick()
+                if self.detached is not None:
+                    self.detached.tick()
+                if self.exit_now:
+                    if self.detached is not None:
+                        self.detached.close()
+                    return 0
         except ConsoleGone:
             self.stop("console output closed", self._grace(), report=False)
             return 0
@@ -149,6 +187,8 @@ class Agent:
 
     def _console_silent(self) -> bool:
         """A partition leaves the channel open on this side: without this, ranks would run on."""
+        if self.detached is not None:
+            return False  # no console pings a detached run (followers watch their coordinator)
         limit = self._watchdog()
         return limit > 0 and time.monotonic() - self.last_heard > limit
 
@@ -186,7 +226,73 @@ class Agent:
             if self._mesh is not None:
                 self._mesh.close()
                 self._mesh = None
+        elif isinstance(msg, P.Detach):
+            self._detach(msg)
         return True
+
+    # ------------------------------------------------------------ detach
+
+    def _detach(self, msg: P.Detach) -> None:
+        if msg.role == "cancel":
+            if self.detached is not None:
+                self.detached.close()
+                self.detached = None
+                self._save_state()
+            self.send(P.Detached(node=self.node))
+            return
+        if self.start_cmd is None or self.journal is None:
+            self.send(P.Detached(node=self.node, error="no run to detach (nothing was started)"))
+            return
+        if self.detached is not None:
+            self.send(P.Detached(node=self.node, socket=self.detached.socket_path, error="already detached"))
+            return
+        try:
+            run = DetachedRun(self, msg)
+        except Exception as exc:  # noqa: BLE001 - told to the console, which stays attached
+            self.send(P.Detached(node=self.node, error="cannot detach: %s" % exc))
+            return
+        self.detached = run
+        self._state_extra["detached"] = True
+        self._state_extra["console"] = msg.console
+        self._save_state()
+        self.send(P.Detached(node=self.node, socket=run.socket_path, coordinator_port=run.coordinator_port))
+
+    def _save_state(self, **changes: object) -> None:
+        """state.json: what `mscon ls` and a later attach read."""
+        self._state_extra.update(changes)
+        if not self.run_dir or self.start_cmd is None:
+            return
+        state = {
+            "run_id": self.start_cmd.run_id,
+            "node": self.node,
+            "attempt": self.start_cmd.attempt,
+            "pid": os.getpid(),
+            "status": RunStatus.RUNNING,
+            "procs": [
+                {"name": w.proc.spec.name, "rank": w.proc.spec.rank, "pid": w.proc.popen.pid}
+                for w in self.watched
+            ],
+            "started": self._state_extra.get("started", time.time()),
+            "log_seq": {w.proc.spec.name: w.seq for w in self.watched},  # lines each log has streamed
+        }
+        state.update(self._state_extra)
+        try:
+            write_state(self.run_dir, state)
+        except OSError:
+            pass  # a full disk must not stop the run; ls shows the last state it could write
+
+    def _final_state(self) -> None:
+        """The node's own verdict as the agent leaves (a detached coordinator records the run's)."""
+        if not self.run_dir or self._state_extra.get("status", RunStatus.RUNNING) != RunStatus.RUNNING:
+            return
+        procs = [w.proc for w in self.watched]
+        if any(p.returncode not in (0, None) and not p.stop_sent for p in procs):
+            status = RunStatus.FAILED
+        elif procs and all(p.returncode == 0 for p in procs):
+            status = RunStatus.SUCCEEDED
+        else:
+            status = RunStatus.STOPPED
+        self._save_state(status=status)
 
     # ------------------------------------------------------------ commands
 
@@ -208,6 +314,11 @@ class Agent:
                 # Never mix two runs' logs: a reused run id would make old lines look new.
                 raise OSError("%s already holds logs of an earlier run with this run id" % log_dir)
             os.makedirs(log_dir, exist_ok=True)
+            if self.journal is None:
+                os.chmod(cmd.run_dir, 0o700)  # logs, journal and (detached) the socket: the user's only
+                self.run_dir = cmd.run_dir
+                self.journal = Journal(cmd.run_dir)
+                self._state_extra["started"] = time.time()
             if cmd.workdir_archive:
                 _unpack(cmd.workdir_archive, cmd.cwd)
             if not os.path.isdir(cmd.cwd):
@@ -242,6 +353,7 @@ class Agent:
                     log_path=proc.log_path,
                 )
             )
+        self._save_state()
 
     def stop(self, reason: str, grace_s: float, report: bool = True) -> None:
         procs = [w.proc for w in self.watched]
@@ -284,6 +396,8 @@ class Agent:
         if now - self._last_state_check >= _STATE_CHECK_S:
             self._last_state_check = now
             self._check_stopped(now)
+            if self.detached is not None and self.detached.hang_timeout_s > 0:
+                self._check_silent(self.detached.hang_timeout_s)
         if all(w.proc.reported for w in self.watched):
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
@@ -295,6 +409,7 @@ class Agent:
         lines = w.log.read_lines(final=final)
         if lines:
             w.progress_ns = time.time_ns()
+        parsed: list[P.Metric] = []
         for start in range(0, len(lines), _BATCH_MAX):
             chunk = lines[start : start + _BATCH_MAX]
             w.recent.extend(chunk)
@@ -310,12 +425,18 @@ class Agent:
                 )
             )
             w.seq += len(chunk)
-            for line in chunk:
-                self._evidence(w, line)
-            if not w.has_metrics_file:
+            # One substring test of the whole chunk spares the per-line tests of most chunks:
+            # these are blame()'s own first tests (agent/evidence.py).
+            text = "\n".join(chunk)
+            if "imed out" in text or "emote" in text or "eer rank" in text:
                 for line in chunk:
-                    self._parse_metric(w, line)
-        self._flush_metrics(w, final)
+                    self._evidence(w, line)
+            if not w.has_metrics_file:
+                for line in self.line_metrics.candidates(chunk, text):
+                    metric = self._parse_metric(w, line)
+                    if metric is not None:
+                        parsed.append(metric)
+        self._flush_metrics(w, final, parsed)
 
     def _evidence(self, w: Watched, line: str) -> None:
         found = blame(line)
@@ -334,27 +455,25 @@ class Agent:
             )
         )
 
-    def _parse_metric(self, w: Watched, line: str) -> None:
+    def _parse_metric(self, w: Watched, line: str) -> P.Metric | None:
         """Metrics of an unmodified script, from what it prints (LossMonitor, MindFormers, ...)."""
         parsed = self.line_metrics.parse(line)
         if parsed is None:
-            return
+            return None
         if parsed.step == NO_STEP:  # TimeMonitor: the step time of the step just reported
             w.step_time_s = parsed.step_time_s
-            return
+            return None
         spec = w.proc.spec
-        self.send(
-            P.Metric(
-                node=self.node,
-                name=spec.name,
-                rank=spec.rank,
-                step=parsed.step,
-                epoch=parsed.epoch,
-                loss=parsed.loss,
-                step_time_s=parsed.step_time_s if parsed.step_time_s is not None else w.step_time_s,
-                ts=time.time(),
-                source="parsed",
-            )
+        return P.Metric(
+            node=self.node,
+            name=spec.name,
+            rank=spec.rank,
+            step=parsed.step,
+            epoch=parsed.epoch,
+            loss=parsed.loss,
+            step_time_s=parsed.step_time_s if parsed.step_time_s is not None else w.step_time_s,
+            ts=time.time(),
+            source="parsed",
         )
 
     def _check_stopped(self, now: float) -> None:
@@ -369,6 +488,14 @@ class Agent:
                     self._report_hung(w, "stopped")
             else:
                 w.stopped_since = None
+
+    def _check_silent(self, limit_s: float) -> None:
+        """Detached, nobody sends Inspect: a rank silent for hang.timeout_s is reported here."""
+        cutoff = time.time_ns() - int(limit_s * 1e9)
+        for w in self.watched:
+            if w.proc.alive and not w.hung_reported and not w.proc.stop_sent and w.progress_ns < cutoff:
+                if not w.proc.spec.is_scheduler:  # the scheduler is quiet by nature
+                    self._report_hung(w, "no progress")
 
     def _report_hung(self, w: Watched, why: str) -> None:
         w.hung_reported = True
@@ -391,34 +518,38 @@ class Agent:
             )
         )
 
-    def _flush_metrics(self, w: Watched, final: bool) -> None:
-        if not w.has_metrics_file:
-            return
+    def _flush_metrics(self, w: Watched, final: bool, parsed: list[P.Metric] | None = None) -> None:
+        """Every metric of this flush (parsed from the log, or read from MSCON_METRICS) in one
+        MetricBatch: one message per rank and flush, not one per step."""
         spec = w.proc.spec
-        for line in w.metrics.read_lines(final=final):
-            obj = parse_metrics_line(line)
-            if obj is None:
-                continue
-            w.progress_ns = time.time_ns()
-            self.send(
-                P.Metric(
-                    node=self.node,
-                    name=spec.name,
-                    rank=spec.rank,
-                    step=obj["step"],
-                    epoch=_opt_int(obj.get("epoch")),
-                    loss=_opt_float(obj.get("loss")),
-                    step_time_s=_opt_float(obj.get("step_time_s")),
-                    samples_per_s=_opt_float(obj.get("samples_per_s")),
-                    ts=_opt_float(obj.get("ts")) or time.time(),
-                    source="metrics",
-                    loss_scale=_opt_float(obj.get("loss_scale")),
-                    overflow=obj["overflow"] if isinstance(obj.get("overflow"), bool) else None,
-                    device_memory_bytes=_opt_int(obj.get("device_memory_bytes")),
-                    checksum=_opt_str(obj.get("param_checksum")),
-                    profile_dir=_opt_str(obj.get("profile_dir")),
+        batch = parsed or []
+        if w.has_metrics_file:
+            for line in w.metrics.read_lines(final=final):
+                obj = parse_metrics_line(line)
+                if obj is None:
+                    continue
+                w.progress_ns = time.time_ns()
+                batch.append(
+                    P.Metric(
+                        node=self.node,
+                        name=spec.name,
+                        rank=spec.rank,
+                        step=obj["step"],
+                        epoch=_opt_int(obj.get("epoch")),
+                        loss=_opt_float(obj.get("loss")),
+                        step_time_s=_opt_float(obj.get("step_time_s")),
+                        samples_per_s=_opt_float(obj.get("samples_per_s")),
+                        ts=_opt_float(obj.get("ts")) or time.time(),
+                        source="metrics",
+                        loss_scale=_opt_float(obj.get("loss_scale")),
+                        overflow=obj["overflow"] if isinstance(obj.get("overflow"), bool) else None,
+                        device_memory_bytes=_opt_int(obj.get("device_memory_bytes")),
+                        checksum=_opt_str(obj.get("param_checksum")),
+                        profile_dir=_opt_str(obj.get("profile_dir")),
+                    )
                 )
-            )
+        if batch:
+            self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
 
     def _report_exit(self, w: Watched) -> None:
         p = w.proc
@@ -445,13 +576,14 @@ class Agent:
         )
 
     def _telemetry(self) -> None:
+        items = []
         for w in self.watched:
             if not w.proc.alive:
                 continue
             cpu, rss = w.proc.sample()
             local = w.proc.spec.local_rank
             dev = self.devices.latest.get(local) if self.devices is not None and local >= 0 else None
-            self.send(
+            items.append(
                 P.Telemetry(
                     node=self.node,
                     name=w.proc.spec.name,
@@ -464,6 +596,8 @@ class Agent:
                     device_mem_total=dev.total if dev else None,
                 )
             )
+        if items:  # the node's processes in one message a second, not one each
+            self.send(P.TelemetryBatch(node=self.node, items=tuple(items)))
 
     # ------------------------------------------------------------ preflight
 
@@ -582,5 +716,17 @@ def _opt_str(v: object) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mscon-agent", description="mscon node agent (JSON lines on stdio)")
     parser.add_argument("--node", required=True, help="this node's name in the inventory")
+    parser.add_argument(
+        "--attach", metavar="RUN_ID", help="relay to the detached run's agent (or read its files)"
+    )
+    parser.add_argument("--ls", action="store_true", help="list this node's runs as JSON lines")
     args = parser.parse_args(argv)
+    if args.ls:
+        from .relay import ls_main
+
+        return ls_main(args.node)
+    if args.attach:
+        from .relay import relay_main
+
+        return relay_main(args.node, args.attach)
     return Agent(args.node).run()

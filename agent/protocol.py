@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 2  # 2: attempts, hang reports, blame evidence, name resolution
+PROTOCOL_VERSION = 3  # 2: attempts, hang reports, blame evidence, name resolution; 3: detach/attach
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -324,6 +324,141 @@ class Resolved(Message):
     error: str | None = None
 
 
+# ---------------------------------------------------------------- detach and attach
+
+
+class Role:
+    """What a detached agent does besides its own node (plain strings on the wire)."""
+
+    COORDINATOR = "coordinator"  # node 0: carries the run's policy while no console is attached
+    FOLLOWER = "follower"  # reports to the coordinator, takes its Stop and Start
+
+
+class CoordKind:
+    """What the coordinator decided (``Coord.kind``)."""
+
+    STOPPING = "stopping"
+    ATTEMPT_ENDED = "attempt_ended"
+    RESTARTING = "restarting"
+    ATTEMPT_STARTED = "attempt_started"
+    RUN_ENDED = "run_ended"
+
+
+@dataclass(frozen=True)
+class Detach(Message):
+    """Keep the run going without the console: become a daemon reachable on a Unix socket in the
+    run folder. The coordinator also gets the policy: the Start of every node for the next attempt
+    (``next_starts``, Start.to_dict() each), the restarts left and the backoff."""
+
+    type: ClassVar[str] = "detach"
+    role: str = Role.FOLLOWER
+    secret: str = ""  # authenticates followers to the coordinator (HMAC; never sent back)
+    coordinator_host: str = ""  # followers: where the coordinator listens
+    coordinator_port: int = 0
+    nodes: tuple[str, ...] = ()  # coordinator: every node of the run, itself first
+    restarts_left: int = 0
+    backoff_s: float = 0.0
+    hang_timeout_s: float = 0.0  # no line or metric this long: the agent reports the rank hung
+    next_starts: tuple[dict, ...] = ()
+    console: str = ""  # who detached (user@host pid), for `mscon ls` and a refused second attach
+
+
+@dataclass(frozen=True)
+class Detached(Message):
+    type: ClassVar[str] = "detached"
+    node: str
+    socket: str = ""
+    coordinator_port: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Attach(Message):
+    """First message of a console on a detached agent's socket: replay the journal from entry
+    ``journal_from``, then each rank's log of the current attempt from line ``log_from[name]``,
+    then go live. ``follow`` False: end after the replay (``mscon logs``)."""
+
+    type: ClassVar[str] = "attach"
+    journal_from: int = 0
+    log_from: dict = field(default_factory=dict)  # process name -> first line wanted, in log_attempt
+    log_attempt: int = -1  # the attempt log_from counts in; logs of later attempts come whole
+    read_only: bool = False
+    follow: bool = True
+    console: str = ""
+
+
+@dataclass(frozen=True)
+class Journaled(Message):
+    """One journal entry: an agent message of attempt ``attempt``, as it was sent (a dict)."""
+
+    type: ClassVar[str] = "journaled"
+    node: str
+    index: int
+    attempt: int
+    msg: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JournalDone(Message):
+    """The journal replay is complete; ``attempt`` is the node's current attempt, ``live`` whether an
+    agent still runs there (False: the run ended and this is read from its files)."""
+
+    type: ClassVar[str] = "journal_done"
+    node: str
+    entries: int
+    attempt: int
+    live: bool = True
+
+
+@dataclass(frozen=True)
+class ReplayDone(Message):
+    """Every log line up to now has been replayed; what follows is live."""
+
+    type: ClassVar[str] = "replay_done"
+    node: str
+
+
+@dataclass(frozen=True)
+class Coord(Message):
+    """A decision of the coordinator of a detached run (``CoordKind``); journaled on node 0."""
+
+    type: ClassVar[str] = "coord"
+    node: str
+    kind: str
+    attempt: int
+    reason: str = ""
+    trigger: str | None = None  # the process (or node) that caused a stop
+    outcome: str = ""  # ATTEMPT_ENDED: succeeded | failed | interrupted | restart; RUN_ENDED: the status
+    backoff_s: float = 0.0
+    restarts_left: int = 0
+    ts_ns: int = 0
+
+
+@dataclass(frozen=True)
+class RunInfo(Message):
+    """One run this node holds (``mscon ls``), read from its state.json."""
+
+    type: ClassVar[str] = "run_info"
+    node: str
+    run_id: str
+    status: str  # journal.RunStatus
+    attempt: int = 0
+    started: float | None = None
+    updated: float | None = None
+    detached: bool = False
+    live: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RunCommand(Message):
+    """An attached console's command for the coordinator: ``stop`` or ``restart``."""
+
+    type: ClassVar[str] = "run_command"
+    action: str = "stop"
+    reason: str = ""
+
+
 # ---------------------------------------------------------------- preflight
 
 
@@ -399,3 +534,107 @@ class MeshResult(Message):
 @dataclass(frozen=True)
 class MeshClose(Message):
     type: ClassVar[str] = "mesh_close"
+
+
+# ---------------------------------------------------------------- batches (scale)
+
+# Metric fields a MetricBatch item leaves out when they hold their default (most do, most steps).
+_METRIC_DEFAULTS = (
+    ("loss", None),
+    ("epoch", None),
+    ("step_time_s", None),
+    ("samples_per_s", None),
+    ("ts", 0.0),
+    ("source", "parsed"),
+    ("loss_scale", None),
+    ("overflow", None),
+    ("device_memory_bytes", None),
+    ("checksum", None),
+    ("profile_dir", None),
+)
+_METRIC_ITEM_KEYS = frozenset(["step"] + [key for key, _ in _METRIC_DEFAULTS])
+
+
+@dataclass(frozen=True)
+class MetricBatch(Message):
+    """Consecutive metrics of one process, oldest first: one message per flush, not one per step.
+
+    On the wire each item is a compact mapping (``step`` plus the fields that differ from their
+    default; node, name and rank once for the batch); decoded, ``metrics`` holds whole ``Metric``
+    messages, so consumers handle each one as they would a Metric on its own.
+    """
+
+    type: ClassVar[str] = "metrics"
+    node: str
+    name: str
+    rank: int
+    metrics: tuple = ()  # Metric each, with this batch's node, name and rank
+
+    def __post_init__(self) -> None:
+        items = self.metrics
+        if items and isinstance(items[0], dict):  # as decoded: compact mappings
+            # Metric.__init__ sets 16 frozen fields one by one; this is the same object built
+            # from a filled-in __dict__, several times faster (thousands of metrics a second).
+            base = dict(_METRIC_DEFAULTS)
+            base["node"], base["name"], base["rank"] = self.node, self.name, self.rank
+            built = []
+            for d in items:
+                if not isinstance(d, dict) or "step" not in d or not _METRIC_ITEM_KEYS.issuperset(d):
+                    raise ProtocolError("bad metrics item: %.120r" % (d,))
+                m = object.__new__(Metric)
+                m.__dict__.update(base)
+                m.__dict__.update(d)
+                built.append(m)
+            object.__setattr__(self, "metrics", tuple(built))
+
+    def to_dict(self) -> dict[str, Any]:
+        items = []
+        for m in self.metrics:
+            d: dict[str, Any] = {"step": m.step}
+            for key, default in _METRIC_DEFAULTS:
+                value = getattr(m, key)
+                if value != default:
+                    d[key] = value
+            items.append(d)
+        return {"type": self.type, "node": self.node, "name": self.name, "rank": self.rank, "metrics": items}
+
+
+_TELEMETRY_FIELDS = (
+    "name",
+    "rank",
+    "cpu_percent",
+    "rss_bytes",
+    "ts",
+    "device_util",
+    "device_mem_bytes",
+    "device_mem_total",
+)
+
+
+@dataclass(frozen=True)
+class TelemetryBatch(Message):
+    """Every live process's Telemetry of one node in one message (once a second), in the order sampled.
+
+    On the wire each item is a list of the values of ``_TELEMETRY_FIELDS``; decoded, ``items`` holds
+    whole ``Telemetry`` messages.
+    """
+
+    type: ClassVar[str] = "telemetry_batch"
+    node: str
+    items: tuple = ()  # Telemetry each, with this batch's node
+
+    def __post_init__(self) -> None:
+        items = self.items
+        if items and isinstance(items[0], list):  # as decoded: rows of values
+            node = self.node
+            try:
+                built = tuple(Telemetry(node, *row) for row in items if len(row) == len(_TELEMETRY_FIELDS))
+            except TypeError as exc:
+                raise ProtocolError("bad telemetry item: %s" % exc) from None
+            if len(built) != len(items):
+                raise ProtocolError("bad telemetry item: expected %d values" % len(_TELEMETRY_FIELDS))
+            object.__setattr__(self, "items", built)
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [[getattr(t, f) for f in _TELEMETRY_FIELDS] for t in self.items]
+        return {"type": self.type, "node": self.node, "items": rows}

@@ -170,6 +170,18 @@ class LineMetrics:
             if compiled is not None and "step" in compiled.groupindex:
                 self._user = compiled
 
+    def candidates(self, lines: list[str], text: str | None = None) -> list[str]:
+        """The lines ``parse`` may recognise, in order: all of them with a user pattern, else only
+        those with "oss"/"OSS" or "step time". ``text`` is the lines joined by newlines (where the
+        caller has it): one substring test of the whole chunk rules out most chunks at once."""
+        if self._user is not None:
+            return lines
+        if text is None:
+            text = "\n".join(lines)
+        if "oss" not in text and "OSS" not in text and "step time" not in text:
+            return []
+        return [line for line in lines if "oss" in line or "OSS" in line or "step time" in line]
+
     def parse(self, line: str) -> ParsedMetric | None:
         if self._user is not None:
             parsed = self._parse_user(line)

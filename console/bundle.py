@@ -70,7 +70,7 @@ def agent_argv() -> list[str]:
     return ["/bin/sh", "-c", AGENT_SH, AGENT_BOOT]
 
 
-def agent_stdin_header(python: str, agent_dir: str, node: str) -> str:
+def agent_stdin_header(python: str, agent_dir: str, node: str, mode: dict | None = None) -> str:
     """What the console writes to the agent's stdin first: the python path, then one JSON line.
 
     Raises ``ValueError`` for a python path that cannot travel as one line or would be read as an
@@ -84,7 +84,7 @@ def agent_stdin_header(python: str, agent_dir: str, node: str) -> str:
         raise ValueError(
             f"unusable python path {python!r}: empty, starting with '-' or holding a control character"
         )
-    header = {"v": BOOT_HEADER_VERSION, "node": node, "dir": agent_dir}
+    header = {"v": BOOT_HEADER_VERSION, "node": node, "dir": agent_dir, **(mode or {})}
     return python + "\n" + json.dumps(header, ensure_ascii=True, separators=(",", ":")) + "\n"
 
 

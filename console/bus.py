@@ -15,7 +15,7 @@ import inspect
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from mscon.agent.protocol import Metric, Telemetry
+from mscon.agent.protocol import Metric, MetricBatch, Telemetry, TelemetryBatch
 
 from .events import AgentEvent, Event, Notice
 
@@ -23,7 +23,9 @@ Handler = Callable[[Event], None | Awaitable[None]]
 
 
 def _droppable(ev: Event) -> bool:
-    return isinstance(ev, AgentEvent) and isinstance(ev.msg, Metric | Telemetry)
+    return isinstance(ev, AgentEvent) and isinstance(
+        ev.msg, Metric | Telemetry | MetricBatch | TelemetryBatch
+    )
 
 
 class Subscription:
@@ -96,7 +98,7 @@ class EventBus:
         async for event in sub:
             try:
                 result = handler(event)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):  # most handlers return None
                     await result
             except Exception as exc:  # noqa: BLE001 - a broken view must not take the run with it
                 last = traceback.format_exception_only(exc)[-1].strip()

@@ -32,6 +32,12 @@ def _version() -> str:
         return "unknown"
 
 
+_SLURM_HELP = (
+    "the nodes of the Slurm allocation this runs in (salloc, sbatch), reached through srun "
+    "(as nodes: {from: slurm} in the inventory)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mscon",
@@ -99,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="launch even if this preflight check fails (repeatable; recorded in the summary)",
     )
     run.add_argument("--no-check", action="store_true", help="launch without the quick preflight checks")
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the run, then leave it going on the nodes with no console (mscon attach RUN_ID)",
+    )
+    run.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
     check = sub.add_parser(
         "check",
         help="run the preflight checks on every node, start nothing",
@@ -123,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the AllReduce smoke test over every rank (default: on)",
     )
     check.add_argument("--workdir", type=Path, help="override job.workdir")
+    check.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
     check.add_argument(
         "--logs-dir",
         metavar="DIR",
@@ -145,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--speed", type=float, default=1.0, help="x real time (default 1; 0: as fast as possible)"
     )
+    from .runs_cli import add_parsers
+
+    add_parsers(sub)
     validate = sub.add_parser(
         "validate",
         help="check inventories without connecting anywhere",
@@ -177,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         from .validate import validate_main
 
         return validate_main(args.inventories)
+    if args.command in ("attach", "stop", "logs"):
+        from .runs_cli import attach_main
+
+        return attach_main(args, args.command)
+    if args.command == "ls":
+        from .runs_cli import ls_main
+
+        return ls_main(args)
     parser.error(f"unknown command {args.command}")
     return exit_codes.USAGE
 
@@ -204,6 +228,13 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     except InventoryError as exc:
         print(str(exc), file=sys.stderr)
         return exit_codes.USAGE
+    if args.slurm or inv.slurm is not None:
+        from .slurm import SlurmError, apply_allocation
+
+        try:
+            inv = apply_allocation(inv)
+        except SlurmError as exc:
+            return _usage_error(str(exc))
     if args.workdir is not None:
         workdir = args.workdir.resolve()
         if not workdir.is_dir():
@@ -238,7 +269,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
     if isinstance(job, int):
         return job
     inv, script, args_tuple = job
-    args.tui = _wants_tui(args)
+    args.tui = _wants_tui(args) and not args.detach
     if args.command == "up" and not args.tui:
         return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
@@ -263,6 +294,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         accept_new_host_keys=args.accept_new_host_keys,
         max_restarts=args.max_restarts,
         preflight=preflight,
+        detach=args.detach,
     )
     try:
         return asyncio.run(_run_engine(inv, options, args))

@@ -23,4 +23,12 @@ class RestartGroup:
     reason: str = "restart requested by the operator"
 
 
-Command = StopJob | RestartGroup
+@dataclass(frozen=True, slots=True)
+class DetachRun:
+    """Leave the run going on the nodes with no console: the agents become daemons and node 0's
+    agent carries the run's policy (stop on failure, group restarts); ``mscon attach`` comes back."""
+
+    reason: str = "detached by the operator"
+
+
+Command = StopJob | RestartGroup | DetachRun

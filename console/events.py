@@ -61,13 +61,21 @@ class JobState(enum.StrEnum):
     INTERRUPTED = "interrupted"
     UNREACHABLE = "unreachable"
     ERROR = "error"
+    DETACHED = "detached"  # still running on the nodes, with no console (mscon attach RUN_ID)
 
     @property
     def final(self) -> bool:
         return self in _FINAL
 
 
-_FINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.INTERRUPTED, JobState.UNREACHABLE, JobState.ERROR}
+_FINAL = {
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.INTERRUPTED,
+    JobState.UNREACHABLE,
+    JobState.ERROR,
+    JobState.DETACHED,
+}
 
 
 class AttemptOutcome(enum.StrEnum):
@@ -75,6 +83,7 @@ class AttemptOutcome(enum.StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     RESTART_REQUESTED = "restart requested"  # by the operator: does not use up the restart budget
+    DETACHED = "detached"  # the console left; the run goes on under its node-0 coordinator
 
 
 class CheckStatus(enum.StrEnum):

@@ -8,7 +8,9 @@ Schema (``*`` = required; defaults in brackets):
     name*            a label: [A-Za-z0-9_][A-Za-z0-9._-]*, at most 64 characters
     device_target*   GPU | Ascend | CPU
     defaults         transport, user, port, python, identity_file, env: applied to every node
-    nodes*           1..1024 mappings:
+    nodes*           1..1024 mappings, or {from: slurm, devices [from the allocation]: 1..1024}:
+                     the nodes of the Slurm allocation, found at run time (console/slurm.py);
+                     defaults' python and env apply to each, its transport is srun
       host*          hostname, IPv4/IPv6 literal or ssh-config alias ([A-Za-z0-9._-], not
                      starting with '-' or '.'), at most 255 characters
       devices*       1..1024; the world size (their sum) is at most 65536
@@ -165,6 +167,15 @@ class StopSpec:
 
 
 @dataclass(frozen=True)
+class SlurmNodes:
+    """``nodes: {from: slurm}``: the nodes come from the Slurm allocation at run time."""
+
+    devices: int | None = None  # None: from the allocation (SLURM_GPUS_ON_NODE, ...)
+    python: str | None = None  # defaults.python
+    env: dict[str, str] = field(default_factory=dict)  # defaults.env
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     name: str
@@ -177,6 +188,7 @@ class Inventory:
     ssh: SshSpec = SshSpec()
     stop: StopSpec = StopSpec()
     hang: HangSpec = HangSpec()
+    slurm: SlurmNodes | None = None  # nodes from the allocation: ``nodes`` is empty until applied
 
     @property
     def world_size(self) -> int:
@@ -833,7 +845,11 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
     if "defaults" in top:
         defaults = _node_fields(r, r.mapping(top["defaults"], "defaults", _DEFAULT_KEYS), "defaults")
 
-    nodes = _nodes(r, top["nodes"], defaults)
+    slurm = None
+    if isinstance(top["nodes"], yaml.MappingNode):  # nodes: {from: slurm}
+        slurm, nodes = _slurm_nodes(r, top, defaults), ()
+    else:
+        nodes = _nodes(r, top["nodes"], defaults)
 
     scheduler = SchedulerSpec()
     if "scheduler" in top:
@@ -899,6 +915,7 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
         ssh=ssh,
         stop=stop,
         hang=hang,
+        slurm=slurm,
     )
 
 
@@ -962,6 +979,25 @@ def _nodes(r: _Reader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tuple
     if any(n.transport == "local" for n in nodes) and len(nodes) > 1:
         raise r.fail(nodes_node, "nodes", "a local node must be the only node of its inventory")
     return tuple(nodes)
+
+
+def _slurm_nodes(r: _Reader, top: dict[str, yaml.Node], defaults: dict[str, Any]) -> SlurmNodes:
+    m = r.mapping(top["nodes"], "nodes", {"from": True, "devices": False})
+    r.choice(m["from"], "nodes.from", ("slurm",))
+    if "defaults" in top:
+        for key, value in top["defaults"].value:
+            if key.value == "transport":
+                raise r.fail(value, "defaults.transport", "nodes from slurm are reached through srun")
+    devices = None
+    if "devices" in m:
+        devices = r.integer(
+            m["devices"],
+            "nodes.devices",
+            1,
+            MAX_DEVICES_PER_NODE,
+            f"a positive integer (at most {MAX_DEVICES_PER_NODE})",
+        )
+    return SlurmNodes(devices=devices, python=defaults.get("python"), env=dict(defaults.get("env", {})))
 
 
 def _node_fields(r: _Reader, m: dict[str, yaml.Node], where: str) -> dict[str, Any]:

@@ -16,7 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from mscon.agent.protocol import SCHEDULER_RANK, AgentError, Evidence, LogBatch, Metric, ProcExited, ProcHung
+from mscon.agent.protocol import (
+    SCHEDULER_RANK,
+    AgentError,
+    Evidence,
+    LogBatch,
+    Metric,
+    MetricBatch,
+    ProcExited,
+    ProcHung,
+)
 
 from .events import (
     AgentEvent,
@@ -124,20 +133,21 @@ class HeadlessReporter:
         self.colour = stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         stream.flush()
         self.writer = StdoutWriter(stream.fileno(), on_output_closed)
-        self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._prefixes: dict[tuple[str, str], str] = {}
         self.err = err or sys.stderr
         self.json_path = json_path
         self.quiet_states = quiet_states
         self.result: RunResult | None = None
 
-    def _prefix(self, node: str, name: str) -> bytes:
+    def _prefix(self, node: str, name: str) -> str:
         key = (node, name)
-        if key not in self._prefixes:
+        text = self._prefixes.get(key)
+        if text is None:
             text = f"[{printable(node)} {printable(name)}] "
             if self.colour:
                 text = f"\x1b[{_PALETTE[len(self._prefixes) % len(_PALETTE)]}m{text}\x1b[0m"
-            self._prefixes[key] = text.encode()
-        return self._prefixes[key]
+            self._prefixes[key] = text
+        return text
 
     def note(self, text: str) -> None:
         try:
@@ -186,11 +196,12 @@ class HeadlessReporter:
     def _agent(self, event: AgentEvent) -> None:
         msg = event.msg
         if isinstance(msg, LogBatch):
-            prefix = self._prefix(msg.node, msg.name)
-            # One write per batch of whole lines: output of two ranks never mixes inside a line.
-            self.writer.write(
-                b"".join(prefix + line.encode("utf-8", "replace") + b"\n" for line in msg.lines)
-            )
+            if msg.lines:
+                prefix = self._prefix(msg.node, msg.name)
+                # One write per batch of whole lines: output of two ranks never mixes inside a
+                # line. Joined as text and encoded once, not line by line: the ingest hot path.
+                text = prefix + ("\n" + prefix).join(msg.lines) + "\n"
+                self.writer.write(text.encode("utf-8", "replace"))
         elif isinstance(msg, ProcExited):
             if not msg.ok and not msg.stopped_by_agent:
                 what = f"killed by {msg.signal}" if msg.signal else f"exit code {msg.exitcode}"
@@ -202,6 +213,10 @@ class HeadlessReporter:
             self.note(
                 f"MindSpore names rank(s) {', '.join(map(str, msg.ranks))}: {printable(msg.text)[:300]}"
             )
+        elif isinstance(msg, MetricBatch):
+            for m in msg.metrics:
+                if m.profile_dir:
+                    self.note(f"{_who(m.name, m.node)}: profiler output in {m.profile_dir}")
         elif isinstance(msg, Metric):
             if msg.profile_dir:
                 self.note(f"{_who(msg.name, msg.node)}: profiler output in {msg.profile_dir}")

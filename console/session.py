@@ -13,9 +13,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from mscon.agent.protocol import PROTOCOL_VERSION, Hello, Message, Ping, Resolve, Resolved, Shutdown
+from mscon.agent.protocol import (
+    PROTOCOL_VERSION,
+    Hello,
+    Message,
+    Ping,
+    Resolve,
+    Resolved,
+    RunInfo,
+    Shutdown,
+)
 
 from . import safepath
 from .bundle import WorkdirArchive, agent_bundle, workdir_archive
@@ -25,6 +34,7 @@ from .plan import NodePlan
 from .transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, make_transport
 
 HELLO_TIMEOUT_S = 60.0
+M = TypeVar("M", bound=Message)
 _LARGE_ARCHIVE = 64 * 2**20
 _FETCH_TIMEOUT_S = 300.0
 
@@ -71,8 +81,10 @@ class ClusterSession:
         inbox: Inbox,
         accept_new_host_keys: bool = False,
         transport_factory: TransportFactory = make_transport,
+        attach: bool = False,
     ) -> None:
         self.inv = inv
+        self.attach = attach  # reach the run's detached agents (a relay each) instead of starting agents
         self.run_id = run_id
         self.emit = emit
         self.inbox = inbox
@@ -91,7 +103,7 @@ class ClusterSession:
 
     async def open(self) -> list[str]:
         """Connect and start the agent on every node; one-line errors of the nodes that failed."""
-        if any(link.transport.syncs_workdir for link in self.links.values()):
+        if not self.attach and any(link.transport.syncs_workdir for link in self.links.values()):
             self._archive = await asyncio.to_thread(
                 workdir_archive, self.inv.job.workdir, self.inv.job.exclude
             )
@@ -121,10 +133,14 @@ class ClusterSession:
         await link.transport.connect()
         self._state(link.name, NodeState.DEPLOYING)
         agent_dir = await link.transport.ensure_agent(self._bundle)
-        if link.transport.syncs_workdir:
-            assert self._archive is not None
-            link.remote_archive = await link.transport.upload_workdir(self._archive)
-        link.channel = await link.transport.start_agent(agent_dir, link.plan.python)
+        if self.attach:
+            mode = {"mode": "attach", "run": self.run_id}
+            link.channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
+        else:
+            if link.transport.syncs_workdir:
+                assert self._archive is not None
+                link.remote_archive = await link.transport.upload_workdir(self._archive)
+            link.channel = await link.transport.start_agent(agent_dir, link.plan.python)
         link.hello_waiter = asyncio.get_running_loop().create_future()
         link.open = True
         link.reader = asyncio.get_running_loop().create_task(self._read(link), name=f"reader:{link.name}")
@@ -222,17 +238,26 @@ class ClusterSession:
 
         await asyncio.gather(*(one(n) for n, link in self.links.items() if link.open))
 
-    async def resolve(self, node: str, host: str, wait_s: float = 15.0) -> Resolved:
+    async def request(self, node: str, msg: Message, reply: type[M], wait_s: float) -> M | str:
+        """Send ``msg`` and wait for the node's answer of type ``reply``; a one-line error instead."""
         link = self.links[node]
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        link.waiters[Resolved.type] = fut
-        if not await self.send(node, Resolve(host=host)):
-            return Resolved(node=node, host=host, error="the node's agent is not connected")
+        link.waiters[reply.type] = fut
+        if not await self.send(node, msg):
+            link.waiters.pop(reply.type, None)
+            return "the node's agent is not connected"
         try:
             answer = await asyncio.wait_for(fut, wait_s)
         except (TimeoutError, asyncio.CancelledError):
-            return Resolved(node=node, host=host, error=f"no answer from the agent in {wait_s:g} s")
-        assert isinstance(answer, Resolved)
+            link.waiters.pop(reply.type, None)
+            return f"no answer from the agent in {wait_s:g} s"
+        assert isinstance(answer, reply)
+        return answer
+
+    async def resolve(self, node: str, host: str, wait_s: float = 15.0) -> Resolved:
+        answer = await self.request(node, Resolve(host=host), Resolved, wait_s)
+        if isinstance(answer, str):
+            return Resolved(node=node, host=host, error=answer)
         return answer
 
     def run_dir(self, node: str) -> str:
@@ -255,6 +280,39 @@ class ClusterSession:
             link.reader.cancel()
             with contextlib.suppress(BaseException):
                 await link.reader
+
+    async def release(self) -> None:
+        """Let every (detached) agent go: our channels close, the agents and their ranks run on."""
+
+        async def one(link: NodeLink) -> None:
+            link.open = False  # an ending channel is now our doing, not a lost node
+            if link.channel is not None:
+                with contextlib.suppress(Exception):
+                    await link.channel.release()
+            if link.reader is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(link.reader, 5.0)
+
+        await asyncio.gather(*(one(link) for link in self.links.values()))
+
+    async def list_runs(self) -> tuple[list[RunInfo], list[str]]:
+        """Every run the nodes hold (``mscon ls``), and the one-line errors of unreachable nodes."""
+        found: list[RunInfo] = []
+
+        async def one(link: NodeLink) -> None:
+            self._state(link.name, NodeState.CONNECTING)
+            await link.transport.connect()
+            agent_dir = await link.transport.ensure_agent(self._bundle)
+            channel = await link.transport.start_agent(agent_dir, link.plan.python, {"mode": "ls"})
+            try:
+                while (msg := await asyncio.wait_for(channel.recv(), HELLO_TIMEOUT_S)) is not None:
+                    if isinstance(msg, RunInfo):
+                        found.append(msg)
+            finally:
+                await channel.close(wait_s=5.0)
+
+        errors = await self._each(list(self.links.values()), one)
+        return found, errors
 
     async def cut(self, node: str) -> None:
         """Close one node's channel now (its agent sees EOF and stops its ranks itself)."""

@@ -17,10 +17,12 @@ from mscon.agent.protocol import (
     Evidence,
     LogBatch,
     Metric,
+    MetricBatch,
     ProcExited,
     ProcHung,
     ProcStarted,
     Telemetry,
+    TelemetryBatch,
 )
 
 from .events import (
@@ -125,6 +127,10 @@ class ClusterState:
         self.checks: dict[tuple[str, str], CheckReported] = {}  # (node, check) -> latest result
         self.checks_finished: ChecksFinished | None = None
         self.events = 0
+        # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
+        # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
+        self._workers = 0
+        self._ok_exits = 0
 
     # ------------------------------------------------------------ the reducer
 
@@ -143,6 +149,8 @@ class ClusterState:
             self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns))
             self.job = JobState.RUNNING
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
+            self._workers = sum(1 for r in ev.ranks if r.rank != SCHEDULER_RANK)
+            self._ok_exits = 0
         elif isinstance(ev, Stopping):
             att = self.attempt
             if att is not None and att.stop_reason is None:
@@ -206,28 +214,27 @@ class ClusterState:
             if msg.seq > r.next_seq:
                 r.lost_lines += msg.seq - r.next_seq
             r.next_seq = msg.seq + len(msg.lines)
-            r.tail.extend(msg.lines)
+            r.tail.extend(msg.lines[-_TAIL:])  # the deque keeps the last _TAIL anyway
             self._progress(r, msg.ts_ns)
+        elif isinstance(msg, MetricBatch):
+            r = self.ranks.get(msg.name)
+            if r is not None:
+                for m in msg.metrics:
+                    self._metric(r, m)
+        elif isinstance(msg, TelemetryBatch):
+            ranks = self.ranks
+            for t in msg.items:
+                r = ranks.get(t.name)
+                if r is not None:
+                    _telemetry(r, t)
         elif isinstance(msg, Metric):
             r = self.ranks.get(msg.name)
-            if r is None:
-                return
-            r.last_step = msg.step
-            if msg.loss is not None:
-                r.last_loss = msg.loss
-                r.history.append((msg.step, msg.loss))
-            r.step_time_s = msg.step_time_s if msg.step_time_s is not None else r.step_time_s
-            r.samples_per_s = msg.samples_per_s if msg.samples_per_s is not None else r.samples_per_s
-            if msg.device_memory_bytes is not None:
-                r.device_memory_bytes = msg.device_memory_bytes
-            self._progress(r, int(msg.ts * 1e9) if msg.ts else None)
+            if r is not None:
+                self._metric(r, msg)
         elif isinstance(msg, Telemetry):
             r = self.ranks.get(msg.name)
             if r is not None:
-                r.cpu_percent, r.rss_bytes = msg.cpu_percent, msg.rss_bytes
-                r.device_util = msg.device_util
-                if msg.device_mem_bytes is not None:  # the device's own figure beats the trainer's
-                    r.device_memory_bytes, r.device_memory_total = msg.device_mem_bytes, msg.device_mem_total
+                _telemetry(r, msg)
         elif isinstance(msg, ProcStarted):
             r = self.ranks.get(msg.name)
             if r is not None:
@@ -288,6 +295,19 @@ class ClusterState:
                     )
                 )
 
+    def _metric(self, r: RankView, msg: Metric) -> None:
+        r.last_step = msg.step
+        if msg.loss is not None:
+            r.last_loss = msg.loss
+            r.history.append((msg.step, msg.loss))
+        if msg.step_time_s is not None:
+            r.step_time_s = msg.step_time_s
+        if msg.samples_per_s is not None:
+            r.samples_per_s = msg.samples_per_s
+        if msg.device_memory_bytes is not None:
+            r.device_memory_bytes = msg.device_memory_bytes
+        self._progress(r, int(msg.ts * 1e9) if msg.ts else None)
+
     def _progress(self, r: RankView, ts_ns: int | None) -> None:
         if ts_ns is not None and (r.last_progress_ns is None or ts_ns > r.last_progress_ns):
             r.last_progress_ns = ts_ns
@@ -298,6 +318,8 @@ class ClusterState:
         r = self.ranks.get(msg.name)
         if r is None:
             return
+        if msg.ok and not r.is_scheduler and (r.exited is None or not r.exited.ok):
+            self._ok_exits += 1
         r.exited = msg
         if msg.tail:
             r.tail.extend(line for line in msg.tail if not r.tail or line not in r.tail)
@@ -338,6 +360,8 @@ class ClusterState:
         return [r for r in self.ranks.values() if not r.is_scheduler]
 
     def workers_succeeded(self) -> bool:
+        if self._ok_exits < self._workers:  # not every worker has exited ok yet: no scan
+            return False
         ws = self.workers()
         return bool(ws) and all(r.exited is not None and r.exited.ok for r in ws)
 
@@ -446,6 +470,13 @@ class ClusterState:
             wall = ((att.ended_ns or att.started_ns) - att.started_ns) / 1e9
             out.append(AttemptSummary(att.number, att.outcome, att.reason, wall, att.root, att.summary))
         return tuple(out)
+
+
+def _telemetry(r: RankView, msg: Telemetry) -> None:
+    r.cpu_percent, r.rss_bytes = msg.cpu_percent, msg.rss_bytes
+    r.device_util = msg.device_util
+    if msg.device_mem_bytes is not None:  # the device's own figure beats the trainer's
+        r.device_memory_bytes, r.device_memory_total = msg.device_mem_bytes, msg.device_mem_total
 
 
 def named_line(att: AttemptView, rank: int | None) -> str | None:

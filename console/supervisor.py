@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import ipaddress
 import itertools
 import json
 import os
 import secrets
+import socket
 import time
 import traceback
 from collections.abc import Awaitable
@@ -25,21 +27,25 @@ from typing import TYPE_CHECKING, TypeVar
 from mscon.agent.protocol import (
     AgentError,
     AllExited,
+    Detach,
+    Detached,
     Inspect,
     LogBatch,
     Message,
     Metric,
+    MetricBatch,
     ProcExited,
     ProcHung,
     ProcSpec,
     ProcStarted,
+    Role,
     Start,
     Stop,
 )
 
 from . import exit_codes
 from .bus import EventBus
-from .commands import Command, RestartGroup, StopJob
+from .commands import Command, DetachRun, RestartGroup, StopJob
 from .events import (
     AgentEvent,
     AttemptEnded,
@@ -50,6 +56,7 @@ from .events import (
     JobState,
     NodeState,
     NodeUpdate,
+    Notice,
     RankRef,
     Restarting,
     RunFinished,
@@ -60,6 +67,7 @@ from .events import (
 from .inventory import Inventory
 from .plan import build_plan, with_scheduler
 from .replicas import ReplicaWatch
+from .runrecord import DetachRecord, write_record
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
 from .transport import make_transport
@@ -87,6 +95,7 @@ class RunOptions:
     accept_new_host_keys: bool = False
     max_restarts: int | None = None  # overrides restart.max_restarts
     preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
+    detach: bool = False  # detach as soon as the first attempt has started (mscon run --detach)
 
 
 class _Tick:
@@ -106,7 +115,9 @@ class Inputs:
         self.tick_pending = False
 
     def put_nowait(self, item: Input) -> None:
-        prio = 0 if isinstance(item, StopJob | RestartGroup) else 1 if isinstance(item, _Tick) else 2
+        prio = (
+            0 if isinstance(item, StopJob | RestartGroup | DetachRun) else 1 if isinstance(item, _Tick) else 2
+        )
         self._q.put_nowait((prio, next(self._seq), item))
 
     async def put(self, item: Input) -> None:
@@ -114,6 +125,12 @@ class Inputs:
 
     async def get(self) -> Input:
         return (await self._q.get())[2]
+
+    def get_nowait(self) -> Input:
+        return self._q.get_nowait()[2]
+
+    def empty(self) -> bool:
+        return self._q.empty()
 
 
 @dataclass(slots=True)
@@ -129,6 +146,7 @@ class Attempt:
     sched_stop_sent: bool = False
     progress: dict[str, float] = field(default_factory=dict)  # rank -> monotonic time of last progress
     inspected: set[str] = field(default_factory=set)
+    detached: bool = False
 
     @property
     def stopping(self) -> bool:
@@ -163,6 +181,9 @@ class Supervisor:
         self.session: ClusterSession | None = None
         self._stop_cmd: StopJob | None = None
         self.replicas = ReplicaWatch(inventory.world_size)
+        self._sched = ""
+        self._restarts_used = 0
+        self.detached = False
 
     # ------------------------------------------------------------ commands and events
 
@@ -174,6 +195,10 @@ class Supervisor:
             self._early.append(cmd)
         else:
             self._inputs.put_nowait(cmd)
+
+    def closing_command(self) -> Command:
+        """What a console that closes without a choice sends: a run it started dies with it."""
+        return StopJob("the console was closed")
 
     def emit(self, ev: Event) -> None:
         self.bus.attempt = ev.attempt
@@ -223,8 +248,11 @@ class Supervisor:
             self._save_traceback()
         finally:
             ticker.cancel()
-            await session.close(self.inv.stop.grace_s)
-            await session.fetch_logs(self.logs_dir)
+            if self.detached:
+                self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
+            else:
+                await session.close(self.inv.stop.grace_s)
+                await session.fetch_logs(self.logs_dir)
             await session.disconnect()
         result = self._result(status, code, reason, time.monotonic() - t0)
         self._write_summary(result)
@@ -259,6 +287,7 @@ class Supervisor:
         sched, error, code = found
         if sched is None:
             return JobState.FAILED, code, error
+        self._sched = sched
         if self.options.preflight is not None:
             verdict = await self._unless_stopped(self.options.preflight.run(self, session, sched))
             if verdict is None or self._stop_cmd is not None:
@@ -269,12 +298,19 @@ class Supervisor:
         number, restarts_used = 0, 0
         while True:
             outcome = await self._attempt(session, number, sched)
+            if outcome is AttemptOutcome.DETACHED:
+                return (
+                    JobState.DETACHED,
+                    exit_codes.OK,
+                    f"detached: the run goes on (mscon attach {self.run_id})",
+                )
             if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.INTERRUPTED):
                 break
             if outcome is AttemptOutcome.FAILED:
                 if restarts_used >= self.max_restarts:
                     break
                 restarts_used += 1
+                self._restarts_used = restarts_used
             why = (
                 "restart requested"
                 if outcome is AttemptOutcome.RESTART_REQUESTED
@@ -318,6 +354,8 @@ class Supervisor:
             item = getter.result()
             if isinstance(item, _Tick):
                 self._inputs.tick_pending = False
+            elif isinstance(item, DetachRun):
+                self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
             elif isinstance(item, StopJob) or (isinstance(item, RestartGroup) and restart_cuts):
                 break
             elif isinstance(item, tuple):
@@ -406,38 +444,25 @@ class Supervisor:
         self.replicas = ReplicaWatch(self.inv.world_size, number)
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
         self.emit(AttemptStarted(number, refs, sched, self.inv.scheduler.port, time.time_ns()))
-        metrics_pattern = self.inv.job.metrics_pattern
 
         async def start(plan_index: int) -> None:
-            plan = self.plans[plan_index]
-            name = plan.node.name
-            procs = tuple(
-                replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs
-            )
+            name = self.plans[plan_index].node.name
             link = session.links[name]
-            run_dir = session.run_dir(name)
-            cwd = f"{run_dir}/work" if link.transport.syncs_workdir else str(self.inv.job.workdir)
-            msg = Start(
-                run_id=self.run_id,
-                node=name,
-                attempt=number,
-                run_dir=run_dir,
-                cwd=cwd,
-                procs=procs,
-                workdir_archive=link.remote_archive if number == 0 else None,
-                grace_s=self.inv.stop.grace_s,
-                metrics_pattern=metrics_pattern,
-                watchdog_s=self._watchdog_s(),
-            )
+            msg = self._start_msg(session, plan_index, number, sched)
             if await session.send(name, msg):
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
             elif not link.open:  # lost before its ranks could start
                 await self._node_lost(att, name)
 
         await asyncio.gather(*(start(i) for i in range(len(self.plans))))
-        while len(att.done) < len(self.plans) and not att.forced:
+        if self.options.detach and number == 0:
+            self._inputs.put_nowait(DetachRun("--detach"))
+        while len(att.done) < len(self.plans) and not att.forced and not att.detached:
             item = await self._inputs.get()
             await self._handle(att, item)
+        if att.detached:
+            await self._let_go(session, att)
+            return AttemptOutcome.DETACHED
         if att.forced:
             await session.abort()
         if att.stop_cmd is not None:
@@ -452,8 +477,116 @@ class Supervisor:
         self.emit(AttemptEnded(number, outcome, reason, root, time.time_ns()))
         return outcome
 
+    def _start_msg(self, session: ClusterSession, plan_index: int, number: int, sched: str) -> Start:
+        plan = self.plans[plan_index]
+        name = plan.node.name
+        procs = tuple(replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs)
+        link = session.links[name]
+        run_dir = session.run_dir(name)
+        cwd = f"{run_dir}/work" if link.transport.syncs_workdir else str(self.inv.job.workdir)
+        return Start(
+            run_id=self.run_id,
+            node=name,
+            attempt=number,
+            run_dir=run_dir,
+            cwd=cwd,
+            procs=procs,
+            workdir_archive=link.remote_archive if number == 0 else None,
+            grace_s=self.inv.stop.grace_s,
+            metrics_pattern=self.inv.job.metrics_pattern,
+            watchdog_s=self._watchdog_s(),
+        )
+
+    # ------------------------------------------------------------ detach
+
+    async def _detach(self, att: Attempt) -> str | None:
+        """Hand the run to the nodes: node 0's agent coordinates, the others follow it; the error
+        (the run then stays attached, nothing changed) or None."""
+        session = self.session
+        assert session is not None
+        if att.stopping:
+            return "the run is stopping"
+        down = [n for n, link in session.links.items() if not link.open or n in att.done]
+        if down:
+            return f"{down[0]} has no running agent"
+        names = [p.node.name for p in self.plans]
+        secret = secrets.token_hex(32)
+        console = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+        next_starts = tuple(
+            self._start_msg(session, i, att.number + 1, self._sched).to_dict() for i in range(len(self.plans))
+        )
+        wait_s = 15.0
+        lead = await session.request(
+            names[0],
+            Detach(
+                role=Role.COORDINATOR,
+                secret=secret,
+                nodes=tuple(names),
+                restarts_left=max(0, self.max_restarts - self._restarts_used),
+                backoff_s=self.backoff_s,
+                hang_timeout_s=self.hang_timeout_s,
+                next_starts=next_starts,
+                console=console,
+            ),
+            Detached,
+            wait_s,
+        )
+        if isinstance(lead, str) or lead.error:
+            return f"{names[0]}: {lead if isinstance(lead, str) else lead.error}"
+        follow = Detach(
+            role=Role.FOLLOWER,
+            secret=secret,
+            coordinator_host=self._sched,
+            coordinator_port=lead.coordinator_port,
+            hang_timeout_s=self.hang_timeout_s,
+            console=console,
+        )
+        answers = await asyncio.gather(*(session.request(n, follow, Detached, wait_s) for n in names[1:]))
+        errors = [
+            f"{n}: {a if isinstance(a, str) else a.error}"
+            for n, a in zip(names[1:], answers, strict=True)
+            if isinstance(a, str) or a.error
+        ]
+        if errors:
+            # Back to normal on every node: the console keeps the policy.
+            await asyncio.gather(
+                *(session.request(n, Detach(role="cancel"), Detached, wait_s) for n in names)
+            )
+            return "; ".join(errors)
+        return None
+
+    async def _let_go(self, session: ClusterSession, att: Attempt) -> None:
+        """Close our channels and take in what they delivered before closing (the lines we print
+        are the lines a later attach does not replay)."""
+        await session.release()
+        assert self._inputs is not None
+        while not self._inputs.empty():
+            item = self._inputs.get_nowait()
+            if isinstance(item, tuple) and item[1] is not None:
+                self.emit(AgentEvent(att.number, item[1]))
+
+    def _record_detach(self) -> None:
+        att = self.state.attempt
+        record = DetachRecord(
+            run_id=self.run_id,
+            inventory=str(Path(self.inv.path).resolve()),
+            script=self.script,
+            args=tuple(self.args),
+            attempt=att.number if att is not None else 0,
+            log_seq={r.name: r.next_seq for r in self.state.ranks.values()},
+            detached_at=time.time(),
+        )
+        with contextlib.suppress(OSError):
+            write_record(self.logs_dir, record)
+
     async def _handle(self, att: Attempt, item: Input) -> None:
-        if isinstance(item, StopJob):
+        if isinstance(item, DetachRun):
+            error = await self._detach(att)
+            if error is None:
+                att.detached = self.detached = True
+            else:
+                self.emit(Notice(att.number, f"cannot detach: {error}; the run stays attached"))
+        elif isinstance(item, StopJob):
             if att.stop_cmd is not None or self._stop_cmd is not item:
                 att.forced = True  # a second Ctrl-C: cut the channels, the agents kill their ranks
                 return
@@ -490,12 +623,13 @@ class Supervisor:
         now = time.monotonic()
         if isinstance(msg, LogBatch | ProcStarted):
             att.progress[msg.name] = now
-        elif isinstance(msg, Metric):
+        elif isinstance(msg, Metric | MetricBatch):
             att.progress[msg.name] = now
-            if msg.checksum is not None:
-                divergence = self.replicas.observe(msg.name, msg.step, msg.checksum)
-                if divergence is not None:
-                    self.emit(divergence)
+            for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
+                if m.checksum is not None:
+                    divergence = self.replicas.observe(m.name, m.step, m.checksum)
+                    if divergence is not None:
+                        self.emit(divergence)
         elif isinstance(msg, ProcExited):
             if not msg.ok and not msg.stopped_by_agent and not att.stopping:
                 what = msg.signal or f"exit code {msg.exitcode}"
@@ -575,21 +709,7 @@ class Supervisor:
         return JobState.FAILED, exit_codes.INTERNAL, "ranks ended without a result" + after
 
     def _result(self, status: JobState, code: int, reason: str, wall_s: float) -> RunResult:
-        last = self.state.attempt
-        root = self.state.root_cause() if status is JobState.FAILED and last is not None else None
-        return RunResult(
-            run_id=self.run_id,
-            status=status,
-            exit_code=code,
-            reason=reason,
-            root_cause=root,
-            ranks=self.state.rank_summaries() if last is not None else (),
-            wall_s=wall_s,
-            logs_dir=str(self.logs_dir),
-            attempts=self.state.attempt_summaries(),
-            divergent_ranks=tuple(sorted(self.state.divergent)),
-            dropped=self.bus.dropped(),
-        )
+        return run_result(self.state, self.run_id, self.logs_dir, status, code, reason, wall_s, self.bus)
 
     def _save_traceback(self) -> None:
         with contextlib.suppress(OSError):
@@ -597,10 +717,42 @@ class Supervisor:
             (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
 
     def _write_summary(self, result: RunResult) -> None:
-        with contextlib.suppress(OSError):
-            os.makedirs(self.logs_dir, exist_ok=True)
-            with open(self.logs_dir / "summary.json", "w", encoding="utf-8") as f:
-                json.dump(result.to_json(), f, indent=2)
+        write_summary(self.logs_dir, result)
+
+
+def run_result(
+    state: ClusterState,
+    run_id: str,
+    logs_dir: Path,
+    status: JobState,
+    code: int,
+    reason: str,
+    wall_s: float,
+    bus: EventBus,
+) -> RunResult:
+    """The run's summary from ClusterState (the supervisor's, and an attached console's)."""
+    last = state.attempt
+    root = state.root_cause() if status is JobState.FAILED and last is not None else None
+    return RunResult(
+        run_id=run_id,
+        status=status,
+        exit_code=code,
+        reason=reason,
+        root_cause=root,
+        ranks=state.rank_summaries() if last is not None else (),
+        wall_s=wall_s,
+        logs_dir=str(logs_dir),
+        attempts=state.attempt_summaries(),
+        divergent_ranks=tuple(sorted(state.divergent)),
+        dropped=bus.dropped(),
+    )
+
+
+def write_summary(logs_dir: Path, result: RunResult) -> None:
+    with contextlib.suppress(OSError):
+        os.makedirs(logs_dir, exist_ok=True)
+        with open(logs_dir / "summary.json", "w", encoding="utf-8") as f:
+            json.dump(result.to_json(), f, indent=2)
 
 
 def _is_ip(text: str) -> bool:

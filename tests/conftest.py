@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -162,6 +163,21 @@ def agent_processes(node_names: list[str], roots: list[int] | None = None) -> li
                 continue
         found.append(p)
     return found
+
+
+def kill_run(run_id: str) -> None:
+    """Kill what a detached run left (its daemon agents chdir into their run folders, and their
+    ranks die with them): a failed test must not leave a run training for hours."""
+    root = str(Path.home() / ".cache" / "mscon" / "runs" / run_id)
+    for p in agent_processes([]):
+        try:
+            if p.cwd().startswith(root):
+                p.kill()
+        except psutil.Error:
+            continue
+    for p in run_processes(run_id):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:

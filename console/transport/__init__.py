@@ -1,4 +1,5 @@
-"""How the console reaches a node: SSH (asyncssh) or, for the local default, a subprocess."""
+"""How the console reaches a node: SSH (asyncssh), srun inside a Slurm allocation, or, for the
+local default, a subprocess."""
 
 from __future__ import annotations
 
@@ -13,4 +14,8 @@ __all__ = ["AgentChannel", "NodeTransport", "NodeUnreachable", "SshOptions", "ma
 def make_transport(inv: Inventory, node: NodeSpec, ssh: SshOptions) -> NodeTransport:
     if node.transport == "local":
         return LocalTransport(node)
+    if node.transport == "slurm":  # nodes of an allocation (console/slurm.py): one srun step
+        from .slurm import slurm_transport
+
+        return slurm_transport(inv, node, ssh.connect_semaphore or inv)
     return SshTransport(node, inv, ssh)

@@ -58,6 +58,10 @@ class AgentChannel(abc.ABC):
     @abc.abstractmethod
     def _stderr_raw(self) -> str: ...
 
+    async def release(self) -> None:
+        """Let go of a detached agent: close our end now, neither waiting for it nor killing it."""
+        await self.close(wait_s=0.0)
+
     def stderr_tail(self) -> str:
         """The last few KiB the agent (or the shell before it) wrote to stderr, safe to print."""
         return printable(self._stderr_raw())
@@ -128,7 +132,9 @@ class NodeTransport(abc.ABC):
         """Put the workdir archive on the node (skipped when present); returns its path."""
 
     @abc.abstractmethod
-    async def start_agent(self, agent_dir: str, python: str) -> AgentChannel: ...
+    async def start_agent(self, agent_dir: str, python: str, mode: dict | None = None) -> AgentChannel:
+        """Start the agent; ``mode`` goes into its start header ({"mode": "attach", "run": RUN_ID}:
+        a relay to a detached run; {"mode": "ls"}: list the node's runs)."""
 
     @abc.abstractmethod
     async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:

@@ -55,6 +55,12 @@ class LocalChannel(AgentChannel):
     def _stderr_raw(self) -> str:
         return self._stderr.decode("utf-8", errors="replace")
 
+    async def release(self) -> None:
+        # Never kill a detached agent: close our pipes and let it go (it runs in its own session).
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        self._stderr_task.cancel()
+
 
 class LocalTransport(NodeTransport):
     async def connect(self) -> None:
@@ -81,9 +87,9 @@ class LocalTransport(NodeTransport):
     def syncs_workdir(self) -> bool:
         return False
 
-    async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
+    async def start_agent(self, agent_dir: str, python: str, mode: dict | None = None) -> AgentChannel:
         try:
-            header = agent_stdin_header(python, agent_dir, self.node.name)
+            header = agent_stdin_header(python, agent_dir, self.node.name, mode)
         except ValueError as exc:
             raise NodeUnreachable(f"{self.node.name}: {exc}") from None
         try:

@@ -287,10 +287,10 @@ class SshTransport(NodeTransport):
             raise NodeUnreachable(f"{self._where}: cannot upload the workdir: {exc}") from None
         return remote
 
-    async def start_agent(self, agent_dir: str, python: str) -> AgentChannel:
+    async def start_agent(self, agent_dir: str, python: str, mode: dict | None = None) -> AgentChannel:
         conn, _ = self._require()
         try:
-            header = agent_stdin_header(python, agent_dir, self.node.name)
+            header = agent_stdin_header(python, agent_dir, self.node.name, mode)
         except ValueError as exc:
             raise NodeUnreachable(f"{self._where}: {exc}") from None
         try:

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
 
-from ..commands import RestartGroup, StopJob
+from ..commands import DetachRun, RestartGroup, StopJob
 from ..stragglers import StragglerPolicy
 from .commands import MsconCommands, PaletteCommand
 from .feed import Changes, Feed
@@ -53,6 +53,7 @@ class MsconApp(App[int]):
     BINDINGS = [
         Binding("r", "restart", "Restart group"),
         Binding("s", "stop", "Stop run"),
+        Binding("d", "detach", "Detach"),
         Binding("q", "request_quit", "Quit"),
         Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True),
         Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True),
@@ -232,8 +233,18 @@ class MsconApp(App[int]):
                 self.exit_when_done = True
                 self.source.submit(StopJob("stopped from the console (quit)"))
                 self.notify("Stopping every rank on every node, then quitting…", timeout=30)
+            elif choice is QuitChoice.DETACH:
+                self.action_detach()
 
         self.push_screen(QuitScreen(), answer)
+
+    def action_detach(self) -> None:
+        """Leave the run going on the nodes; the app ends once the agents have taken it over."""
+        if not self._command_allowed():
+            return
+        self.exit_when_done = True
+        self.source.submit(DetachRun("detached from the console"))
+        self.notify("Detaching: the run goes on without the console (mscon attach comes back)…", timeout=30)
 
     async def action_quit(self) -> None:
         self.action_request_quit()

@@ -18,10 +18,12 @@ from mscon.agent.protocol import (
     Evidence,
     LogBatch,
     Metric,
+    MetricBatch,
     ProcExited,
     ProcHung,
     ProcStarted,
     Telemetry,
+    TelemetryBatch,
 )
 
 from ..events import (
@@ -169,6 +171,16 @@ class Feed:
                     self.store.append(msg.name, msg.lines)
                     ch.lines.add(msg.name)
                     ch.ranks.add(msg.name)
+                elif isinstance(msg, MetricBatch):
+                    now = time.time()
+                    for m in msg.metrics:
+                        self.step_times.observe(m)
+                        self.series.observe(m, now)
+                    ch.ranks.add(msg.name)
+                    metrics_seen = True
+                elif isinstance(msg, TelemetryBatch):
+                    ch.ranks.update(t.name for t in msg.items)
+                    ch.nodes = True
                 elif isinstance(msg, Metric):
                     self.step_times.observe(msg)
                     self.series.observe(msg, time.time())

@@ -51,6 +51,7 @@ JOB_STYLE: dict[JobState, str] = {
     JobState.INTERRUPTED: "yellow",
     JobState.UNREACHABLE: "bold red",
     JobState.ERROR: "bold red",
+    JobState.DETACHED: "cyan",
 }
 STRAGGLER_STYLE = "bold yellow"
 ROOT_STYLE = "bold red"

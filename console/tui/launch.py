@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import exit_codes
+from ..attach import Attacher
 from ..events import Event
 from ..recorder import EventRecorder, read_events
 from ..reporter import format_summary
@@ -21,7 +22,7 @@ def is_terminal() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-async def run_live(sup: Supervisor, args: argparse.Namespace) -> int:
+async def run_live(sup: Supervisor | Attacher, args: argparse.Namespace) -> int:
     """``mscon up`` / ``mscon run`` at a terminal: the supervisor and the console in one loop."""
     recorder = None
     if getattr(args, "events", None) is not None:

@@ -11,8 +11,18 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-from mscon.agent.protocol import LogBatch, Metric, ProcExited, ProcHung, ProcStarted, Telemetry
+from mscon.agent.protocol import (
+    LogBatch,
+    Metric,
+    MetricBatch,
+    ProcExited,
+    ProcHung,
+    ProcStarted,
+    Telemetry,
+    TelemetryBatch,
+)
 
+from ..attach import Attacher
 from ..bus import Subscription
 from ..commands import Command, StopJob
 from ..events import AgentEvent, AttemptEnded, AttemptStarted, Event, NodeUpdate, RunFinished, RunResult
@@ -85,7 +95,7 @@ class LiveSource(Source):
 
     live = True
 
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: Supervisor | Attacher) -> None:
         super().__init__()
         self.sup = supervisor
         self.state = supervisor.state  # the supervisor's own picture: current before the event is sent
@@ -105,6 +115,14 @@ class LiveSource(Source):
         self.sup.submit(cmd)
         return True
 
+    async def finish(self) -> int:
+        # A run this console started stops with it; an attached run is only left (Attacher).
+        if self._task is None:
+            return 0
+        if not self._task.done():
+            self.submit(self.sup.closing_command())
+        return await self._task
+
 
 def event_time_ns(ev: Event) -> int | None:
     """When an event happened by its own clock (agent or console), where it says."""
@@ -114,6 +132,9 @@ def event_time_ns(ev: Event) -> int | None:
             return msg.ts_ns or None
         if isinstance(msg, Metric | Telemetry):
             return int(msg.ts * 1e9) if msg.ts else None
+        if isinstance(msg, MetricBatch | TelemetryBatch):
+            last = (msg.metrics or (None,))[-1] if isinstance(msg, MetricBatch) else (msg.items or (None,))[0]
+            return int(last.ts * 1e9) if last is not None and last.ts else None
         return getattr(msg, "ts_ns", None) or None
     if isinstance(ev, NodeUpdate | AttemptStarted | AttemptEnded):
         return ev.ts_ns or None

@@ -84,7 +84,9 @@ def test_streams_sequenced_logs_and_reports_exits(tmp_path: Path) -> None:
         assert lines[-1] == "training finished" and sum("loss is" in x for x in lines) == 50
         exits = [m for m in a.received if isinstance(m, P.ProcExited) and m.name == rank]
         assert len(exits) == 1 and exits[0].ok
-        metrics = [m for m in a.received if isinstance(m, P.Metric) and m.name == rank]
+        metrics = [
+            x for m in a.received if isinstance(m, P.MetricBatch) and m.name == rank for x in m.metrics
+        ]
         assert [m.step for m in metrics] == list(range(1, 51))
     assert (tmp_path / "run" / "attempt_0" / "r1.log").read_text().count("loss is") == 50
 

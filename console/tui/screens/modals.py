@@ -54,6 +54,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class QuitChoice(enum.Enum):
     STOP = "stop"
+    DETACH = "detach"
     CANCEL = "cancel"
 
 
@@ -61,6 +62,7 @@ class QuitScreen(ModalScreen[QuitChoice]):
     DEFAULT_CSS = _DIALOG_CSS.format(name="QuitScreen")
     BINDINGS = [
         Binding("s,y", "choose('stop')", "Stop the run and quit"),
+        Binding("d", "choose('detach')", "Detach"),
         Binding("c,n,escape", "choose('cancel')", "Cancel"),
     ]
 
@@ -68,20 +70,22 @@ class QuitScreen(ModalScreen[QuitChoice]):
         with Vertical():
             yield Label(Text("Quit mscon?", style="bold"))
             yield Static(
-                "Quitting stops the run: every rank on every node is stopped (TERM, then KILL after the "
-                "grace period) and the logs are fetched before mscon exits.\n"
-                "Detaching (leaving the run going without the console) is not built yet.",
+                "Stop: every rank on every node is stopped (TERM, then KILL after the grace period) and "
+                "the logs are fetched before mscon exits.\n"
+                "Detach: the run goes on without the console (node 0's agent stops or restarts the "
+                "group on a failure); mscon attach RUN_ID comes back to it.",
                 classes="body",
             )
             with Horizontal():
                 yield Button("Stop the run and quit (s)", variant="error", id="stop")
+                yield Button("Detach (d)", id="detach")
                 yield Button("Cancel (c)", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(QuitChoice.STOP if event.button.id == "stop" else QuitChoice.CANCEL)
+        self.dismiss(QuitChoice(event.button.id or "cancel"))
 
     def action_choose(self, choice: str) -> None:
         self.dismiss(QuitChoice(choice))

@@ -1,0 +1,155 @@
+"""A detached agent: a daemon that consoles reach through a Unix socket in the run folder.
+
+The run folder is made mode 0700 and the socket 0600, and every connection's peer credentials are
+checked as well: only the user the agent runs as gets in (root included only when it is that user).
+Each client has its own writer thread and a bounded queue, so a stalled console never stalls the
+agent; one that falls too far behind is dropped (it can attach again and replay what it missed).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import struct
+import threading
+
+from .journal import ERRORS, SOCKET
+
+_CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", raw)[1]
+
+
+class Client:
+    """One console on the socket. Lines it sends go to ``inbox`` as ("client", self, line | None)."""
+
+    def __init__(self, sock: socket.socket, inbox: queue.Queue) -> None:
+        self.sock = sock
+        self.inbox = inbox
+        self.out: queue.Queue = queue.Queue()
+        self.attached = False  # its Attach was served: live messages go to it from now on
+        self.read_only = True
+        self.console = ""
+        self.closed = False
+        threading.Thread(target=self._read, name="client-read", daemon=True).start()
+        threading.Thread(target=self._write, name="client-write", daemon=True).start()
+
+    def send_line(self, line: str) -> None:
+        if self.closed:
+            return
+        if self.out.qsize() > _CLIENT_BACKLOG:
+            self.close()  # too slow: better a clean drop than an agent that runs out of memory
+            return
+        self.out.put(line)
+
+    def end(self) -> None:
+        """Close after what is queued has been written."""
+        self.out.put(None)
+
+    def _write(self) -> None:
+        while True:
+            line = self.out.get()
+            if line is None or self.closed:
+                break
+            try:
+                self.sock.sendall(line.encode("utf-8"))
+            except OSError:
+                break
+        self.close()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.inbox.put(("client", self, line.decode("utf-8", errors="replace")))
+        self.close()
+        self.inbox.put(("client", self, None))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class SocketServer:
+    """Listens on ``agent.sock`` in the current folder (the agent chdirs into its run folder)."""
+
+    def __init__(self, run_dir: str, inbox: queue.Queue) -> None:
+        self.inbox = inbox
+        os.chmod(run_dir, 0o700)
+        os.chdir(run_dir)
+        try:
+            os.unlink(SOCKET)
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(SOCKET)
+        finally:
+            os.umask(old)
+        os.chmod(SOCKET, 0o600)
+        self.path = os.path.join(run_dir, SOCKET)
+        self.sock.listen(16)
+        self.uid = os.getuid()
+        threading.Thread(target=self._accept, name="socket-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if peer_uid(conn) != self.uid:
+                conn.close()  # another user (the folder's mode should have stopped them already)
+                continue
+            self.inbox.put(("client_up", Client(conn, self.inbox), None))
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def daemonize(run_dir: str) -> None:
+    """Leave the console's session: no controlling terminal, no SIGHUP, stdio off the SSH channel.
+
+    Run after the last line to the console has been written: stdout goes to /dev/null from here.
+    """
+    try:
+        os.setsid()  # fails when already a session leader (sshd made one): then nothing to leave
+    except OSError:
+        pass
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    err = os.open(os.path.join(run_dir, ERRORS), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(err, 2)
+    os.close(null)
+    os.close(err)

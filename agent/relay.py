@@ -1,0 +1,229 @@
+"""What the console starts on a node to reach a detached run, and to list runs.
+
+- ``relay``: connect to the run's agent socket and pass bytes both ways (stdin -> socket ->
+  stdout), so the console speaks to the daemon exactly as to an agent it started. When no agent
+  answers (the run ended, or its agent died), the run is read from its files instead: the same
+  Hello, journal and log replay, then the end of output.
+- ``ls``: one JSON line per run this node has in its cache folder.
+
+Stdlib only, Python 3.8 syntax (runs on the nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+
+from . import protocol as P
+from .journal import SOCKET, RunStatus, log_lines, read_journal, read_state, run_folder
+
+
+def _write(msg: P.Message) -> None:
+    os.write(1, P.encode(msg).encode("utf-8"))
+
+
+def relay_main(node: str, run_id: str) -> int:
+    try:
+        run_dir = run_folder(os.path.expanduser("~"), run_id, node)
+        os.chdir(run_dir)  # the socket is reached by its short relative name
+    except (ValueError, OSError):
+        _hello(node)
+        _write(P.AgentError(node=node, message="no run %s on this node" % run_id))
+        return 0
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(SOCKET)
+    except PermissionError:
+        _hello(node)
+        _write(P.AgentError(node=node, message="the run's agent socket refused us (another user's run?)"))
+        return 0
+    except OSError:  # no socket, or nobody listening: the run is over (or its agent is gone)
+        sock.close()
+        return offline(node, run_dir)
+    return _pump(sock)
+
+
+def _pump(sock: socket.socket) -> int:
+    def upstream() -> None:
+        while True:
+            try:
+                chunk = os.read(0, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            try:
+                sock.sendall(chunk)
+            except OSError:
+                break
+        try:
+            sock.shutdown(socket.SHUT_WR)  # the daemon sees this console leave
+        except OSError:
+            pass
+
+    threading.Thread(target=upstream, daemon=True).start()
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return 0
+        view = memoryview(chunk)
+        while view:
+            try:
+                n = os.write(1, view)
+            except OSError:
+                return 0  # the console is gone
+            view = view[n:]
+
+
+def _hello(node: str) -> None:
+    _write(
+        P.Hello(
+            node=node,
+            protocol=P.PROTOCOL_VERSION,
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            python=sys.version.split()[0],
+            platform=platform.platform(),
+        )
+    )
+
+
+def _read_attach() -> P.Attach:
+    pending = b""
+    while b"\n" not in pending:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return P.Attach(follow=False)
+        pending += chunk
+    try:
+        msg = P.decode(pending.split(b"\n", 1)[0].decode("utf-8", "replace"))
+    except P.ProtocolError:
+        return P.Attach(follow=False)
+    return msg if isinstance(msg, P.Attach) else P.Attach(follow=False)
+
+
+def replay(node: str, run_dir: str, attach: P.Attach, send, live: bool, attempt: int, stops=None) -> None:  # noqa: ANN001
+    """Send the journal from ``attach.journal_from``, then the logs: from ``attach.log_from`` in
+    ``attach.log_attempt``, whole for each later attempt up to ``attempt``. ``stops`` maps a
+    process name of ``attempt`` to the line its live tail has reached (a running agent: what
+    follows comes live); without it every log is read to its end."""
+    entries = attach.journal_from
+    names: dict = {}  # attempt -> its processes, in start order
+    for index, att, msg in read_journal(run_dir, 0):
+        if index >= attach.journal_from:
+            send(P.Journaled(node=node, index=index, attempt=att, msg=msg))
+            entries = index + 1
+        name = msg.get("name")
+        if (
+            msg.get("type") == "proc_started"
+            and isinstance(name, str)
+            and name not in names.setdefault(att, [])
+        ):
+            names[att].append(name)
+    send(P.JournalDone(node=node, entries=entries, attempt=attempt, live=live))
+    for att in range(max(attach.log_attempt, 0), attempt + 1):
+        log_dir = os.path.join(run_dir, "attempt_%d" % att)
+        for name in names.get(att, []):
+            if "/" in name or name.startswith("."):
+                continue
+            start = int(attach.log_from.get(name, 0) or 0) if att == attach.log_attempt else 0
+            stop = stops.get(name) if stops is not None and att == attempt else None
+            seq = start
+            for batch in log_lines(os.path.join(log_dir, name + ".log"), start, stop):
+                send(
+                    P.LogBatch(
+                        node=node,
+                        name=name,
+                        rank=_rank_of(name),
+                        seq=seq,
+                        lines=tuple(batch),
+                        ts_ns=time.time_ns(),
+                    )
+                )
+                seq += len(batch)
+
+
+def _rank_of(name: str) -> int:
+    if name.startswith("r") and name[1:].isdigit():
+        return int(name[1:])
+    return P.SCHEDULER_RANK
+
+
+def offline(node: str, run_dir: str) -> int:
+    """The run's files, replayed as a live agent would (no agent runs for it any more)."""
+    _hello(node)
+    attach = _read_attach()
+    state = read_state(run_dir) or {}
+    attempt = int(state.get("attempt", 0) or 0)
+    replay(node, run_dir, attach, _write, live=False, attempt=attempt)
+    _write(P.ReplayDone(node=node))
+    return 0
+
+
+def _alive(run_dir: str) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(os.path.join(run_dir, SOCKET))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def ls_main(node: str) -> int:
+    """A RunInfo line per run of this node, then the end of output."""
+    root = os.path.join(os.path.expanduser("~"), ".cache", "mscon", "runs")
+    try:
+        run_ids = sorted(os.listdir(root))
+    except OSError:
+        run_ids = []
+    for run_id in run_ids:
+        run_dir = os.path.join(root, run_id, node)
+        state = read_state(run_dir)
+        if state is None:
+            continue
+        status = state.get("status", RunStatus.RUNNING)
+        live = False
+        if status == RunStatus.RUNNING:
+            live = (len(run_dir) < 100 and _alive(run_dir)) or _alive_by_pid(state)
+            if not live:
+                status = RunStatus.LOST
+        _write(
+            P.RunInfo(
+                node=node,
+                run_id=run_id,
+                status=str(status),
+                attempt=int(state.get("attempt", 0) or 0),
+                started=_num(state.get("started")),
+                updated=_num(state.get("updated")),
+                detached=bool(state.get("detached")),
+                live=live,
+                reason=str(state.get("reason", "")),
+            )
+        )
+    return 0
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _alive_by_pid(state: dict) -> bool:
+    pid = state.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,49 @@
+"""What the console leaves on the operator's machine when it detaches: enough to attach again.
+
+``<logs dir>/<run id>/detached.json``: the inventory the run came from (so ``mscon attach RUN_ID``
+needs no inventory argument), its job, and how far each rank's log was printed (so the attach
+replays exactly the lines this console did not print, none twice).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RECORD = "detached.json"
+
+
+@dataclass(frozen=True, slots=True)
+class DetachRecord:
+    run_id: str
+    inventory: str
+    script: str
+    args: tuple[str, ...]
+    attempt: int  # the attempt log_seq counts in
+    log_seq: dict[str, int] = field(default_factory=dict)  # process name -> lines printed
+    detached_at: float = 0.0
+
+
+def write_record(logs_dir: Path, record: DetachRecord) -> Path:
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    path = logs_dir / RECORD
+    path.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_record(logs_dir: Path) -> DetachRecord | None:
+    """The record in ``logs_dir``, or None when there is none (or it cannot be read)."""
+    try:
+        raw = json.loads((logs_dir / RECORD).read_text(encoding="utf-8"))
+        return DetachRecord(
+            run_id=str(raw["run_id"]),
+            inventory=str(raw["inventory"]),
+            script=str(raw["script"]),
+            args=tuple(str(a) for a in raw["args"]),
+            attempt=int(raw["attempt"]),
+            log_seq={str(k): int(v) for k, v in dict(raw.get("log_seq", {})).items()},
+            detached_at=float(raw.get("detached_at", 0.0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

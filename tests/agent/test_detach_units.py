@@ -1,0 +1,213 @@
+"""The node side of detach, piece by piece: the journal and log replay, the coordinator link's
+authentication and signing, and the relay's reading of a run that ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mscon.agent import coord
+from mscon.agent import protocol as P
+from mscon.agent.journal import Journal, log_lines, read_journal, write_state
+from mscon.agent.tail import FileTail
+
+# ------------------------------------------------------------------ journal and log replay
+
+
+def test_log_replay_splits_lines_exactly_as_the_live_tail(tmp_path: Path) -> None:
+    log = tmp_path / "r0.log"
+    chunks = [
+        b"one\ntwo\r\n",
+        b"thr",
+        b"ee\n" + b"x" * 20000 + b"\n",
+        "caf\u00e9 \xff\n".encode("latin-1"),
+        b"last, unterminated",
+    ]
+    tail = FileTail(str(log))
+    live: list[str] = []
+    with open(log, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            f.flush()
+            live += tail.read_lines()
+    assert len(live) == 5  # the unterminated line is still pending on the live side
+    replayed = [line for batch in log_lines(str(log), 0, len(live)) for line in batch]
+    assert replayed == live
+    live += tail.read_lines(final=True)
+    assert [line for batch in log_lines(str(log), 0) for line in batch] == live
+    assert [line for batch in log_lines(str(log), 2, 4) for line in batch] == live[2:4]
+
+
+def test_log_replay_batches_and_counts_from_start(tmp_path: Path) -> None:
+    log = tmp_path / "r0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1234)))
+    batches = list(log_lines(str(log), 100))
+    assert all(len(b) <= 500 for b in batches)
+    flat = [line for b in batches for line in b]
+    assert flat == [f"line {i}" for i in range(100, 1234)]
+
+
+def test_journal_appends_counts_on_and_survives_a_torn_line(tmp_path: Path) -> None:
+    j = Journal(str(tmp_path))
+    assert j.add(0, {"type": "proc_started", "name": "r0"}) == 0
+    assert j.add(1, {"type": "proc_exited", "name": "r0"}) == 1
+    j.close()
+    again = Journal(str(tmp_path))  # an agent on the same folder goes on counting
+    assert again.add(1, {"type": "all_exited"}) == 2
+    again.close()
+    with open(tmp_path / "journal.jsonl", "a") as f:
+        f.write('{"i": 3, "a": 1, "m": {"type"')  # killed mid-write
+    entries = list(read_journal(str(tmp_path)))
+    assert [(i, a, m["type"]) for i, a, m in entries] == [
+        (0, 0, "proc_started"),
+        (1, 1, "proc_exited"),
+        (2, 1, "all_exited"),
+    ]
+    assert [i for i, _, _ in read_journal(str(tmp_path), 2)] == [2]
+
+
+# ------------------------------------------------------------------ the coordinator link
+
+
+def _server(secret: str, nodes: list[str]) -> tuple[coord.CoordServer, queue.Queue]:
+    inbox: queue.Queue = queue.Queue()
+    return coord.CoordServer(secret, nodes, inbox), inbox
+
+
+def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
+    deadline = time.monotonic() + timeout
+    while True:
+        item = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+        if item[0] == kind:
+            return item
+
+
+def test_follower_and_coordinator_prove_the_secret_and_exchange_signed_lines() -> None:
+    server, inbox = _server("s3cret", ["node2"])
+    try:
+        f_inbox: queue.Queue = queue.Queue()
+        link = coord.dial("127.0.0.1", server.port, "s3cret", "node2", f_inbox)
+        _, up, _ = _next(inbox, "peer_up")
+        assert up.node == "node2"
+        assert link.send({"type": "ping", "n": 1})
+        assert _next(inbox, "peer")[2] == {"type": "ping", "n": 1}
+        assert up.send({"type": "stop", "reason": "r1 failed"})
+        assert _next(f_inbox, "peer")[2] == {"type": "stop", "reason": "r1 failed"}
+        link.close()
+        assert _next(inbox, "peer")[2] is None
+    finally:
+        server.close()
+
+
+def test_wrong_secret_or_unknown_node_is_refused() -> None:
+    server, inbox = _server("right", ["node2"])
+    try:
+        for secret, node in (("wrong", "node2"), ("right", "node9")):
+            with pytest.raises((coord.LinkError, OSError)):
+                coord.dial("127.0.0.1", server.port, secret, node, queue.Queue(), timeout_s=3)
+        assert inbox.empty()
+    finally:
+        server.close()
+
+
+def test_a_fake_coordinator_cannot_command_a_follower() -> None:
+    """A listener without the secret cannot answer the follower's challenge: nothing is accepted."""
+    fake = socket.socket()
+    fake.bind(("127.0.0.1", 0))
+    fake.listen(1)
+    port = fake.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = fake.accept()
+        conn.sendall(b'{"nonce": "00"}\n')
+        conn.recv(4096)
+        conn.sendall(b'{"mac": "' + b"0" * 64 + b'"}\n')
+        time.sleep(1)
+        conn.close()
+
+    import threading
+
+    threading.Thread(target=serve, daemon=True).start()
+    with pytest.raises(coord.LinkError):
+        coord.dial("127.0.0.1", port, "secret", "node2", queue.Queue(), timeout_s=3)
+    fake.close()
+
+
+def test_tampered_or_replayed_lines_end_the_link() -> None:
+    server, inbox = _server("k", ["node2"])
+    try:
+        link = coord.dial("127.0.0.1", server.port, "k", "node2", queue.Queue())
+        _next(inbox, "peer_up")
+        assert link.send({"type": "ping"})
+        assert _next(inbox, "peer")[2] == {"type": "ping"}
+        # Replay the first signed line (sequence 0) on the wire: refused, the link ends.
+        body = json.dumps({"type": "ping"}, separators=(",", ":"), sort_keys=True)
+        forged = json.dumps({"s": 0, "m": body, "t": coord._mac(link.key, "0", body)})
+        link.sock.sendall(forged.encode() + b"\n")
+        assert _next(inbox, "peer")[2] is None
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ the relay on an ended run
+
+
+def _agent_env() -> dict[str, str]:
+    return dict(os.environ)  # the test's python has mscon installed: `-m mscon.agent` runs the agent
+
+
+def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_dir = home / ".cache/mscon/runs/run-x/n0"
+    (run_dir / "attempt_0").mkdir(parents=True)
+    (run_dir / "attempt_0/r0.log").write_text("a\nb\nc\n")
+    j = Journal(str(run_dir))
+    j.add(0, P.ProcStarted(node="n0", name="r0", rank=0, pid=1, ts_ns=1, log_path="x").to_dict())
+    j.add(0, P.Coord(node="n0", kind=P.CoordKind.RUN_ENDED, attempt=0, outcome="succeeded").to_dict())
+    j.close()
+    write_state(str(run_dir), {"attempt": 0, "status": "succeeded", "pid": 999999999})
+    relay = subprocess.run(
+        [sys.executable, "-m", "mscon.agent", "--node", "n0", "--attach", "run-x"],
+        input=P.encode(P.Attach(log_from={"r0": 1}, log_attempt=0)),
+        capture_output=True,
+        text=True,
+        env={**_agent_env(), "HOME": str(home)},
+        timeout=30,
+    )
+    msgs = [P.decode(line) for line in relay.stdout.splitlines() if line.strip()]
+    kinds = [m.type for m in msgs]
+    assert kinds == ["hello", "journaled", "journaled", "journal_done", "log", "replay_done"], kinds
+    done = msgs[3]
+    assert isinstance(done, P.JournalDone) and done.live is False and done.entries == 2
+    log = msgs[4]
+    assert isinstance(log, P.LogBatch) and log.seq == 1 and log.lines == ("b", "c")
+    listed = subprocess.run(
+        [sys.executable, "-m", "mscon.agent", "--node", "n0", "--ls"],
+        capture_output=True,
+        text=True,
+        env={**_agent_env(), "HOME": str(home)},
+        timeout=30,
+    )
+    (info,) = [P.decode(line) for line in listed.stdout.splitlines()]
+    assert isinstance(info, P.RunInfo) and info.run_id == "run-x" and info.status == "succeeded"
+
+
+def test_relay_refuses_a_run_id_that_is_not_a_plain_name(tmp_path: Path) -> None:
+    relay = subprocess.run(
+        [sys.executable, "-m", "mscon.agent", "--node", "n0", "--attach", "../../etc"],
+        input="",
+        capture_output=True,
+        text=True,
+        env={**_agent_env(), "HOME": str(tmp_path)},
+        timeout=30,
+    )
+    msgs = [P.decode(line) for line in relay.stdout.splitlines() if line.strip()]
+    assert [m.type for m in msgs] == ["hello", "agent_error"]
+    assert "no run" in msgs[1].message
