@@ -289,6 +289,7 @@ class DetachedRun:
         self.lost.add(node)
         self.done.add(node)
         if not self.ended:
+            self._coord(P.CoordKind.NODE_LOST, reason=why, trigger=node)
             self.failed = True
             self._group_stop("lost the node %s: %s" % (node, why), node)
 

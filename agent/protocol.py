@@ -338,6 +338,7 @@ class CoordKind:
     """What the coordinator decided (``Coord.kind``)."""
 
     STOPPING = "stopping"
+    NODE_LOST = "node_lost"  # a follower's link ended or went silent (trigger: the node)
     ATTEMPT_ENDED = "attempt_ended"
     RESTARTING = "restarting"
     ATTEMPT_STARTED = "attempt_started"

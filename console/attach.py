@@ -43,6 +43,8 @@ from .events import (
     AttemptStarted,
     Event,
     JobState,
+    NodeState,
+    NodeUpdate,
     Notice,
     RankRef,
     Restarting,
@@ -304,6 +306,8 @@ class Attacher:
             return
         if msg.kind == CoordKind.STOPPING:
             self.emit(Stopping(msg.attempt, msg.reason, msg.trigger))
+        elif msg.kind == CoordKind.NODE_LOST and msg.trigger:
+            self.emit(NodeUpdate(msg.attempt, msg.trigger, NodeState.LOST, msg.reason, msg.ts_ns))
         elif msg.kind == CoordKind.ATTEMPT_ENDED:
             outcome = _OUTCOMES.get(msg.outcome, AttemptOutcome.FAILED)
             root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None

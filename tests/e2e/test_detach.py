@@ -159,6 +159,26 @@ def test_killed_rank_is_stopped_by_the_coordinator_and_attach_names_it(
     print(f"survivors stopped {stopped_in:.2f} s after the kill, with no console")
 
 
+def test_lost_follower_ends_the_detached_run_naming_the_node(
+    tmp_path: Path, sshd_cluster: SshdCluster
+) -> None:
+    """node2's agent is killed (its ranks die with it): node1's coordinator loses its link, stops
+    node1's ranks, and ends the run (reconnecting a node needs the console); attach names node2."""
+    inv = _inventory(tmp_path, sshd_cluster, ["--steps", "3000", "--rate", "20"], restart={"max_restarts": 2})
+    run_id = _run_id("detach-lost")
+    _detach(tmp_path, inv, run_id)
+    _wait(lambda: len(_run_agents(run_id)) == 2, 20, "two daemon agents")
+    (victim,) = [a for a in _run_agents(run_id) if a.cwd().endswith("/node2")]
+    victim.kill()
+    _wait(lambda: run_processes(run_id) == [] and _status(run_id) != "running", 30, "the end of the run")
+    assert _status(run_id) == "failed"
+    done = mscon("attach", run_id, "--no-tui", "--json", tmp_path / "s.json", cwd=tmp_path, timeout=60)
+    assert done.code == 4, done.err
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["root_cause"]["kind"] == "node lost" and s["root_cause"]["node"] == "node2"
+    assert len(s["attempts"]) == 1  # no restart: a lost node cannot be reconnected without the console
+
+
 def test_detached_failure_restarts_the_group_per_policy(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
     # MSCON_ATTEMPT: the fake rank fails only in attempt 0 (its --fail-rank applies to every attempt,
     # so the restarted group fails again: the budget of 1 restart is used, then the run ends).

@@ -1,0 +1,57 @@
+"""Detach, attach, ls and their errors on the local transport (fast fake ranks, no sshd)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import kill_run, local_inventory, mscon, run_processes, wait_gone
+
+FAKE = "bench/fake_rank.py"
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    rid = f"local-detach-{secrets.token_hex(3)}"
+    yield rid
+    kill_run(rid)
+
+
+def test_detach_then_attach_prints_every_line_once(tmp_path: Path, run_id: str) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "80", "--rate", "20"])
+    first = mscon("run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, cwd=tmp_path)
+    assert first.code == 0, first.err
+    assert f"mscon attach {run_id}" in first.err
+    assert run_processes(run_id), "the ranks run on"
+    second = mscon("attach", run_id, "--no-tui", cwd=tmp_path)  # no inventory: from the record
+    assert second.code == 0, second.err
+    for r in range(2):
+        printed = re.findall(rf"^\[local r{r}\] (.*)$", first.out + second.out, re.M)
+        log = tmp_path / "mscon-runs" / run_id / "local" / "attempt_0" / f"r{r}.log"
+        assert printed == log.read_text().splitlines()
+        steps = [int(s) for s in re.findall(r"step: (\d+),", "\n".join(printed))]
+        assert steps == list(range(1, 81))
+    assert wait_gone(run_processes(run_id), 5) == []
+    listed = mscon("ls", inv, cwd=tmp_path)
+    assert listed.code == 0
+    row = next(line for line in listed.out.splitlines() if line.startswith(run_id))
+    assert row.split()[1:3] == ["succeeded", "0"]
+
+
+def test_attach_to_an_unknown_run_is_one_line(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    done = mscon("attach", "no-such-run", inv, "--no-tui", cwd=tmp_path)
+    assert done.code == 2
+    assert "local: no run no-such-run on this node" in done.err
+    assert "Traceback" not in done.err
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a/b", ".", "x\ny"])
+def test_run_ids_that_are_not_plain_names_are_refused(tmp_path: Path, bad: str) -> None:
+    for command in ("attach", "stop", "logs"):
+        done = mscon(command, bad, cwd=tmp_path)
+        assert done.code == 2, (command, done.err)
+        assert len(done.err.strip().splitlines()) == 1 and "run id" in done.err
