@@ -173,7 +173,11 @@ class DetachedRun:
         except P.ProtocolError:
             return
         if isinstance(msg, P.Attach):
-            self._attach(client, msg)
+            try:
+                self._attach(client, msg)
+            except (ValueError, TypeError, AttributeError) as exc:  # a malformed Attach
+                client.send_line(P.encode(P.AgentError(node=self.agent.node, message="bad attach: %s" % exc)))
+                client.end()
         elif isinstance(msg, P.RunCommand):
             if client is not self.controller:
                 client.send_line(

@@ -157,9 +157,8 @@ class Agent:
                     if not self.handle(line):
                         self._final_state()
                         return 0
-                elif source:
-                    assert self.detached is not None
-                    self.detached.handle(source, obj, line)
+                elif source and self.detached is not None:
+                    self._guarded(self.detached.handle, source, obj, line)
                 elif self._console_silent():
                     self.stop(
                         "no word from the console for %gs (network partition?)" % self._watchdog(),
@@ -170,7 +169,7 @@ class Agent:
                     return 0
                 self.tick()
                 if self.detached is not None:
-                    self.detached.tick()
+                    self._guarded(self.detached.tick)
                 if self.exit_now:
                     if self.detached is not None:
                         self.detached.close()
@@ -181,6 +180,19 @@ class Agent:
         except KeyboardInterrupt:
             self.stop("agent interrupted", self._grace(), report=False)
             return 130
+
+    def _guarded(self, fn, *args) -> None:  # noqa: ANN001
+        """A detached run's extras (clients, links, policy) must never take the ranks down with
+        the agent: a bug there is written to agent.err and the run goes on."""
+        try:
+            fn(*args)
+        except ConsoleGone:
+            raise
+        except Exception:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
 
     def _watchdog(self) -> float:
         return self.start_cmd.watchdog_s if self.start_cmd else 0.0
