@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from textual.app import App
+from textual.app import App, ScreenStackError
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -138,7 +138,10 @@ class MsconApp(App[int]):
         self.flushes += 1
         if ch.failure or ch.structure:
             self.model.invalidate_roles()
-        screen = self.screen
+        try:
+            screen = self.screen
+        except ScreenStackError:  # the app is closing: events that arrive now have no view left
+            return
         try:
             if isinstance(screen, RankScreen):
                 screen.show(ch)
