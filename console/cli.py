@@ -229,6 +229,9 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
         print(str(exc), file=sys.stderr)
         return exit_codes.USAGE
     if args.slurm or inv.slurm is not None:
+        if getattr(args, "detach", False):
+            # srun's step ends with the console (and cgroup tracking ends every process in it).
+            return _usage_error("--detach: not with Slurm nodes (the srun step ends with the console)")
         from .slurm import SlurmError, apply_allocation
 
         try:

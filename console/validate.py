@@ -33,6 +33,9 @@ def validate_main(paths: list[str], out: TextIO | None = None, err: TextIO | Non
             _emit(err, f"{oneline(str(path))}: internal error: {oneline(f'{type(exc).__name__}: {exc}')}")
             status = exit_codes.USAGE
             continue
+        if inv.slurm is not None and not inv.nodes:
+            _emit(out, f"ok: {oneline(str(path))} (nodes from the Slurm allocation)")
+            continue
         nodes, ranks = len(inv.nodes), inv.world_size
         _emit(out, f"ok: {oneline(str(path))} ({_count(nodes, 'node')}, {_count(ranks, 'rank')})")
     return status

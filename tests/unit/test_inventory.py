@@ -28,7 +28,7 @@ def test_shipped_inventories_exist() -> None:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_inventories_load(path: Path) -> None:
     inv = load_inventory(path)
-    assert inv.nodes and inv.world_size >= 1
+    assert (inv.nodes and inv.world_size >= 1) or inv.slurm is not None  # slurm: nodes at run time
     assert (inv.job.workdir / inv.job.script).is_file()
 
 

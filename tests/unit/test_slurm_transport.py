@@ -1,0 +1,207 @@
+"""The srun transport without Slurm: the dial-back handshake both ways, the dial's path checks,
+the log extraction, and a whole ``mscon run`` through a stand-in ``srun`` (it runs the one task on
+this machine, with the environment, as srun --export=ALL does)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from mscon.agent import dial
+from mscon.console.inventory import load_inventory
+from mscon.console.transport import slurm as st
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def launcher(monkeypatch: pytest.MonkeyPatch) -> st.SlurmLauncher:
+    monkeypatch.setenv(st.ENV_CONSOLE_ADDRESS, "127.0.0.1")
+    return st.SlurmLauncher(load_inventory(REPO / "inventory" / "local.yaml"))
+
+
+def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"") -> bytes:
+    s = socket.create_connection(("127.0.0.1", port), 5)
+    f = s.makefile("rb")
+    try:
+        dial.handshake(s, f, key, role)
+        s.sendall(then)
+        return f.readline()
+    finally:
+        f.close()
+        s.close()
+
+
+async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: st.SlurmLauncher) -> None:
+    await launcher._listen()
+    try:
+        # A node with another key refuses the console (it cannot prove the node's key) ...
+        with pytest.raises(OSError, match="the console did not authenticate"):
+            await asyncio.to_thread(_as_node, launcher.port, os.urandom(32))
+        # ... and with the key, the first thing after the handshake is the dial's source.
+        first = await asyncio.to_thread(_as_node, launcher.port, launcher.key)
+        assert int(first) == len(st._dial_source())
+
+        def wrong_proof() -> bytes:
+            s = socket.create_connection(("127.0.0.1", launcher.port), 5)
+            with s, s.makefile("rb") as f:
+                s.sendall(b"MSCON-DIAL 1 boot 00112233\n")
+                f.readline()  # the console's nonce and proof
+                s.sendall(b"0" * 64 + b"\n")
+                return f.read()
+
+        assert await asyncio.to_thread(wrong_proof) == b""  # closed, nothing sent
+        # An authenticated agent connection with a token nobody issued gets nothing either.
+        assert await asyncio.to_thread(_as_node, launcher.port, launcher.key, "agent", b"f00d\n") == b""
+    finally:
+        await launcher.close()
+
+
+def test_boot_refuses_a_console_without_the_key() -> None:
+    srv = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def fake_console() -> None:
+        conn, _ = srv.accept()
+        with conn, conn.makefile("rb") as f:
+            seen.append(f.readline())
+            conn.sendall(b"cafe " + b"0" * 64 + b"\n")
+            seen.append(f.read())  # what the node sends after a wrong proof: nothing
+
+    t = threading.Thread(target=fake_console, daemon=True)
+    t.start()
+    env = {
+        "PATH": os.environ["PATH"],
+        st.ENV_ADDR: f"127.0.0.1:{srv.getsockname()[1]}",
+        st.ENV_KEY: os.urandom(32).hex(),
+        st.ENV_PYTHON: sys.executable,
+    }
+    p = subprocess.run(
+        ["/bin/sh", "-c", st.DIAL_SH, st.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
+    )
+    t.join(10)
+    srv.close()
+    assert p.returncode == 1 and "the console did not authenticate" in p.stderr
+    assert seen[0].startswith(b"MSCON-DIAL 1 boot ") and seen[1] == b""
+
+
+def test_dial_paths_stay_in_the_mscon_folder(tmp_path: Path) -> None:
+    d = dial.Dial(None, None, b"")
+    d.root = str(tmp_path)
+    assert d.path("agent-1/mscon_agent/main.py") == str(tmp_path / "agent-1" / "mscon_agent" / "main.py")
+    for bad in ("../x", "a/../b", "/etc/passwd", "", "a//b", "a/\x01", None, 5):
+        with pytest.raises(ValueError):
+            d.path(bad)
+
+
+def test_put_is_atomic_and_fetch_never_follows_links(tmp_path: Path) -> None:
+    sent: list[dict] = []
+    d = dial.Dial(None, None, b"")
+    d.root = str(tmp_path / "cache")
+    d.send = sent.append  # type: ignore[method-assign]
+    d.put("sync/a.tar.gz", b"12", last=False)
+    assert not (tmp_path / "cache" / "sync" / "a.tar.gz").exists()  # not before the last part
+    d.put("sync/a.tar.gz", b"34", last=True)
+    assert (tmp_path / "cache" / "sync" / "a.tar.gz").read_bytes() == b"1234"
+    run = tmp_path / "cache" / "runs" / "r" / "n"
+    (run / "attempt_0").mkdir(parents=True)
+    (run / "attempt_0" / "r0.log").write_text("hello\n")
+    (run / "work").mkdir()
+    (run / "work" / "secret.py").write_text("no")
+    (tmp_path / "outside").write_text("outside")
+    (run / "attempt_0" / "link.log").symlink_to(tmp_path / "outside")
+    (run / "escape").symlink_to(tmp_path)
+    d.fetch(1, str(run))
+    data = b"".join(base64.b64decode(m["chunk"]) for m in sent)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        names = sorted(m.name for m in tar.getmembers())
+    assert names == ["attempt_0", "attempt_0/r0.log"]
+
+
+def test_extract_writes_plain_files_only(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (
+            ("ok/r0.log", b"log"),
+            ("../evil", b"x"),
+            ("work/w.py", b"x"),
+            ("a/\x1b[2J", b"x"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("ok/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    buf.seek(0)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    st._extract(buf, dest)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == ["ok", "ok/r0.log"]
+    assert not (tmp_path / "evil").exists()
+
+
+FAKE_SRUN = """#!/bin/sh
+# srun for one node on this machine: drop srun's options, run the task with srun's environment.
+echo "$@" > "$FAKE_SRUN_ARGV"
+while [ $# -gt 0 ]; do case "$1" in --*) shift;; *) break;; esac; done
+SLURMD_NODENAME=fakenode SLURM_PROCID=0 exec "$@"
+"""
+FAKE_SQUEUE = '#!/bin/sh\ncase "$*" in *" -s "*) exit 0;; *) echo RUNNING;; esac\n'
+FAKE_SCONTROL = "#!/bin/sh\necho fakenode\n"
+
+
+def test_a_run_through_a_stand_in_srun(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("squeue", FAKE_SQUEUE), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        json.dumps(
+            {
+                "name": "fake-slurm",
+                "device_target": "CPU",
+                "defaults": {"python": sys.executable},
+                "nodes": {"from": "slurm"},
+                "scheduler": {"port": 18000 + os.getpid() % 2000},
+                "job": {"workdir": str(REPO), "script": "bench/fake_rank.py", "args": ["--steps", "5"]},
+                "stop": {"grace_s": 1},
+            }
+        )
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "fakenode",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "FAKE_SRUN_ARGV": str(tmp_path / "argv"),
+        st.ENV_CONSOLE_ADDRESS: "127.0.0.1",
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", "--no-check", str(inv)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "[fakenode r1] epoch: 1 step: 5," in p.stdout
+    argv = (tmp_path / "argv").read_text()
+    assert argv.startswith("--overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpu-bind=none")
+    assert sys.executable not in argv and "fake-slurm" not in argv and "fakenode" not in argv
+    fetched = list((tmp_path / "mscon-runs").glob("*/fakenode/attempt_0/r1.log"))
+    assert len(fetched) == 1 and "training finished" in fetched[0].read_text()
