@@ -16,4 +16,5 @@ AGENT_FILES = (
     "daemon.py",
     "detached.py",
     "relay.py",
+    "streams.py",
 )

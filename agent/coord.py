@@ -24,6 +24,8 @@ import queue
 import socket
 import threading
 
+from .streams import accept_forever
+
 _AUTH_TIMEOUT_S = 10.0
 
 
@@ -118,12 +120,9 @@ class CoordServer:
         threading.Thread(target=self._accept, name="coord-accept", daemon=True).start()
 
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handshake, args=(conn,), daemon=True).start()
+        accept_forever(
+            self.sock, lambda c: threading.Thread(target=self._handshake, args=(c,), daemon=True).start()
+        )
 
     def _handshake(self, conn: socket.socket) -> None:
         conn.settimeout(_AUTH_TIMEOUT_S)

@@ -16,6 +16,7 @@ import struct
 import threading
 
 from .journal import ERRORS, SOCKET
+from .streams import accept_forever, read_lines
 
 _CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
 
@@ -66,19 +67,7 @@ class Client:
         self.close()
 
     def _read(self) -> None:
-        pending = b""
-        while True:
-            try:
-                chunk = self.sock.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self.inbox.put(("client", self, line.decode("utf-8", errors="replace")))
+        read_lines(self.sock.recv, lambda line: self.inbox.put(("client", self, line)))
         self.close()
         self.inbox.put(("client", self, None))
 
@@ -117,15 +106,13 @@ class SocketServer:
         threading.Thread(target=self._accept, name="socket-accept", daemon=True).start()
 
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            if peer_uid(conn) != self.uid:
-                conn.close()  # another user (the folder's mode should have stopped them already)
-                continue
-            self.inbox.put(("client_up", Client(conn, self.inbox), None))
+        accept_forever(self.sock, self._admit)
+
+    def _admit(self, conn: socket.socket) -> None:
+        if peer_uid(conn) != self.uid:
+            conn.close()  # another user (the folder's mode should have stopped them already)
+            return
+        self.inbox.put(("client_up", Client(conn, self.inbox), None))
 
     def close(self) -> None:
         try:

@@ -31,6 +31,7 @@ from .devices import DeviceSampler
 from .evidence import blame
 from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
+from .streams import read_lines
 from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
 _TAIL_KEEP = 200  # lines kept per process for the exit report
@@ -108,19 +109,7 @@ class Agent:
     def _read_stdin(self) -> None:
         # Raw reads on fd 0, not sys.stdin: a thread blocked inside sys.stdin holds its lock and
         # would deadlock the interpreter's shutdown.
-        pending = b""
-        while True:
-            try:
-                chunk = os.read(0, 65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self.inbox.put(("console", None, line.decode("utf-8", errors="replace")))
+        read_lines(lambda n: os.read(0, n), lambda line: self.inbox.put(("console", None, line)))
         self.inbox.put(("console", None, None))  # EOF
 
     # ------------------------------------------------------------ main loop
@@ -414,7 +403,9 @@ class Agent:
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
 
-    def _flush(self, w: Watched, final: bool = False) -> None:
+    def _flush(self, w: Watched, final: bool = False, out: list[P.Message] | None = None) -> None:
+        """Send the process's new lines (LogBatch) and metrics (MetricBatch); with ``out``, append
+        them there instead, for the caller to send every process's flush as one Bundle."""
         # Structured metrics win over parsing the log: look for the file before parsing lines.
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
@@ -426,16 +417,18 @@ class Agent:
             chunk = lines[start : start + _BATCH_MAX]
             w.recent.extend(chunk)
             spec = w.proc.spec
-            self.send(
-                P.LogBatch(
-                    node=self.node,
-                    name=spec.name,
-                    rank=spec.rank,
-                    seq=w.seq,
-                    lines=tuple(chunk),
-                    ts_ns=time.time_ns(),
-                )
+            batch = P.LogBatch(
+                node=self.node,
+                name=spec.name,
+                rank=spec.rank,
+                seq=w.seq,
+                lines=tuple(chunk),
+                ts_ns=time.time_ns(),
             )
+            if out is None:
+                self.send(batch)
+            else:
+                out.append(batch)
             w.seq += len(chunk)
             # One substring test of the whole chunk spares the per-line tests of most chunks:
             # these are blame()'s own first tests (agent/evidence.py).
@@ -448,7 +441,7 @@ class Agent:
                     metric = self._parse_metric(w, line)
                     if metric is not None:
                         parsed.append(metric)
-        self._flush_metrics(w, final, parsed)
+        self._flush_metrics(w, final, parsed, out)
 
     def _evidence(self, w: Watched, line: str) -> None:
         found = blame(line)
@@ -530,7 +523,13 @@ class Agent:
             )
         )
 
-    def _flush_metrics(self, w: Watched, final: bool, parsed: list[P.Metric] | None = None) -> None:
+    def _flush_metrics(
+        self,
+        w: Watched,
+        final: bool,
+        parsed: list[P.Metric] | None = None,
+        out: list[P.Message] | None = None,
+    ) -> None:
         """Every metric of this flush (parsed from the log, or read from MSCON_METRICS) in one
         MetricBatch: one message per rank and flush, not one per step."""
         spec = w.proc.spec
@@ -561,7 +560,11 @@ class Agent:
                     )
                 )
         if batch:
-            self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
+            msg = P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch))
+            if out is None:
+                self.send(msg)
+            else:
+                out.append(msg)
 
     def _report_exit(self, w: Watched) -> None:
         p = w.proc
