@@ -17,4 +17,5 @@ AGENT_FILES = (
     "detached.py",
     "relay.py",
     "streams.py",
+    "metrics.py",
 )

@@ -208,12 +208,23 @@ class DetachedRun:
         client.read_only = msg.read_only
         client.console = msg.console
         stops = {w.proc.spec.name: w.seq for w in self.agent.watched}
+        metric_ends = {w.proc.spec.name: w.metrics.consumed for w in self.agent.watched}
         attempt = self.agent.start_cmd.attempt
 
         def send(m: P.Message) -> None:
             client.send_line(P.encode(m))
 
-        replay(node, self.agent.run_dir, msg, send, live=True, attempt=attempt, stops=stops)
+        replay(
+            node,
+            self.agent.run_dir,
+            msg,
+            send,
+            live=True,
+            attempt=attempt,
+            stops=stops,
+            metric_ends=metric_ends,
+            line_metrics=self.agent.line_metrics,
+        )
         send(P.ReplayDone(node=node))
         if not msg.follow or self.ended:
             client.end()

@@ -31,8 +31,10 @@ from .devices import DeviceSampler
 from .evidence import blame
 from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
+from .metrics import LineParser
+from .metrics import from_record as metric_from_record
 from .streams import read_lines
-from .tail import NO_STEP, FileTail, LineMetrics, extract_traceback, parse_metrics_line
+from .tail import FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
 _TAIL_KEEP = 200  # lines kept per process for the exit report
 _BATCH_MAX = 500  # lines per LogBatch message
@@ -58,7 +60,13 @@ class Watched:
         self.progress_ns = time.time_ns()  # last log line or metric read (start counts as progress)
         self.stopped_since: float | None = None  # monotonic time state T was first seen
         self.hung_reported = False
-        self.step_time_s: float | None = None  # the last TimeMonitor figure
+        self._parser: LineParser | None = None
+
+    def parser(self, node: str, line_metrics: LineMetrics) -> LineParser:
+        """This process's parser of printed metrics (it keeps the last TimeMonitor step time)."""
+        if self._parser is None or self._parser.line_metrics is not line_metrics:
+            self._parser = LineParser(node, self.proc.spec.name, self.proc.spec.rank, line_metrics)
+        return self._parser
 
 
 class Agent:
@@ -438,7 +446,7 @@ class Agent:
                     self._evidence(w, line)
             if not w.has_metrics_file:
                 for line in self.line_metrics.candidates(chunk, text):
-                    metric = self._parse_metric(w, line)
+                    metric = w.parser(self.node, self.line_metrics).parse(line)
                     if metric is not None:
                         parsed.append(metric)
         self._flush_metrics(w, final, parsed, out)
@@ -458,27 +466,6 @@ class Agent:
                 text=found.text,
                 ts_ns=time.time_ns(),
             )
-        )
-
-    def _parse_metric(self, w: Watched, line: str) -> P.Metric | None:
-        """Metrics of an unmodified script, from what it prints (LossMonitor, MindFormers, ...)."""
-        parsed = self.line_metrics.parse(line)
-        if parsed is None:
-            return None
-        if parsed.step == NO_STEP:  # TimeMonitor: the step time of the step just reported
-            w.step_time_s = parsed.step_time_s
-            return None
-        spec = w.proc.spec
-        return P.Metric(
-            node=self.node,
-            name=spec.name,
-            rank=spec.rank,
-            step=parsed.step,
-            epoch=parsed.epoch,
-            loss=parsed.loss,
-            step_time_s=parsed.step_time_s if parsed.step_time_s is not None else w.step_time_s,
-            ts=time.time(),
-            source="parsed",
         )
 
     def _check_stopped(self, now: float) -> None:
@@ -540,25 +527,7 @@ class Agent:
                 if obj is None:
                     continue
                 w.progress_ns = time.time_ns()
-                batch.append(
-                    P.Metric(
-                        node=self.node,
-                        name=spec.name,
-                        rank=spec.rank,
-                        step=obj["step"],
-                        epoch=_opt_int(obj.get("epoch")),
-                        loss=_opt_float(obj.get("loss")),
-                        step_time_s=_opt_float(obj.get("step_time_s")),
-                        samples_per_s=_opt_float(obj.get("samples_per_s")),
-                        ts=_opt_float(obj.get("ts")) or time.time(),
-                        source="metrics",
-                        loss_scale=_opt_float(obj.get("loss_scale")),
-                        overflow=obj["overflow"] if isinstance(obj.get("overflow"), bool) else None,
-                        device_memory_bytes=_opt_int(obj.get("device_memory_bytes")),
-                        checksum=_opt_str(obj.get("param_checksum")),
-                        profile_dir=_opt_str(obj.get("profile_dir")),
-                    )
-                )
+                batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
         if batch:
             msg = P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch))
             if out is None:
@@ -714,18 +683,6 @@ def _unpack(archive: str, dest: str) -> None:
                 ):
                     raise tarfile.TarError("unsafe member %r" % member.name)
             tar.extractall(dest)
-
-
-def _opt_float(v: object) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _opt_int(v: object) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _opt_str(v: object) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ Stdlib only, Python 3.8 syntax (runs on the nodes).
 
 from __future__ import annotations
 
+import collections
 import os
 import platform
 import socket
@@ -20,6 +21,11 @@ import time
 
 from . import protocol as P
 from .journal import SOCKET, RunStatus, log_lines, read_journal, read_state, run_folder
+from .metrics import LineParser
+from .metrics import from_record as metric_from_record
+from .tail import LineMetrics, parse_metrics_line
+
+_METRICS_KEPT = 512  # as many points as the console's charts keep per rank
 
 
 def _write(msg: P.Message) -> None:
@@ -109,11 +115,24 @@ def _read_attach() -> P.Attach:
     return msg if isinstance(msg, P.Attach) else P.Attach(follow=False)
 
 
-def replay(node: str, run_dir: str, attach: P.Attach, send, live: bool, attempt: int, stops=None) -> None:  # noqa: ANN001
+def replay(
+    node: str,
+    run_dir: str,
+    attach: P.Attach,
+    send,  # noqa: ANN001
+    live: bool,
+    attempt: int,
+    stops=None,  # noqa: ANN001
+    metric_ends=None,  # noqa: ANN001
+    line_metrics=None,  # noqa: ANN001
+) -> None:
     """Send the journal from ``attach.journal_from``, then the logs: from ``attach.log_from`` in
-    ``attach.log_attempt``, whole for each later attempt up to ``attempt``. ``stops`` maps a
-    process name of ``attempt`` to the line its live tail has reached (a running agent: what
-    follows comes live); without it every log is read to its end."""
+    ``attach.log_attempt``, whole for each later attempt up to ``attempt``, then the last
+    ``_METRICS_KEPT`` metrics of each process of ``attempt`` (the console's charts start full).
+
+    A running agent passes where its live tail is: ``stops`` (lines of each log) and
+    ``metric_ends`` (bytes of each MSCON_METRICS file); what follows comes live. Without them
+    every file is read to its end."""
     entries = attach.journal_from
     names: dict = {}  # attempt -> its processes, in start order
     for index, att, msg in read_journal(run_dir, 0):
@@ -148,6 +167,35 @@ def replay(node: str, run_dir: str, attach: P.Attach, send, live: bool, attempt:
                     )
                 )
                 seq += len(batch)
+            if att == attempt:
+                end = metric_ends.get(name) if metric_ends is not None else None
+                _replay_metrics(node, name, os.path.join(log_dir, name), stop, end, line_metrics, send)
+
+
+def _replay_metrics(node, name, base, stop, end, line_metrics, send) -> None:  # noqa: ANN001
+    """The process's last metrics: from its MSCON_METRICS file (up to ``end`` bytes), else parsed
+    from its log (up to line ``stop``) as the live agent parses them."""
+    kept: collections.deque = collections.deque(maxlen=_METRICS_KEPT)
+    rank = _rank_of(name)
+    try:
+        with open(base + ".metrics.jsonl", "rb") as f:
+            data = f.read() if end is None else f.read(end)
+    except OSError:
+        data = None
+    if data is not None:
+        for raw in data.split(b"\n"):
+            obj = parse_metrics_line(raw.decode("utf-8", "replace"))
+            if obj is not None:
+                kept.append(metric_from_record(node, name, rank, obj))
+    else:
+        parser = LineParser(node, name, rank, line_metrics or LineMetrics())
+        for batch in log_lines(base + ".log", 0, stop):
+            for line in parser.line_metrics.candidates(batch):
+                metric = parser.parse(line)
+                if metric is not None:
+                    kept.append(metric)
+    if kept:
+        send(P.MetricBatch(node=node, name=name, rank=rank, metrics=tuple(kept)))
 
 
 def _rank_of(name: str) -> int:

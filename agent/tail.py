@@ -39,6 +39,11 @@ class FileTail:
             self._partial = b""
         return [_clean(p) for p in parts]
 
+    @property
+    def consumed(self) -> int:
+        """Bytes up to the end of the last whole line returned."""
+        return self.offset - len(self._partial)
+
 
 def _clean(raw: bytes) -> str:
     text = raw.decode("utf-8", errors="replace").rstrip("\r")

@@ -199,6 +199,39 @@ def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
     assert isinstance(info, P.RunInfo) and info.run_id == "run-x" and info.status == "succeeded"
 
 
+def test_replay_brings_the_last_metrics_for_the_charts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run_dir = home / ".cache/mscon/runs/run-m/n0"
+    (run_dir / "attempt_0").mkdir(parents=True)
+    # r0 prints LossMonitor lines (parsed), r1 writes MSCON_METRICS records (read as they are).
+    (run_dir / "attempt_0/r0.log").write_text(
+        "".join(f"epoch: 1 step: {i}, loss is {1 / i:.4f}\n" for i in range(1, 601))
+    )
+    (run_dir / "attempt_0/r1.log").write_text("hello\n")
+    (run_dir / "attempt_0/r1.metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "loss": 2.0 / i, "ts": 1.0}) + "\n" for i in range(1, 11))
+    )
+    j = Journal(str(run_dir))
+    for rank in (0, 1):
+        j.add(0, P.ProcStarted(node="n0", name=f"r{rank}", rank=rank, pid=1, ts_ns=1, log_path="x").to_dict())
+    j.close()
+    write_state(str(run_dir), {"attempt": 0, "status": "succeeded"})
+    relay = subprocess.run(
+        [sys.executable, "-m", "mscon.agent", "--node", "n0", "--attach", "run-m"],
+        input=P.encode(P.Attach(log_from={"r0": 600, "r1": 1}, log_attempt=0)),
+        capture_output=True,
+        text=True,
+        env={**_agent_env(), "HOME": str(home)},
+        timeout=30,
+    )
+    batches = {m.name: m for m in map(P.decode, relay.stdout.splitlines()) if isinstance(m, P.MetricBatch)}
+    # Every log line was printed already (nothing replayed), yet the charts get their history.
+    assert [m.step for m in batches["r0"].metrics] == list(range(89, 601))  # the last 512
+    assert batches["r0"].metrics[-1].loss == pytest.approx(1 / 600, abs=1e-4)
+    assert [m.step for m in batches["r1"].metrics] == list(range(1, 11))
+    assert batches["r1"].metrics[0].source == "metrics"
+
+
 def test_relay_refuses_a_run_id_that_is_not_a_plain_name(tmp_path: Path) -> None:
     relay = subprocess.run(
         [sys.executable, "-m", "mscon.agent", "--node", "n0", "--attach", "../../etc"],
