@@ -411,9 +411,8 @@ class Agent:
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
 
-    def _flush(self, w: Watched, final: bool = False, out: list[P.Message] | None = None) -> None:
-        """Send the process's new lines (LogBatch) and metrics (MetricBatch); with ``out``, append
-        them there instead, for the caller to send every process's flush as one Bundle."""
+    def _flush(self, w: Watched, final: bool = False) -> None:
+        """Send the process's new lines (LogBatch) and metrics (MetricBatch)."""
         # Structured metrics win over parsing the log: look for the file before parsing lines.
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
@@ -425,18 +424,16 @@ class Agent:
             chunk = lines[start : start + _BATCH_MAX]
             w.recent.extend(chunk)
             spec = w.proc.spec
-            batch = P.LogBatch(
-                node=self.node,
-                name=spec.name,
-                rank=spec.rank,
-                seq=w.seq,
-                lines=tuple(chunk),
-                ts_ns=time.time_ns(),
+            self.send(
+                P.LogBatch(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    seq=w.seq,
+                    lines=tuple(chunk),
+                    ts_ns=time.time_ns(),
+                )
             )
-            if out is None:
-                self.send(batch)
-            else:
-                out.append(batch)
             w.seq += len(chunk)
             # One substring test of the whole chunk spares the per-line tests of most chunks:
             # these are blame()'s own first tests (agent/evidence.py).
@@ -449,7 +446,7 @@ class Agent:
                     metric = w.parser(self.node, self.line_metrics).parse(line)
                     if metric is not None:
                         parsed.append(metric)
-        self._flush_metrics(w, final, parsed, out)
+        self._flush_metrics(w, final, parsed)
 
     def _evidence(self, w: Watched, line: str) -> None:
         found = blame(line)
@@ -510,13 +507,7 @@ class Agent:
             )
         )
 
-    def _flush_metrics(
-        self,
-        w: Watched,
-        final: bool,
-        parsed: list[P.Metric] | None = None,
-        out: list[P.Message] | None = None,
-    ) -> None:
+    def _flush_metrics(self, w: Watched, final: bool, parsed: list[P.Metric] | None = None) -> None:
         """Every metric of this flush (parsed from the log, or read from MSCON_METRICS) in one
         MetricBatch: one message per rank and flush, not one per step."""
         spec = w.proc.spec
@@ -529,11 +520,7 @@ class Agent:
                 w.progress_ns = time.time_ns()
                 batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
         if batch:
-            msg = P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch))
-            if out is None:
-                self.send(msg)
-            else:
-                out.append(msg)
+            self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
 
     def _report_exit(self, w: Watched) -> None:
         p = w.proc

@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 3  # 2: attempts, hang reports, blame evidence, name resolution; 3: detach/attach
+# 2: attempts, hang reports, blame evidence, name resolution; 3: detach/attach, metric and
+# telemetry batches
+PROTOCOL_VERSION = 3
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -75,18 +77,39 @@ def message_class(tag: str) -> type[Message]:
     return cls
 
 
+# How each field of a message class is decoded, worked out once per class (the console decodes
+# hundreds of thousands of messages a second: dataclasses.fields() per message was its top cost).
+_PLAIN, _TUPLE, _SPECS = 0, 1, 2
+_FIELDS: dict[type, tuple[tuple[str, int], ...]] = {}
+
+
+def _field_kinds(cls: type) -> tuple[tuple[str, int], ...]:
+    kinds = _FIELDS.get(cls)
+    if kinds is None:
+        out = []
+        for f in dataclasses.fields(cls):
+            hint = str(f.type)
+            if hint.startswith(("tuple[ProcSpec", "Tuple[ProcSpec")):
+                out.append((f.name, _SPECS))
+            elif hint.lower().startswith("tuple"):
+                out.append((f.name, _TUPLE))
+            else:
+                out.append((f.name, _PLAIN))
+        kinds = _FIELDS[cls] = tuple(out)
+    return kinds
+
+
 def from_dict(cls: type[Message], raw: dict[str, Any]) -> Message:
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
+    for name, kind in _field_kinds(cls):
+        if name not in raw:
             continue
-        value = raw[f.name]
-        hint = str(f.type)
-        if hint.startswith(("tuple[ProcSpec", "Tuple[ProcSpec")):
+        value = raw[name]
+        if kind == _SPECS:
             value = tuple(ProcSpec(**{**v, "argv": tuple(v["argv"])}) for v in value)
-        elif hint.lower().startswith("tuple") and isinstance(value, list):
+        elif kind == _TUPLE and isinstance(value, list):
             value = tuple(value)
-        kwargs[f.name] = value
+        kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:
@@ -573,7 +596,13 @@ class MetricBatch(Message):
 
     def __post_init__(self) -> None:
         items = self.metrics
-        if items and isinstance(items[0], dict):  # as decoded: compact mappings
+        if isinstance(items, list):  # as decoded
+            object.__setattr__(self, "metrics", tuple(items))
+        if all(isinstance(m, Metric) for m in items):
+            for m in items:  # the wire carries node, name and rank once: they must be the batch's
+                if (m.node, m.name, m.rank) != (self.node, self.name, self.rank):
+                    raise ValueError("a MetricBatch of %s holds a metric of %s" % (self.name, m.name))
+        else:  # as decoded: compact mappings
             # Metric.__init__ sets 16 frozen fields one by one; this is the same object built
             # from a filled-in __dict__, several times faster (thousands of metrics a second).
             base = dict(_METRIC_DEFAULTS)
@@ -626,15 +655,17 @@ class TelemetryBatch(Message):
 
     def __post_init__(self) -> None:
         items = self.items
-        if items and isinstance(items[0], list):  # as decoded: rows of values
+        if not all(isinstance(t, Telemetry) for t in items):  # as decoded: rows of values
             node = self.node
-            try:
-                built = tuple(Telemetry(node, *row) for row in items if len(row) == len(_TELEMETRY_FIELDS))
-            except TypeError as exc:
-                raise ProtocolError("bad telemetry item: %s" % exc) from None
-            if len(built) != len(items):
-                raise ProtocolError("bad telemetry item: expected %d values" % len(_TELEMETRY_FIELDS))
-            object.__setattr__(self, "items", built)
+            built = []
+            for row in items:
+                if not isinstance(row, list) or len(row) != len(_TELEMETRY_FIELDS):
+                    raise ProtocolError("bad telemetry item: expected %d values" % len(_TELEMETRY_FIELDS))
+                t = object.__new__(Telemetry)  # as MetricBatch: no field-by-field frozen __init__
+                t.__dict__.update(zip(_TELEMETRY_FIELDS, row))
+                t.__dict__["node"] = node
+                built.append(t)
+            object.__setattr__(self, "items", tuple(built))
 
     def to_dict(self) -> dict[str, Any]:
         rows = [[getattr(t, f) for f in _TELEMETRY_FIELDS] for t in self.items]

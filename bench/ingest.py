@@ -53,6 +53,7 @@ PYTHON = VENV_BIN / "python"
 SCRIPT = "bench/fake_rank.py"
 NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+DEV = False  # --dev: run the console from the working tree (PYTHONPATH=.dev), not the install
 IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
 
 LINE_RE = re.compile(rb"^\[(?P<node>[^ \]]+) (?P<proc>[^ \]]+)\] (?P<text>.*)$")
@@ -268,10 +269,15 @@ def run_once(
     write_inventory(inv, ranks, rank_args, port, cluster)
     summary = run_dir / "summary.json"
     capture = run_dir / "stdout.txt"
-    cmd = [str(VENV_BIN / "mscon"), "run", "--no-tui", "-q", str(inv)]
+    if DEV:  # the working tree's source (.dev links to it), not the installed package
+        cmd = [str(PYTHON), "-m", "mscon.console.cli", "run", "--no-tui", "-q", str(inv)]
+    else:
+        cmd = [str(VENV_BIN / "mscon"), "run", "--no-tui", "-q", str(inv)]
     run_id = f"bench-ingest-{run_dir.name}"
     cmd += ["--json", str(summary), "--logs-dir", str(run_dir / "mscon-runs"), "--run-id", run_id]
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}")
+    if DEV:
+        env["PYTHONPATH"] = str(REPO / ".dev")
     with open(run_dir / "stderr.txt", "wb") as err, open(capture, "wb") as cap:
         t0 = time.monotonic()
         proc = subprocess.Popen(
@@ -411,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run again (up to this many times) when another job used the machine meanwhile",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before mscon is stopped")
+    p.add_argument("--dev", action="store_true", help="run the working tree's mscon (PYTHONPATH=.dev)")
     a = p.parse_args(argv)
+    global DEV  # noqa: PLW0603
+    DEV = a.dev
     if not (VENV_BIN / "mscon").exists():
         p.error(f"no mscon in {VENV_BIN}")
     modes = (["local"] if not a.ssh_only else []) + (["ssh"] if a.ssh or a.ssh_only else [])

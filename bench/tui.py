@@ -28,17 +28,31 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / ".dev"))
 
-from mscon.agent.protocol import LogBatch, Metric, ProcStarted  # noqa: E402
+from mscon.agent.protocol import (  # noqa: E402
+    LogBatch,
+    Metric,
+    MetricBatch,
+    ProcStarted,
+    Telemetry,
+    TelemetryBatch,
+)
 from mscon.console.bus import EventBus  # noqa: E402
 from mscon.console.events import AgentEvent, AttemptStarted, Event, RankRef, RunStarted  # noqa: E402
 from mscon.console.tui.app import MsconApp  # noqa: E402
 from mscon.console.tui.feed import Changes  # noqa: E402
 from mscon.console.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
+from mscon.console.tui.widgets.rank_table import RankTable  # noqa: E402
 
 BATCH_S = 0.1  # the agent's flush interval
 LINES_PER_S = 20
 METRICS_PER_S = 2
 RANKS_PER_NODE = 64
+RATES_QUERIES: list[str] = []  # --queries
+RATES = {
+    "lines": float(LINES_PER_S),
+    "metrics": float(METRICS_PER_S),
+    "ranks_per_node": float(RANKS_PER_NODE),
+}  # per rank and second (options)
 
 
 class _Forget(dict[int, float]):
@@ -51,9 +65,18 @@ class SyntheticSource(Source):
 
     live = True
 
-    def __init__(self, ranks: int, seconds: float, burst: bool = False) -> None:
+    def __init__(
+        self,
+        ranks: int,
+        seconds: float,
+        burst: bool = False,
+        lines_per_s: float = LINES_PER_S,
+        metrics_per_s: float = METRICS_PER_S,
+    ) -> None:
         super().__init__()
         self.ranks = ranks
+        self.lines_per_s = lines_per_s
+        self.metrics_per_s = metrics_per_s
         self.seconds = seconds
         self.burst = burst  # every rank's batch at the same instant (else each node's agent in turn)
         self.bus = EventBus()
@@ -71,20 +94,29 @@ class SyntheticSource(Source):
         else:
             self.emitted = _Forget()
         names = [f"r{i}" for i in range(self.ranks)]
-        self.emit(RunStarted(0, "bench", "bench.yaml", ("node",), self.ranks, "/tmp/bench"))
+        rpn = int(RATES["ranks_per_node"])
+        nodes = tuple(f"n{k:04d}" for k in range((self.ranks + rpn - 1) // rpn))
+        node_of = [nodes[i // rpn] for i in range(self.ranks)]
+        self.emit(RunStarted(0, "bench", "bench.yaml", nodes, self.ranks, "/tmp/bench"))
         now = time.time_ns()
         self.emit(
-            AttemptStarted(0, tuple(RankRef(n, "node", i) for i, n in enumerate(names)), "127.0.0.1", 1, now)
+            AttemptStarted(
+                0, tuple(RankRef(n, node_of[i], i) for i, n in enumerate(names)), "127.0.0.1", 1, now
+            )
         )
         for i, n in enumerate(names):
-            self.emit(AgentEvent(0, ProcStarted("node", n, i, 1000 + i, now, f"/tmp/{n}.log")))
-        lines_per_batch = int(LINES_PER_S * BATCH_S)
-        metric_every = round(1 / (METRICS_PER_S * BATCH_S))
+            self.emit(AgentEvent(0, ProcStarted(node_of[i], n, i, 1000 + i, now, f"/tmp/{n}.log")))
+        # A rank prints a batch every `lines_every` flushes (each with `lines_per_batch` lines), a
+        # metric every `metric_every`; one TelemetryBatch per node and second, as the agent does.
+        lines_every = max(1, round(1 / (self.lines_per_s * BATCH_S)))
+        lines_per_batch = max(1, round(self.lines_per_s * BATCH_S))
+        metric_every = max(1, round(1 / (self.metrics_per_s * BATCH_S)))
+        telemetry_every = round(1 / BATCH_S)
         filler = "x" * 60
         start = time.monotonic()
         tick = 0
         seq = [0] * self.ranks
-        per_node = len(names) if self.burst else RANKS_PER_NODE
+        per_node = len(names) if self.burst else rpn
         while time.monotonic() - start < self.seconds:
             ts = time.time_ns()
             step = tick // metric_every
@@ -92,30 +124,32 @@ class SyntheticSource(Source):
                 if i and i % per_node == 0:  # the next node's agent: its batch comes a little later
                     slot = start + (tick + i / len(names)) * BATCH_S - time.monotonic()
                     await asyncio.sleep(max(0.0, slot))
-                lines = tuple(
-                    f"rank {i} step {step} line {seq[i] + k} {filler}" for k in range(lines_per_batch)
-                )
-                self.emit(AgentEvent(0, LogBatch("node", n, i, seq[i], lines, ts)))
-                seq[i] += lines_per_batch
+                if i % rpn == 0 and tick % telemetry_every == 0:
+                    node = node_of[i]
+                    node_ranks = range(i, min(i + rpn, len(names)))
+                    items = tuple(Telemetry(node, names[k], k, 95.0, 2**30, ts / 1e9) for k in node_ranks)
+                    self.emit(AgentEvent(0, TelemetryBatch(node, items)))
+                if (tick + i) % lines_every == 0:
+                    lines = tuple(
+                        f"rank {i} step {step} line {seq[i] + k} {filler}" for k in range(lines_per_batch)
+                    )
+                    self.emit(AgentEvent(0, LogBatch(node_of[i], n, i, seq[i], lines, ts)))
+                    seq[i] += lines_per_batch
                 if tick % metric_every == (i % metric_every):
                     slow = 2.0 if i == 1 else 1.0
-                    self.emit(
-                        AgentEvent(
-                            0,
-                            Metric(
-                                "node",
-                                n,
-                                i,
-                                step,
-                                2.0 * 0.99**step,
-                                1,
-                                0.5 * slow,
-                                64 / slow,
-                                ts / 1e9,
-                                "metrics",
-                            ),
-                        )
+                    metric = Metric(
+                        node_of[i],
+                        n,
+                        i,
+                        step,
+                        2.0 * 0.99**step,
+                        1,
+                        0.5 * slow,
+                        64 / slow,
+                        ts / 1e9,
+                        "metrics",
                     )
+                    self.emit(AgentEvent(0, MetricBatch(node_of[i], n, i, (metric,))))
             tick += 1
             delay = start + tick * BATCH_S - time.monotonic()
             if delay > 0:
@@ -136,7 +170,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def engine_only(ranks: int, seconds: float, burst: bool) -> float:
     """CPU (fraction of a core) of the synthetic engine with a sink that drops everything."""
-    src = SyntheticSource(ranks, seconds, burst)
+    src = SyntheticSource(ranks, seconds, burst, RATES["lines"], RATES["metrics"])
     c0, t0 = time.process_time(), time.monotonic()
     src.start(lambda ev: None)
     await src.done.wait()
@@ -146,7 +180,8 @@ async def engine_only(ranks: int, seconds: float, burst: bool) -> float:
 async def with_console(
     ranks: int, seconds: float, warmup: float, screen: str, burst: bool
 ) -> dict[str, float]:
-    src = SyntheticSource(ranks, seconds + warmup, burst)
+    src = SyntheticSource(ranks, seconds + warmup, burst, RATES["lines"], RATES["metrics"])
+    refresh: dict[str, list[float]] = {}
     arrival_paint: list[float] = []
     flush_paint: list[float] = []
     measuring = False
@@ -171,12 +206,22 @@ async def with_console(
     async with app.run_test(size=(200, 60)) as pilot:
         if screen == "devices":
             await pilot.press("2")
-        await asyncio.sleep(warmup)
+        await asyncio.sleep(warmup / 2)
+        # A whole-screen refresh, what each keystroke in the filter box (or a new sort) costs:
+        # with no query, then each query of --queries (which then stays on while measuring).
+        for query in ("", *RATES_QUERIES):
+            app.model.set_query(query)
+            for _ in range(5):
+                t = time.perf_counter()
+                await app.main_screen.show(None)
+                refresh.setdefault(query, []).append(time.perf_counter() - t)
+        await asyncio.sleep(warmup / 2)
         measuring = True
         c0, t0 = time.process_time(), time.monotonic()
         await src.done.wait()
         cpu = (time.process_time() - c0) / (time.monotonic() - t0)
         measuring = False
+        shown = app.main_screen.query_one(RankTable).row_count
         rss = proc.memory_info().rss
         await pilot.pause(0.3)
         dropped = src.bus.dropped()
@@ -193,6 +238,8 @@ async def with_console(
         "behind": src.behind,
         "dropped": sum(n for _, n in dropped),
         "lines": sum(app.store.count(f"r{i}") for i in range(ranks)),
+        "refresh": {q: pct(v, 0.5) * 1000 for q, v in refresh.items()},
+        "shown": shown,
     }
 
 
@@ -203,7 +250,19 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--screen", choices=["devices", "overview"], default="devices")
     p.add_argument("--burst", action="store_true", help="every rank's batch at once (no node stagger)")
+    p.add_argument(
+        "--queries", nargs="*", default=[], help="filters to time a whole refresh with (the last stays on)"
+    )
+    p.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE, help="ranks of one node's agent")
+    p.add_argument("--lines-per-s", type=float, default=LINES_PER_S, help="log lines per rank per second")
+    p.add_argument("--metrics-per-s", type=float, default=METRICS_PER_S, help="metrics per rank per second")
     a = p.parse_args()
+    RATES["lines"], RATES["metrics"], RATES["ranks_per_node"] = (
+        a.lines_per_s,
+        a.metrics_per_s,
+        a.ranks_per_node,
+    )
+    RATES_QUERIES.extend(a.queries)
     os.environ.pop("NO_COLOR", None)
     print(
         f"{a.seconds:g} s per size after {a.warmup:g} s warm-up; screen: {a.screen}; machine: "
@@ -222,6 +281,12 @@ def main() -> int:
             f"{n:>6} {rate:>9,.0f} {r['cpu']:>10.2f} {max(0.0, r['cpu'] - engine):>9.2f} "
             f"{r['a50']:>12.0f} / {r['a99']:<10.0f} {r['f50']:>11.1f} / {r['f99']:<10.1f} {r['rss']:>8.0f} "
             f"{r['behind']:>10} {r['dropped']:>8}",
+            flush=True,
+        )
+        print(
+            "        whole-screen refresh (a filter keystroke), median of 5: "
+            + ", ".join(f"{q or 'no filter'!r} {ms:.0f} ms" for q, ms in r["refresh"].items())
+            + f"; rows shown while measuring: {r['shown']:,}",
             flush=True,
         )
     return 0

@@ -35,12 +35,18 @@ class StepTimes:
         self._history: dict[str, collections.deque[float]] = {}  # longer, for plots
         # (rank, source) -> (epoch, step, ts) of the last metric: step times derived from timestamps
         self._last: dict[tuple[str, str], tuple[int, int, float]] = {}
+        # Each rank's median of its recent step times, recomputed only after a new sample: at
+        # 8,000 ranks, medians of every rank at every check cost more than the rest of the view.
+        self._medians: dict[str, float] = {}
+        self._dirty: set[str] = set()
 
     def reset(self) -> None:
         """A new attempt: every rank starts again."""
         self._samples.clear()
         self._history.clear()
         self._last.clear()
+        self._medians.clear()
+        self._dirty.clear()
 
     def observe(self, msg: Metric) -> None:
         epoch = msg.epoch if msg.epoch is not None else 0
@@ -61,6 +67,7 @@ class StepTimes:
             self._history[msg.name] = collections.deque(maxlen=self.keep)
         q.append(value)
         self._history[msg.name].append(value)
+        self._dirty.add(msg.name)
 
     def recent(self, name: str) -> Sequence[float]:
         return tuple(self._samples.get(name, ()))
@@ -76,6 +83,16 @@ class StepTimes:
         keys = self._samples.keys() if names is None else names
         return {n: self._samples[n] for n in keys if n in self._samples}
 
+    def medians(self, names: Iterable[str], min_samples: int) -> dict[str, float]:
+        """Median of each named rank's last ``window`` step times, for ranks with ``min_samples`` or more."""
+        for name in self._dirty:
+            q = self._samples.get(name)
+            if q:
+                self._medians[name] = statistics.median(q)
+        self._dirty.clear()
+        samples, medians = self._samples, self._medians
+        return {n: medians[n] for n in names if n in medians and len(samples[n]) >= min_samples}
+
 
 def find_stragglers(
     samples: Mapping[str, Sequence[float]], policy: StragglerPolicy = StragglerPolicy()
@@ -87,6 +104,21 @@ def find_stragglers(
         for name, values in samples.items()
         if len(values) >= policy.min_samples
     }
+    return stragglers_by_median(medians, policy)
+
+
+def stragglers_of(
+    times: StepTimes, names: Iterable[str], policy: StragglerPolicy = StragglerPolicy()
+) -> frozenset[str]:
+    """``find_stragglers`` over ``times``' samples of ``names``, from its cached medians (the
+    samples' window is ``times.window``, which the view sets to ``policy.window``)."""
+    return stragglers_by_median(times.medians(names, policy.min_samples), policy)
+
+
+def stragglers_by_median(
+    medians: Mapping[str, float], policy: StragglerPolicy = StragglerPolicy()
+) -> frozenset[str]:
+    """The comparison itself, over each rank's median step time."""
     if len(medians) < policy.min_ranks:
         return frozenset()
     ordered = sorted(medians.values())

@@ -103,7 +103,25 @@ class _Tick:
 
 
 _TICK = _Tick()
-Input = Command | _Tick | tuple[str, Message | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Alarm:
+    """A failure seen by a channel's reader: it jumps the queue so the stop goes out at once, not
+    after the log batches queued ahead of it (at 1,000 nodes, seconds of them). The message itself
+    still follows in order, for the state and the views."""
+
+    node: str
+    msg: ProcExited | ProcHung
+
+
+def _alarming(msg: Message | None) -> bool:
+    return (isinstance(msg, ProcExited) and not msg.ok and not msg.stopped_by_agent) or isinstance(
+        msg, ProcHung
+    )
+
+
+Input = Command | _Tick | _Alarm | tuple[str, Message | None]
 
 
 class Inputs:
@@ -115,9 +133,14 @@ class Inputs:
         self.tick_pending = False
 
     def put_nowait(self, item: Input) -> None:
-        prio = (
-            0 if isinstance(item, StopJob | RestartGroup | DetachRun) else 1 if isinstance(item, _Tick) else 2
-        )
+        if isinstance(item, tuple):
+            node, msg = item
+            if _alarming(msg):
+                assert isinstance(msg, ProcExited | ProcHung)
+                self._q.put_nowait((0, next(self._seq), _Alarm(node, msg)))
+            self._q.put_nowait((2, next(self._seq), item))
+            return
+        prio = 0 if isinstance(item, StopJob | RestartGroup | DetachRun | _Alarm) else 1
         self._q.put_nowait((prio, next(self._seq), item))
 
     async def put(self, item: Input) -> None:
@@ -356,6 +379,8 @@ class Supervisor:
                 self._inputs.tick_pending = False
             elif isinstance(item, DetachRun):
                 self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
+            elif isinstance(item, _Alarm):
+                pass  # between attempts: its message follows and is taken in below
             elif isinstance(item, StopJob) or (isinstance(item, RestartGroup) and restart_cuts):
                 break
             elif isinstance(item, tuple):
@@ -602,6 +627,8 @@ class Supervisor:
             assert self._inputs is not None
             self._inputs.tick_pending = False
             await self._timers(att)
+        elif isinstance(item, _Alarm):
+            await self._failure_stop(att, item.msg)
         else:
             node, msg = item
             if msg is None:
@@ -609,6 +636,15 @@ class Supervisor:
             else:
                 self.emit(AgentEvent(att.number, msg))
                 await self._policy(att, node, msg)
+
+    async def _failure_stop(self, att: Attempt, msg: ProcExited | ProcHung) -> None:
+        if att.stopping:
+            return
+        if isinstance(msg, ProcExited):
+            what = msg.signal or f"exit code {msg.exitcode}"
+            await self._begin_stop(f"{msg.name} on {msg.node} failed ({what})", trigger=msg.name)
+        else:
+            await self._begin_stop(f"{msg.name} on {msg.node} is hung ({msg.why})", trigger=msg.name)
 
     async def _node_lost(self, att: Attempt, node: str) -> None:
         assert self.session is not None
@@ -631,14 +667,12 @@ class Supervisor:
                     if divergence is not None:
                         self.emit(divergence)
         elif isinstance(msg, ProcExited):
-            if not msg.ok and not msg.stopped_by_agent and not att.stopping:
-                what = msg.signal or f"exit code {msg.exitcode}"
-                await self._begin_stop(f"{msg.name} on {msg.node} failed ({what})", trigger=msg.name)
+            if _alarming(msg):
+                await self._failure_stop(att, msg)  # done already where its alarm came first
             if att.workers_done_at is None and self.state.workers_succeeded():
                 att.workers_done_at = now
         elif isinstance(msg, ProcHung):
-            if not att.stopping:
-                await self._begin_stop(f"{msg.name} on {msg.node} is hung ({msg.why})", trigger=msg.name)
+            await self._failure_stop(att, msg)
         elif isinstance(msg, AgentError):
             cur = self.state.attempt
             if (

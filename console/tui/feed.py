@@ -33,6 +33,7 @@ from ..events import (
     CheckReported,
     ChecksFinished,
     Event,
+    NodeState,
     NodeUpdate,
     Notice,
     ReplicaDivergence,
@@ -41,7 +42,8 @@ from ..events import (
     RunStarted,
     Stopping,
 )
-from ..stragglers import StepTimes, StragglerPolicy, find_stragglers
+from ..stragglers import StepTimes, StragglerPolicy, stragglers_of
+from .fmt import LIVE
 from .linestore import LineStore
 from .source import Source
 
@@ -74,6 +76,7 @@ class _Bucket:
     loss_n: int = 0
     steps: int = 0
     samples: dict[str, float] = field(default_factory=dict)  # rank -> samples/s it reported
+    samples_sum: float = 0.0  # of samples' values, kept as they come: points() reads every bucket
 
 
 class ClusterSeries:
@@ -104,6 +107,7 @@ class ClusterSeries:
             b.loss_sum += msg.loss
             b.loss_n += 1
         if msg.samples_per_s is not None:
+            b.samples_sum += msg.samples_per_s - b.samples.get(msg.name, 0.0)
             b.samples[msg.name] = msg.samples_per_s
 
     def new_attempt(self) -> None:
@@ -124,7 +128,7 @@ class ClusterSeries:
                 continue
             xs.append(float(k))
             loss.append(b.loss_sum / b.loss_n)
-            thr.append(sum(b.samples.values()) if samples else float(b.steps))
+            thr.append(b.samples_sum if samples else float(b.steps))
         return xs, loss, thr, ("samples/s" if samples else "rank steps/s")
 
 
@@ -209,6 +213,8 @@ class Feed:
                 ch.structure = ch.nodes = True
             elif isinstance(ev, NodeUpdate):
                 ch.nodes = True
+                if ev.state is NodeState.LOST:  # its ranks are lost too: their rows change
+                    ch.ranks.update(r.name for r in self.source.state.ranks.values() if r.node == ev.node)
             elif isinstance(ev, CheckReported | ChecksFinished):
                 ch.checks = ch.nodes = True
             elif isinstance(ev, Stopping | AttemptEnded | Restarting | RunFinished):
@@ -235,8 +241,8 @@ class Feed:
             # at most a few times a second under load: a straggler shows over many steps anyway
             self._metrics_unchecked = False
             self._checked = now
-            live = [r.name for r in self.source.state.workers() if r.state.live]
-            found = find_stragglers(self.step_times.samples(live), self.policy)
+            live = [r.name for r in self.source.state.workers() if r.state in LIVE]
+            found = stragglers_of(self.step_times, live, self.policy)
             if found != self.stragglers:
                 ch.ranks |= found ^ self.stragglers
                 self.stragglers = found

@@ -11,6 +11,10 @@ from rich.text import Text
 from ..events import JobState, NodeState, RankState
 from ..reporter import printable
 
+# RankState.live as a set: loops over every rank test membership, not a property call per rank.
+LIVE = frozenset(s for s in RankState if s.live)
+FAILED = frozenset([RankState.FAILED, RankState.HUNG, RankState.LOST])
+
 STATE_STYLE: dict[RankState, str] = {
     RankState.PENDING: "dim",
     RankState.STARTING: "cyan",

@@ -21,6 +21,9 @@ class ViewModel:
         self.query = ""
         self._test: RankTest = rank_filter("")
         self._roles: dict[str, str] | None = None
+        self._workers: list[RankView] = []
+        self._workers_of: dict[str, RankView] | None = None
+        self._workers_n = -1
 
     @property
     def state(self) -> ClusterState:
@@ -34,7 +37,14 @@ class ViewModel:
         return self._test(r, r.name in self.feed.stragglers)
 
     def workers(self) -> list[RankView]:
-        return sorted(self.state.workers(), key=lambda r: r.rank)
+        """The workers by rank; the same list object until the set of ranks changes (a new
+        attempt replaces ``state.ranks``), so callers can tell "unchanged" by identity and the
+        8,000-rank sort runs once per attempt, not once per frame. Read-only for callers."""
+        ranks = self.state.ranks
+        if ranks is not self._workers_of or len(ranks) != self._workers_n:
+            self._workers = sorted(self.state.workers(), key=lambda r: r.rank)
+            self._workers_of, self._workers_n = ranks, len(ranks)
+        return self._workers
 
     def visible_workers(self) -> list[RankView]:
         return [r for r in self.workers() if self.selected(r)]

@@ -12,7 +12,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import local_inventory, mscon  # noqa: E402
+from mscon.agent import protocol as P  # noqa: E402
 from mscon.agent.devices import sample  # noqa: E402
+from mscon.console.events import from_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 # index, uuid, name, driver, memory.used MiB, memory.total MiB, utilization %, ECC (GPU_QUERY's order)
@@ -64,8 +66,9 @@ def test_ranks_get_their_own_device_in_telemetry(tmp_path: Path) -> None:
     assert done.code == 0, done.err
     seen: dict[str, tuple[float, int]] = {}
     for line in events.read_text().splitlines():
-        ev = json.loads(line)
-        msg = ev.get("msg") or {}
-        if msg.get("type") == "telemetry" and msg.get("device_util") is not None:
-            seen[msg["name"]] = (msg["device_util"], msg["device_mem_bytes"])
+        ev = from_json(json.loads(line))
+        msg = getattr(ev, "msg", None)
+        for t in msg.items if isinstance(msg, P.TelemetryBatch) else ():  # a node's ranks, once a second
+            if t.device_util is not None:
+                seen[t.name] = (t.device_util, t.device_mem_bytes)
     assert seen.get("r0") == (87.0, 20480 * 2**20) and seen.get("r1") == (12.0, 40960 * 2**20), seen

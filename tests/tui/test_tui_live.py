@@ -88,8 +88,8 @@ async def test_live_kill_root_cause_restart_and_quit(tmp_path: Path) -> None:
             # quit asks; "stop" stops every rank and the app ends with the run
             await pilot.press("q")
             await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
-            text = await shows(pilot, "mscon attach RUN_ID comes back to it")
-            assert "Detach (d)" in text
+            text = await shows(pilot, "Detach (d)")
+            assert "Detach: the run goes on without the console" in text
             await pilot.press("s")
             await wait_for(pilot, lambda: source.done.is_set(), limit_s=30)
             await wait_for(pilot, lambda: not app.is_running, limit_s=10)

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
+from ...state import RankView
 from ..feed import Changes
 from ..model import ViewModel
 from ..widgets.rank_pane import RankGrid, RankPane
@@ -28,6 +29,7 @@ class DevicesView(Vertical):
         super().__init__(id=id)
         self.model = model
         self._names: list[str] = []
+        self._workers: list[RankView] | None = None  # model.workers() as last seen
         self._head: Text | None = None
         self._lock = asyncio.Lock()  # the timer and a tab switch may both ask for a rebuild
 
@@ -43,8 +45,14 @@ class DevicesView(Vertical):
 
     async def show_async(self, ch: Changes | None) -> None:
         async with self._lock:
-            names = [r.name for r in self.model.workers()]
+            workers = self.model.workers()
             full = ch is None
+            # The same list object means the same ranks: no 8,000-name comparison per frame.
+            if workers is not self._workers:
+                self._workers = workers
+                names = [r.name for r in workers]
+            else:
+                names = self._names
             if names != self._names:
                 self._names = names
                 self.set_class(self.table_mode, "-table")

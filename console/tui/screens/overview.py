@@ -27,8 +27,9 @@ def summary_text(model: ViewModel) -> Text:
     text.append(f"   elapsed {fmt.elapsed(model.elapsed_s())}")
     text.append(f"   attempt {att.number if att else '-'}")
     text.append(f"   restarts used {model.restarts_used()} of {st.max_restarts}")
-    workers = st.workers()
-    text.append(f"   ranks {sum(r.state.live for r in workers)}/{len(workers)} up")
+    workers = model.workers()
+    live = fmt.LIVE
+    text.append(f"   ranks {sum(1 for r in workers if r.state in live)}/{len(workers)} up")
     for note in list(model.feed.notices)[-3:]:
         text.append(f"\n{fmt.line(note, 200)}", style="dim")
     return text
@@ -95,7 +96,7 @@ class OverviewView(Vertical):
             panel.set_class(root is not None, "-shown")
             panel.update(root or "")
         if ch is None or ch.nodes or ch.ranks or ch.checks:
-            self.query_one(NodeTable).show(model)
+            self.query_one(NodeTable).show(model, now=ch is None or ch.structure or ch.failure or ch.checks)
         if ch is None or ch.metrics or ch.structure:
             xs, loss, thr, unit = model.feed.series.points(complete_only=not model.source.done.is_set())
             self.query_one("#loss-plot", SeriesPlot).set_data(xs, loss)

@@ -185,6 +185,8 @@ class RankTable(ScrollView, can_focus=True):
         self.sort_column = Column.RANK
         self.sort_reverse = False
         self._rows: dict[str, tuple[str | Text, ...]] = {}  # values last rendered (may be stale: _dirty)
+        self._rows_of: list[RankView] | None = None  # model.workers() the rows were last filtered from
+        self._rows_query = ""  # and the query they were filtered with
         self._dirty: set[str] = set()  # rows whose rank changed since their values were taken
         self._order: list[str] = []
         self._pos: dict[str, int] = {}  # name -> index in _order
@@ -234,20 +236,34 @@ class RankTable(ScrollView, can_focus=True):
         """
         self._model = model
         self._base_style = None  # taken again once a flush (the background follows the theme)
-        wanted = dict.fromkeys(r.name for r in model.workers() if model.selected(r))
-        if wanted.keys() != self._rows.keys():
-            keep = self.cursor_name()
-            self._rows = dict.fromkeys(wanted, ())
-            self._dirty = set(wanted)
-            self._strips.clear()
-            self._prefix.clear()
-            self._order = []
-            self.apply_sort(keep)
-            return
+        workers = model.workers()
+        # While the ranks (the same list) and the query are those the rows were filtered with, only
+        # the ranks that changed can enter or leave the selection: test those, not all 8,000 ranks
+        # every frame (without a query, none). Anything else, or a full refresh, filters again.
+        same = workers is self._rows_of and model.query == self._rows_query
+        if same and model.query:
+            ranks = model.state.ranks
+            same = names is not None and all(
+                model.selected(r) == (n in self._rows)
+                for n in names
+                if (r := ranks.get(n)) is not None and not r.is_scheduler
+            )
+        if not same:
+            wanted = dict.fromkeys(r.name for r in workers if model.selected(r))
+            self._rows_of, self._rows_query = workers, model.query
+            if wanted.keys() != self._rows.keys():
+                keep = self.cursor_name()
+                self._rows = dict.fromkeys(wanted, ())
+                self._dirty = set(wanted)
+                self._strips.clear()
+                self._prefix.clear()
+                self._order = []
+                self.apply_sort(keep)
+                return
         if names is None:
-            self._dirty = set(wanted)
+            self._dirty = set(self._rows)
         else:
-            self._dirty |= names & wanted.keys()
+            self._dirty |= names & self._rows.keys()
         if not self._dirty:
             return
         resort = self.sort_column is not Column.RANK and (

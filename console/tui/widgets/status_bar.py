@@ -11,9 +11,14 @@ from ..model import ViewModel
 
 def status_text(model: ViewModel) -> Text:
     st = model.state
-    workers = st.workers()
-    up = sum(1 for r in workers if r.state.live)
-    failed = sum(1 for r in workers if r.state.value in ("failed", "hung", "lost"))
+    workers = model.workers()
+    up = failed = 0
+    for r in workers:  # one pass: this runs every frame, over every rank
+        state = r.state
+        if state in fmt.LIVE:
+            up += 1
+        if state in fmt.FAILED:
+            failed += 1
     att = st.attempt
     text = Text()
     text.append(f" {model.source.title} ", style="reverse")
