@@ -5,7 +5,8 @@ Two ways in:
 * ``python -m <agent package> --node NAME``: by hand, and in the agent's own tests.
 * the console's boot code (``console/bundle.py``: ``AGENT_BOOT``), which reads the start header
   (``{"v": 1, "node": NAME, "dir": AGENT_DIR}``, plus ``"mode": "attach", "run": RUN_ID`` to reach
-  a detached run or ``"mode": "ls"`` to list runs) from stdin, puts the folder on ``sys.path`` and
+  a detached run or ``"mode": "ls"`` to list runs, with ``"cache"``: the console's cache folder on
+  the node) from stdin, puts the folder on ``sys.path`` and
   runs this module with the header in ``_BOOT_HEADER``. The node name therefore never appears in
   a command line: not in the one the node's login shell parses, not in the process list.
 """
@@ -31,6 +32,8 @@ def _argv():
         argv.append("--attach=" + header["run"])
     elif mode == "ls":
         argv.append("--ls")
+    if mode and isinstance(header.get("cache"), str):
+        argv.append("--cache=" + header["cache"])
     return argv
 
 

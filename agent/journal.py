@@ -134,9 +134,15 @@ def log_lines(path: str, start: int, stop: int | None = None, checkpoint: tuple 
             yield batch
 
 
-def run_folder(home: str, run_id: str, node: str) -> str:
+def runs_root(cache: str | None) -> str:
+    """Where runs are kept: under the cache folder the console gave (the one its transport built
+    every run folder in, whatever $HOME says), else ~/.cache/mscon."""
+    return os.path.join(cache or os.path.join(os.path.expanduser("~"), ".cache", "mscon"), "runs")
+
+
+def run_folder(cache: str | None, run_id: str, node: str) -> str:
     """The node's folder of a run, as the console's transport computes it (both names are plain)."""
     for value in (run_id, node):
         if not value or value in (".", "..") or "/" in value or "\0" in value:
             raise ValueError("not a plain name: %r" % value)
-    return os.path.join(home, ".cache", "mscon", "runs", run_id, node)
+    return os.path.join(runs_root(cache), run_id, node)

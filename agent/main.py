@@ -679,13 +679,14 @@ def main(argv: list[str] | None = None) -> int:
         "--attach", metavar="RUN_ID", help="relay to the detached run's agent (or read its files)"
     )
     parser.add_argument("--ls", action="store_true", help="list this node's runs as JSON lines")
+    parser.add_argument("--cache", help="the cache folder runs are kept in (default ~/.cache/mscon)")
     args = parser.parse_args(argv)
     if args.ls:
         from .relay import ls_main
 
-        return ls_main(args.node)
+        return ls_main(args.node, args.cache)
     if args.attach:
         from .relay import relay_main
 
-        return relay_main(args.node, args.attach)
+        return relay_main(args.node, args.attach, args.cache)
     return Agent(args.node).run()

@@ -20,7 +20,7 @@ import threading
 import time
 
 from . import protocol as P
-from .journal import SOCKET, RunStatus, log_lines, read_journal, read_state, run_folder
+from .journal import SOCKET, RunStatus, log_lines, read_journal, read_state, run_folder, runs_root
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
 from .tail import LineMetrics, parse_metrics_line
@@ -32,9 +32,9 @@ def _write(msg: P.Message) -> None:
     os.write(1, P.encode(msg).encode("utf-8"))
 
 
-def relay_main(node: str, run_id: str) -> int:
+def relay_main(node: str, run_id: str, cache: str | None = None) -> int:
     try:
-        run_dir = run_folder(os.path.expanduser("~"), run_id, node)
+        run_dir = run_folder(cache, run_id, node)
         os.chdir(run_dir)  # the socket is reached by its short relative name
     except (ValueError, OSError):
         _hello(node)
@@ -226,9 +226,9 @@ def _alive(run_dir: str) -> bool:
     return True
 
 
-def ls_main(node: str) -> int:
+def ls_main(node: str, cache: str | None = None) -> int:
     """A RunInfo line per run of this node, then the end of output."""
-    root = os.path.join(os.path.expanduser("~"), ".cache", "mscon", "runs")
+    root = runs_root(cache)
     try:
         run_ids = sorted(os.listdir(root))
     except OSError:

@@ -134,7 +134,7 @@ class ClusterSession:
         self._state(link.name, NodeState.DEPLOYING)
         agent_dir = await link.transport.ensure_agent(self._bundle)
         if self.attach:
-            mode = {"mode": "attach", "run": self.run_id}
+            mode = {"mode": "attach", "run": self.run_id, "cache": link.transport.cache_root}
             link.channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
         else:
             if link.transport.syncs_workdir:
@@ -303,7 +303,8 @@ class ClusterSession:
             self._state(link.name, NodeState.CONNECTING)
             await link.transport.connect()
             agent_dir = await link.transport.ensure_agent(self._bundle)
-            channel = await link.transport.start_agent(agent_dir, link.plan.python, {"mode": "ls"})
+            mode = {"mode": "ls", "cache": link.transport.cache_root}
+            channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
             try:
                 while (msg := await asyncio.wait_for(channel.recv(), HELLO_TIMEOUT_S)) is not None:
                     if isinstance(msg, RunInfo):

@@ -184,6 +184,28 @@ def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
     msgs = [P.decode(line) for line in relay.stdout.splitlines() if line.strip()]
     kinds = [m.type for m in msgs]
     assert kinds == ["hello", "journaled", "journaled", "journal_done", "log", "replay_done"], kinds
+    # The console names its cache folder: a $HOME that is not where it put the run does not matter.
+    elsewhere = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mscon.agent",
+            "--node",
+            "n0",
+            "--attach",
+            "run-x",
+            "--cache",
+            str(home / ".cache/mscon"),
+        ],
+        input=P.encode(P.Attach(log_from={"r0": 1}, log_attempt=0)),
+        capture_output=True,
+        text=True,
+        env={**_agent_env(), "HOME": str(tmp_path / "another-home")},
+        timeout=30,
+    )
+    again = [P.decode(line) for line in elsewhere.stdout.splitlines() if line.strip()]
+    assert [m.type for m in again] == kinds
+    assert [m.lines for m in again if isinstance(m, P.LogBatch)] == [("b", "c")]
     done = msgs[3]
     assert isinstance(done, P.JournalDone) and done.live is False and done.entries == 2
     log = msgs[4]
