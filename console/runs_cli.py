@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -131,8 +132,12 @@ async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) ->
     for sig in (signal.SIGINT, signal.SIGTERM):
         # Leaving never stops the run: a second signal leaves at once.
         loop.add_signal_handler(sig, attacher.submit, DetachRun("left the run"))
+
+    def output_closed() -> None:  # from the stdout thread (`mscon logs -f | head`): leave, quietly
+        loop.call_soon_threadsafe(attacher.submit, DetachRun("output closed (stdout)"))
+
     if command == "logs":
-        printer = LogPrinter(set(args.rank or ()))
+        printer = LogPrinter(set(args.rank or ()), output_closed)
         attacher.bus.add_sink("logs", printer.handle, lag_limit=10**9, hard_limit=10**9)
         result = await attacher.run()
         printer.finish()
@@ -140,7 +145,7 @@ async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) ->
             print(f"mscon: {printable(result.reason)}", file=sys.stderr)
             return result.exit_code
         return exit_codes.OK
-    reporter = HeadlessReporter(json_path=getattr(args, "json", None))
+    reporter = HeadlessReporter(json_path=getattr(args, "json", None), on_output_closed=output_closed)
     attacher.bus.add_sink("headless", reporter.handle)
     result = await attacher.run()
     return result.exit_code
@@ -149,9 +154,9 @@ async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) ->
 class LogPrinter:
     """``mscon logs``: every replayed and live line, prefixed as ``mscon run`` prefixes them."""
 
-    def __init__(self, ranks: set[int]) -> None:
+    def __init__(self, ranks: set[int], on_closed: Callable[[], None] | None = None) -> None:
         sys.stdout.flush()
-        self.writer = StdoutWriter(sys.stdout.fileno())
+        self.writer = StdoutWriter(sys.stdout.fileno(), on_closed)
         self.ranks = ranks
 
     def handle(self, event: Event) -> None:

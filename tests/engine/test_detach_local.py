@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 import secrets
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +58,24 @@ def test_run_ids_that_are_not_plain_names_are_refused(tmp_path: Path, bad: str) 
         done = mscon(command, bad, cwd=tmp_path)
         assert done.code == 2, (command, done.err)
         assert len(done.err.strip().splitlines()) == 1 and "run id" in done.err
+
+
+def test_logs_follow_into_head_leaves_and_the_run_goes_on(tmp_path: Path, run_id: str) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "3000", "--rate", "20"])
+    first = mscon("run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, cwd=tmp_path)
+    assert first.code == 0, first.err
+    t0 = time.monotonic()
+    piped = subprocess.run(
+        f"{sys.executable} -m mscon.console.cli logs {run_id} -f | head -n 3",
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - t0 < 20, "a closed stdout ends `mscon logs -f`"
+    assert len(piped.stdout.splitlines()) == 3
+    assert run_processes(run_id), "the run goes on"
+    stopped = mscon("stop", run_id, cwd=tmp_path)
+    assert stopped.code == 130, stopped.err
+    assert wait_gone(run_processes(run_id), 5) == []
