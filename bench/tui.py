@@ -37,7 +37,15 @@ from mscon.agent.protocol import (  # noqa: E402
     TelemetryBatch,
 )
 from mscon.console.bus import EventBus  # noqa: E402
-from mscon.console.events import AgentEvent, AttemptStarted, Event, RankRef, RunStarted  # noqa: E402
+from mscon.console.events import (  # noqa: E402
+    AgentEvent,
+    AttemptStarted,
+    Event,
+    NodeState,
+    NodeUpdate,
+    RankRef,
+    RunStarted,
+)
 from mscon.console.tui.app import MsconApp  # noqa: E402
 from mscon.console.tui.feed import Changes  # noqa: E402
 from mscon.console.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
@@ -99,6 +107,8 @@ class SyntheticSource(Source):
         node_of = [nodes[i // rpn] for i in range(self.ranks)]
         self.emit(RunStarted(0, "bench", "bench.yaml", nodes, self.ranks, "/tmp/bench"))
         now = time.time_ns()
+        for node in nodes:  # connected and deployed, as a real run's nodes are once it streams
+            self.emit(NodeUpdate(0, node, NodeState.READY, "agent up", now))
         self.emit(
             AttemptStarted(
                 0, tuple(RankRef(n, node_of[i], i) for i, n in enumerate(names)), "127.0.0.1", 1, now

@@ -72,6 +72,7 @@ class OverviewView(Vertical):
     def __init__(self, model: ViewModel, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.model = model
+        self.started = False  # start-up is over: its panel (a scan of every node and rank) is done
 
     def compose(self) -> ComposeResult:
         yield Static(id="startup")
@@ -84,11 +85,13 @@ class OverviewView(Vertical):
 
     def show(self, ch: Changes | None) -> None:
         model = self.model
-        panel = self.query_one("#startup", Static)
-        shown = starting(model.state)
-        panel.set_class(shown, "-shown")
-        if shown:
-            panel.update(startup_table(model))
+        if not self.started:
+            panel = self.query_one("#startup", Static)
+            shown = starting(model.state)
+            panel.set_class(shown, "-shown")
+            if shown:
+                panel.update(startup_table(model))
+            self.started = not shown and model.state.attempt is not None
         self.query_one("#summary", Static).update(summary_text(model))
         if ch is None or ch.failure or ch.structure:
             root = root_text(model)
