@@ -24,7 +24,7 @@ import queue
 import socket
 import threading
 
-from .streams import accept_forever
+from .streams import accept_forever, close_socket
 
 _AUTH_TIMEOUT_S = 10.0
 
@@ -88,11 +88,7 @@ class PeerLink:
 
     def close(self) -> None:
         self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        close_socket(self.sock)
 
 
 def _readline(f) -> dict:  # noqa: ANN001

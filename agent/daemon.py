@@ -16,7 +16,7 @@ import struct
 import threading
 
 from .journal import ERRORS, SOCKET
-from .streams import accept_forever, read_lines
+from .streams import accept_forever, close_socket, read_lines
 
 _CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
 
@@ -75,11 +75,7 @@ class Client:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        close_socket(self.sock)
 
 
 class SocketServer:

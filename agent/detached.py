@@ -18,14 +18,13 @@ without it the collective cannot go on anyway).
 
 from __future__ import annotations
 
-import os
 import time
 
 from . import protocol as P
 from .coord import CoordServer, PeerLink, dial
 from .daemon import Client, SocketServer, daemonize
 from .journal import RunStatus
-from .relay import replay
+from .relay import hello, replay
 
 _PING_S = 1.0
 _SCHEDULER_LINGER_S = 5.0
@@ -135,7 +134,7 @@ class DetachedRun:
     def handle(self, source: str, obj, line) -> None:  # noqa: ANN001
         if source == "client_up":
             self.clients.append(obj)
-            obj.send_line(P.encode(self._hello()))
+            obj.send_line(P.encode(hello(self.agent.node)))
         elif source == "client":
             self._client_line(obj, line)
         elif source == "peer_up":
@@ -146,20 +145,6 @@ class DetachedRun:
             self.heard[obj.node] = time.monotonic()
         elif source == "peer":
             self._peer_msg(obj, line)
-
-    def _hello(self) -> P.Hello:
-        import platform
-        import socket
-        import sys
-
-        return P.Hello(
-            node=self.agent.node,
-            protocol=P.PROTOCOL_VERSION,
-            pid=os.getpid(),
-            hostname=socket.gethostname(),
-            python=sys.version.split()[0],
-            platform=platform.platform(),
-        )
 
     def _client_line(self, client: Client, line: str | None) -> None:
         if line is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import queue
 import socket
 import sys
@@ -33,6 +32,7 @@ from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
+from .relay import hello
 from .streams import read_lines
 from .tail import FileTail, LineMetrics, extract_traceback, parse_metrics_line
 
@@ -125,17 +125,7 @@ class Agent:
     def run(self) -> int:
         threading.Thread(target=self._read_stdin, name="stdin", daemon=True).start()
         try:
-            self.send(
-                P.Hello(
-                    node=self.node,
-                    protocol=P.PROTOCOL_VERSION,
-                    pid=os.getpid(),
-                    hostname=socket.gethostname(),
-                    python=sys.version.split()[0],
-                    platform=platform.platform(),
-                    ssh_addr=_ssh_server_addr(),
-                )
-            )
+            self.send(hello(self.node, _ssh_server_addr()))
             while True:
                 try:
                     source, obj, line = self.inbox.get(timeout=0.02)

@@ -88,17 +88,21 @@ def _pump(sock: socket.socket) -> int:
             view = view[n:]
 
 
-def _hello(node: str) -> None:
-    _write(
-        P.Hello(
-            node=node,
-            protocol=P.PROTOCOL_VERSION,
-            pid=os.getpid(),
-            hostname=socket.gethostname(),
-            python=sys.version.split()[0],
-            platform=platform.platform(),
-        )
+def hello(node: str, ssh_addr: str | None = None) -> P.Hello:
+    """What every agent process says first: the relay, the agent, and a detached agent to a client."""
+    return P.Hello(
+        node=node,
+        protocol=P.PROTOCOL_VERSION,
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        ssh_addr=ssh_addr,
     )
+
+
+def _hello(node: str) -> None:
+    _write(hello(node))
 
 
 def _read_attach() -> P.Attach:

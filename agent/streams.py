@@ -27,6 +27,15 @@ def read_lines(read: Callable[[int], bytes], emit: Callable[[str], None]) -> Non
                 emit(line.decode("utf-8", errors="replace"))
 
 
+def close_socket(sock: socket.socket) -> None:
+    """Shut down both ways (the peer sees the end at once), then close."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 def accept_forever(sock: socket.socket, on_conn: Callable[[socket.socket], None]) -> None:
     """Hand every connection to ``on_conn`` until the listening socket is closed."""
     while True:

@@ -11,14 +11,14 @@ import shutil
 import signal
 import sys
 import tempfile
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 
 from . import exit_codes
 from .check_report import CheckReporter, preflight_record
 from .commands import StopJob
 from .events import RunResult
-from .inventory import Inventory, InventoryError, load_inventory
+from .inventory import Inventory, InventoryError, load_inventory_or_default
 from .preflight import Preflight, PreflightOptions, all_check_names, known_check
 from .recorder import EventRecorder
 from .reporter import HeadlessReporter
@@ -210,13 +210,6 @@ def _usage_error(message: str) -> int:
     return exit_codes.USAGE
 
 
-def _load(path: str | None) -> Inventory:
-    if path is not None:
-        return load_inventory(path)
-    with resources.as_file(resources.files("mscon.inventory").joinpath("local.yaml")) as p:
-        return load_inventory(p)
-
-
 Job = tuple[Inventory, str | None, tuple[str, ...] | None]
 
 
@@ -224,7 +217,7 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     """The inventory with --workdir applied, and the script and arguments given after --; or an
     exit code after a one-line error."""
     try:
-        inv = _load(args.inventory)
+        inv = load_inventory_or_default(args.inventory)
     except InventoryError as exc:
         print(str(exc), file=sys.stderr)
         return exit_codes.USAGE

@@ -214,6 +214,16 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
         raise InventoryError(p, 0, 0, "", f"cannot load: {type(exc).__name__}: {exc}") from None
 
 
+def load_inventory_or_default(path: str | os.PathLike[str] | None) -> Inventory:
+    """``path``, or without one the embedded local inventory (ranks on this machine)."""
+    if path is not None:
+        return load_inventory(path)
+    from importlib import resources
+
+    with resources.as_file(resources.files("mscon.inventory").joinpath("local.yaml")) as p:
+        return load_inventory(p)
+
+
 def _load(p: Path) -> Inventory:
     text = _decode(p, _read_bytes(p))
     root, tagged = _compose(p, text)

@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from mscon.agent.protocol import LogBatch, RunInfo
@@ -17,7 +16,7 @@ from . import exit_codes
 from .attach import Attacher, AttachOptions
 from .commands import DetachRun
 from .events import AgentEvent, Event, RunFinished
-from .inventory import Inventory, InventoryError, load_inventory
+from .inventory import Inventory, InventoryError, load_inventory_or_default
 from .plan import build_plan
 from .reporter import HeadlessReporter, StdoutWriter
 from .runrecord import DetachRecord, read_record
@@ -78,12 +77,10 @@ def _error(message: str) -> int:
 
 
 def _inventory(path: str | None, record: DetachRecord | None) -> Inventory:
+    """The inventory given, else the one the run was started with, else the embedded default."""
     if path is None and record is not None:
         path = record.inventory
-    if path is not None:
-        return load_inventory(path)
-    with resources.as_file(resources.files("mscon.inventory").joinpath("local.yaml")) as p:
-        return load_inventory(p)
+    return load_inventory_or_default(path)
 
 
 def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | int:
