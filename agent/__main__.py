@@ -14,30 +14,29 @@ Two ways in:
 import os
 import sys
 
-from .main import main
+from .main import main, serve
 
 
-def _argv():
-    header = globals().get("_BOOT_HEADER")
-    if header is None:
-        return None  # sys.argv[1:]
+def _boot(header: object) -> int:
+    """Serve as the console's start header says (no argparse: it is parsed already)."""
     node = header.get("node") if isinstance(header, dict) else None
     if not isinstance(node, str):
         sys.stderr.write("mscon agent: the start header on stdin names no node\n")
         sys.stderr.flush()
         os._exit(2)
-    argv = ["--node=" + node]  # one word: a name starting with "-" is not read as an option
-    mode = header.get("mode")
-    if mode == "attach" and isinstance(header.get("run"), str):
-        argv.append("--attach=" + header["run"])
-    elif mode == "ls":
-        argv.append("--ls")
-    if mode and isinstance(header.get("cache"), str):
-        argv.append("--cache=" + header["cache"])
-    return argv
+    assert isinstance(header, dict)
+    mode, cache = header.get("mode"), header.get("cache")
+    run = header.get("run")
+    return serve(
+        node,
+        attach=run if mode == "attach" and isinstance(run, str) else None,
+        ls=mode == "ls",
+        cache=cache if mode and isinstance(cache, str) else None,
+    )
 
 
-code = main(_argv())
+header = globals().get("_BOOT_HEADER")
+code = main() if header is None else _boot(header)
 sys.stdout.flush()
 sys.stderr.flush()
 # Leave without interpreter shutdown: nothing is left to clean up, and the stdin thread may block it.

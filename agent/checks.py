@@ -63,14 +63,12 @@ import threading
 import time
 from typing import Sequence
 
-try:  # optional on nodes: without it the port holder is looked up in /proc
-    import psutil
-except ImportError:  # pragma: no cover - depends on the node
-    psutil = None  # type: ignore[assignment]
+from .procs import psutil_module
 
 NODE_CHECKS = ("python", "mindspore", "devices", "shm", "limits", "disk", "port", "ifname", "env", "clock")
 # Cheap enough (well under a second together) to run before every `mscon run`: no device tool,
-# no MindSpore import. "python" starts the node's Python once (tens of milliseconds).
+# no MindSpore import. "python" starts the node's Python once (tens of milliseconds), unless the ranks
+# run the agent's own interpreter.
 QUICK_CHECKS = ("python", "shm", "limits", "disk", "port", "ifname", "env", "clock")
 
 OK, WARN, FAIL, NA = "ok", "warn", "fail", "n/a"
@@ -362,7 +360,39 @@ os._exit(0)
 """
 
 
+def _ranks_run_this_interpreter(p: Params) -> bool:
+    """The ranks' python is the agent's own interpreter, started with the same PYTHON* variables.
+
+    The agent was started with the node's python, so then there is nothing a probe could learn that
+    this process does not know, and a second interpreter start per node is saved.
+    """
+    env = p.rank_env()
+    found = shutil.which(p.python, path=env.get("PATH", os.defpath))
+    if not found or os.path.abspath(found) != sys.executable:
+        return False
+
+    def startup(environ: dict) -> dict:
+        return {k: v for k, v in environ.items() if k.startswith("PYTHON") and k not in _NO_STARTUP_EFFECT}
+
+    return startup(os.environ) == startup(env)
+
+
+# PYTHON* variables that cannot change which Python starts or whether it starts (the ranks get
+# PYTHONUNBUFFERED from mscon itself); any other one (PYTHONHOME, PYTHONPATH, ...) gets a probe.
+_NO_STARTUP_EFFECT = frozenset(
+    [
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "PYTHONFAULTHANDLER",
+        "PYTHONHASHSEED",
+    ]
+)
+
+
 def check_python(p: Params) -> list:
+    if _ranks_run_this_interpreter(p):
+        return [result("python", OK, sys.version.split()[0], detail=sys.executable)]
     ran = run_cmd([p.python, "-c", _PY_PROBE], p.timeout_s, env=p.rank_env(), cwd=p.cwd())
     if ran.rc != 0:
         return [
@@ -1104,6 +1134,7 @@ def _try_bind(family: int, kind: int, proto: int, addr: tuple) -> OSError | None
 def port_holder(port: int) -> str:
     """'pid 1234 (python3 ...)' of the process listening on the TCP port, where it can be told."""
     pid = None
+    psutil = psutil_module()  # optional on nodes: without it /proc is read
     if psutil is not None:
         try:
             for c in psutil.net_connections(kind="inet"):

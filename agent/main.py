@@ -13,20 +13,17 @@ that attaches later learns the whole run.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import queue
 import socket
 import sys
-import tarfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from . import procs as procmod
 from . import protocol as P
-from .detached import DetachedRun
-from .devices import DeviceSampler
 from .evidence import blame
 from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
@@ -35,6 +32,14 @@ from .metrics import from_record as metric_from_record
 from .relay import hello
 from .streams import read_lines
 from .tail import FileTail, LineMetrics, extract_traceback, parse_metrics_line
+
+if TYPE_CHECKING:
+    from .detached import DetachedRun
+    from .devices import DeviceSampler
+
+# Imported where first used, not here: detaching (detached, coord, daemon), device sampling, the
+# workdir archive (tarfile) and argparse cost tens of milliseconds at every agent start, and an
+# agent that only runs checks, lists runs or relays an attach needs none of them.
 
 _TAIL_KEEP = 200  # lines kept per process for the exit report
 _BATCH_MAX = 500  # lines per LogBatch message
@@ -246,6 +251,8 @@ class Agent:
             self.send(P.Detached(node=self.node, socket=self.detached.socket_path, error="already detached"))
             return
         try:
+            from .detached import DetachedRun
+
             run = DetachedRun(self, msg)
         except Exception as exc:  # noqa: BLE001 - told to the console, which stays attached
             self.send(P.Detached(node=self.node, error="cannot detach: %s" % exc))
@@ -302,6 +309,8 @@ class Agent:
         self.start_cmd = cmd
         self.line_metrics = LineMetrics(cmd.metrics_pattern)
         if self.devices is None:
+            from .devices import DeviceSampler
+
             target = cmd.procs[0].env.get("DEVICE_TARGET", "") if cmd.procs else ""
             self.devices = DeviceSampler(target)
         self.watched = []
@@ -322,7 +331,7 @@ class Agent:
                 _unpack(cmd.workdir_archive, cmd.cwd)
             if not os.path.isdir(cmd.cwd):
                 raise OSError("working directory %s does not exist" % cmd.cwd)
-        except (OSError, tarfile.TarError) as exc:
+        except (OSError, UnsafeArchive) as exc:
             self.send(P.AgentError(node=self.node, message="cannot prepare run: %s" % exc))
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
@@ -600,7 +609,7 @@ class Agent:
         if self._mesh is not None:
             self._mesh.close()
         try:
-            self._mesh = MeshListener(msg.token + " " + self.node, msg.timeout_s)
+            self._mesh = MeshListener(msg.token + " " + self.node, msg.timeout_s, avoid=(msg.avoid_port,))
         except OSError as exc:
             self._mesh = None
             self.send(P.MeshListening(node=self.node, error="cannot listen: %s" % (exc.strerror or exc)))
@@ -644,12 +653,20 @@ def _resolve(node: str, host: str) -> P.Resolved:
     return P.Resolved(node=node, host=host, address=(v4 or addrs)[0])
 
 
+class UnsafeArchive(Exception):
+    """The workdir archive is broken, or holds a member that would land outside the workdir."""
+
+
 def _unpack(archive: str, dest: str) -> None:
+    import tarfile
+
     os.makedirs(dest, exist_ok=True)
-    with tarfile.open(archive, "r:gz") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # Python < 3.12 without the backport: refuse paths that escape dest
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+                return
+            # Python < 3.12 without the backport: refuse paths that escape dest
             root = os.path.realpath(dest)
             for member in tar.getmembers():
                 target = os.path.realpath(os.path.join(dest, member.name))
@@ -658,11 +675,16 @@ def _unpack(archive: str, dest: str) -> None:
                     or member.issym()
                     or member.islnk()
                 ):
-                    raise tarfile.TarError("unsafe member %r" % member.name)
+                    raise UnsafeArchive("unsafe member %r" % member.name)
             tar.extractall(dest)
+    except tarfile.TarError as exc:
+        raise UnsafeArchive(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
+    """By hand and in the agent's own tests: ``python -m <agent package> --node NAME [...]``."""
+    import argparse  # only here: the console's boot calls serve() directly (argparse costs ~10 ms)
+
     parser = argparse.ArgumentParser(prog="mscon-agent", description="mscon node agent (JSON lines on stdio)")
     parser.add_argument("--node", required=True, help="this node's name in the inventory")
     parser.add_argument(
@@ -671,12 +693,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ls", action="store_true", help="list this node's runs as JSON lines")
     parser.add_argument("--cache", help="the cache folder runs are kept in (default ~/.cache/mscon)")
     args = parser.parse_args(argv)
-    if args.ls:
+    return serve(args.node, attach=args.attach, ls=args.ls, cache=args.cache)
+
+
+def serve(node: str, attach: str | None = None, ls: bool = False, cache: str | None = None) -> int:
+    """Be this node's agent; or relay to a detached run's agent (``attach``); or list runs (``ls``)."""
+    if ls:
         from .relay import ls_main
 
-        return ls_main(args.node, args.cache)
-    if args.attach:
+        return ls_main(node, cache)
+    if attach:
         from .relay import relay_main
 
-        return relay_main(args.node, args.attach, args.cache)
-    return Agent(args.node).run()
+        return relay_main(node, attach, cache)
+    return Agent(node).run()

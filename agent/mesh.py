@@ -12,16 +12,17 @@ class MeshListener:
     """A TCP listener on an ephemeral port for the preflight mesh test: every connection gets one
     line (the console's token and this node's name) and is closed."""
 
-    def __init__(self, greeting: str, timeout_s: float) -> None:
+    def __init__(self, greeting: str, timeout_s: float, avoid: tuple = ()) -> None:
         self.greeting = (greeting + "\n").encode("utf-8", "replace")
         self.deadline = time.monotonic() + timeout_s
-        try:  # one dual-stack socket where the node has IPv6: peers may be given either family
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::", 0))
-        except OSError:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("0.0.0.0", 0))
+        sock = _bind_ephemeral()
+        if sock.getsockname()[1] in avoid:
+            # The kernel picked the scheduler's port (it lies in the ephemeral range): holding it
+            # would fail the port check and the job's scheduler. The next pick, with this one still
+            # held, is another port.
+            other = _bind_ephemeral()
+            sock.close()
+            sock = other
         sock.listen(128)
         sock.settimeout(0.2)
         self.sock = sock
@@ -52,6 +53,17 @@ class MeshListener:
             self.sock.close()
         except OSError:
             pass
+
+
+def _bind_ephemeral() -> socket.socket:
+    try:  # one dual-stack socket where the node has IPv6: peers may be given either family
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("0.0.0.0", 0))
+    return sock
 
 
 def probe_peer(peer: dict, token: str, timeout_s: float) -> dict:

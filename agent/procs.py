@@ -12,12 +12,24 @@ import signal
 import subprocess
 import time
 
-try:  # psutil is optional on nodes: without it we lose telemetry and the descendant sweep
-    import psutil
-except ImportError:  # pragma: no cover - depends on the node
-    psutil = None  # type: ignore[assignment]
-
 from .protocol import ProcSpec
+
+_UNLOADED = object()
+_psutil: object = _UNLOADED
+
+
+def psutil_module():  # noqa: ANN201 - psutil may be absent
+    """psutil, imported on first use, or None where it is not installed (it is optional on nodes:
+    without it we lose telemetry and the descendant sweep). An agent that starts no rank (checks,
+    ls, attach) never pays its import, about 15 ms of every agent start."""
+    global _psutil
+    if _psutil is _UNLOADED:
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover - depends on the node
+            psutil = None  # type: ignore[assignment]
+        _psutil = psutil
+    return _psutil
 
 
 class Proc:
@@ -72,6 +84,7 @@ class Proc:
 
 
 def _ps_process(pid: int):  # noqa: ANN202 - psutil may be absent
+    psutil = psutil_module()
     if psutil is None:
         return None
     try:
@@ -165,6 +178,7 @@ def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: 
 
 def sweep_descendants(procs: list[Proc]) -> None:
     """KILL leftovers: members of each group, and descendants that escaped it."""
+    psutil = psutil_module()
     for p in procs:
         p.signal_group(signal.SIGKILL)
         for pid, created in p.descendants.items():

@@ -525,6 +525,7 @@ class MeshListen(Message):
     type: ClassVar[str] = "mesh_listen"
     token: str = ""
     timeout_s: float = 60.0  # the listener closes itself after this long, MeshClose or not
+    avoid_port: int = 0  # the scheduler's port: never the listener's, though ephemeral ports may hit it
 
 
 @dataclass(frozen=True)

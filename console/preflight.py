@@ -395,9 +395,10 @@ class Preflight:
             return None
         token = secrets.token_hex(8)
         session = run.session
+        listen_msg = MeshListen(token=token, timeout_s=_FULL_WAIT_S, avoid_port=run.sup.inv.scheduler.port)
 
         async def listen(node: str) -> tuple[str, int | str]:
-            if not await session.send(node, MeshListen(token=token, timeout_s=_FULL_WAIT_S)):
+            if not await session.send(node, listen_msg):
                 return node, "not connected"
             try:
                 _, answer = await asyncio.wait_for(

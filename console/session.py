@@ -82,9 +82,13 @@ class ClusterSession:
         accept_new_host_keys: bool = False,
         transport_factory: TransportFactory = make_transport,
         attach: bool = False,
+        launches: bool = True,
     ) -> None:
         self.inv = inv
         self.attach = attach  # reach the run's detached agents (a relay each) instead of starting agents
+        # False for `mscon check`: no rank of the job starts, so its workdir is neither packed (CPU
+        # and time on a large workdir) nor copied to the nodes.
+        self.launches = launches
         self.run_id = run_id
         self.emit = emit
         self.inbox = inbox
@@ -96,6 +100,11 @@ class ClusterSession:
         self._archive: WorkdirArchive | None = None
         self._bundle = agent_bundle()
 
+    @property
+    def _syncs(self) -> bool:
+        """Whether the job's workdir goes to the nodes: only where the job's ranks will start."""
+        return self.launches and not self.attach
+
     def _state(self, node: str, state: NodeState, detail: str = "") -> None:
         self.emit(NodeUpdate(self.attempt, node, state, detail, time.time_ns()))
 
@@ -103,7 +112,7 @@ class ClusterSession:
 
     async def open(self) -> list[str]:
         """Connect and start the agent on every node; one-line errors of the nodes that failed."""
-        if not self.attach and any(link.transport.syncs_workdir for link in self.links.values()):
+        if self._syncs and any(link.transport.syncs_workdir for link in self.links.values()):
             self._archive = await asyncio.to_thread(
                 workdir_archive, self.inv.job.workdir, self.inv.job.exclude
             )
@@ -137,7 +146,7 @@ class ClusterSession:
             mode = {"mode": "attach", "run": self.run_id, "cache": link.transport.cache_root}
             link.channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
         else:
-            if link.transport.syncs_workdir:
+            if self._syncs and link.transport.syncs_workdir:
                 assert self._archive is not None
                 link.remote_archive = await link.transport.upload_workdir(self._archive)
             link.channel = await link.transport.start_agent(agent_dir, link.plan.python)

@@ -259,6 +259,7 @@ class Supervisor:
             self._inputs,
             self.options.accept_new_host_keys,
             self._factory,
+            launches=self.options.preflight is None or not self.options.preflight.options.checks_only,
         )
         ticker = asyncio.get_running_loop().create_task(self._ticker(), name="ticker")
         status, code, reason = JobState.ERROR, exit_codes.INTERNAL, "internal error"

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mscon.agent import checks as C
@@ -187,6 +188,31 @@ def test_python_version_and_a_missing_python(tmp_path: Path) -> None:
     got = run("python", python=str(tmp_path / "no" / "python3"))["python"]
     assert got["status"] == "fail" and "not found" in got["value"]
     assert "python:" in got["remedy"]
+
+
+def test_python_answered_in_process_only_when_the_ranks_run_this_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes: list[list[str]] = []
+    real_run_cmd = C.run_cmd
+
+    def counting(argv: list[str], *args: Any, **kw: Any) -> C.Ran:
+        probes.append(argv)
+        return real_run_cmd(argv, *args, **kw)
+
+    monkeypatch.setattr(C, "run_cmd", counting)
+    assert run("python", python=sys.executable)["python"]["status"] == "ok"
+    assert probes == []  # the agent's own interpreter: nothing to start
+    # A PYTHONHOME the agent does not have changes what the ranks' python does: it is started, and
+    # here it cannot even find its standard library.
+    got = run("python", python=sys.executable, env={"PYTHONHOME": str(tmp_path)})["python"]
+    assert len(probes) == 1 and got["status"] == "fail", got
+    # Another interpreter is always started.
+    other = tmp_path / "bin" / "python3"
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)
+    got = run("python", python=str(other))["python"]
+    assert len(probes) == 2 and got["status"] == "ok", got
 
 
 def _mindspore_version() -> str | None:
@@ -558,7 +584,7 @@ def test_port_free_busy_and_other_nodes(held_port: int, monkeypatch: pytest.Monk
     assert got["status"] == "fail"
     assert got["value"].startswith(f"{held_port} in use by pid {os.getpid()} (")
     assert "another scheduler.port" in got["remedy"] and "stop the process" in got["remedy"]
-    monkeypatch.setattr(C, "psutil", None)  # no psutil on the node: /proc tells the same
+    monkeypatch.setattr(C, "psutil_module", lambda: None)  # no psutil on the node: /proc tells the same
     got = run("port", sched_port=held_port, is_first=True, sched_host="127.0.0.1")["port"]
     assert got["status"] == "fail" and f"by pid {os.getpid()} (" in got["value"]
 
@@ -690,3 +716,30 @@ def test_clock_value_and_offset() -> None:
     offset_ms = float(got["detail"].split(" ms", 1)[0])
     assert 250 <= offset_ms < 1250
     assert run("clock")["clock"]["status"] == "ok"
+
+
+# ------------------------------------------------------------------ the mesh listener
+
+
+def test_the_mesh_listener_never_keeps_the_scheduler_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's ephemeral pick can be the scheduler's port (a port in the ephemeral range, seen
+    here as a failed port check while the mesh ran): the listener takes another one."""
+    from mscon.agent import mesh
+
+    original = mesh._bind_ephemeral
+    taken = original()
+    sched = taken.getsockname()[1]
+    first = [taken]  # the kernel's first pick is the scheduler's port
+
+    def pick() -> socket.socket:
+        return first.pop() if first else original()
+
+    monkeypatch.setattr(mesh, "_bind_ephemeral", pick)
+    listener = mesh.MeshListener("tok node1", 5.0, avoid=(sched,))
+    try:
+        assert listener.port != sched and listener.port > 0
+        assert taken.fileno() == -1  # the scheduler's port was let go
+        got = mesh.probe_peer({"name": "node1", "host": "127.0.0.1", "port": listener.port}, "tok", 2.0)
+        assert got["ok"], got
+    finally:
+        listener.close()

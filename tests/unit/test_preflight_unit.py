@@ -20,7 +20,7 @@ import yaml
 from conftest import REPO, TESTS
 
 sys.path.insert(0, str(TESTS / "engine"))
-from fake_agent import FakeChannel, FakeCluster, NodeConfig, all_exit  # noqa: E402
+from fake_agent import FakeChannel, FakeCluster, FakeTransport, NodeConfig, all_exit  # noqa: E402
 from mscon.agent.protocol import (  # noqa: E402
     CheckResult,
     ChecksDone,
@@ -35,6 +35,7 @@ from mscon.agent.protocol import (  # noqa: E402
 from mscon.console import check_report, exit_codes  # noqa: E402
 from mscon.console import checks_console as cc  # noqa: E402
 from mscon.console import preflight as preflight_mod  # noqa: E402
+from mscon.console import session as session_mod  # noqa: E402
 from mscon.console import supervisor as supervisor_mod  # noqa: E402
 from mscon.console.commands import StopJob  # noqa: E402
 from mscon.console.events import (  # noqa: E402
@@ -504,6 +505,36 @@ async def test_version_skew_and_clock_skew(tmp_path: Path, monkeypatch: pytest.M
     assert skew.status is FAIL and "2.10.0 on a" in skew.value and "2.9.0 on b" in skew.value
     assert found[("b", "clock")].status is WARN and found[("b", "clock")].value.startswith("+3.0")
     assert found[(cc.ALL, "clock")].status is WARN and "b ahead of a" in found[(cc.ALL, "clock")].value
+
+
+@pytest.mark.parametrize("checks_only", [True, False])
+async def test_the_workdir_goes_to_the_nodes_only_when_the_job_will_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checks_only: bool
+) -> None:
+    """`mscon check` starts no rank of the job: its workdir is neither packed nor copied (on a large
+    workdir that is most of a check's time). `mscon run` packs it once and copies it to every node."""
+    _patch_agents(monkeypatch, {})
+    packed: list[Path] = []
+    uploaded: list[str] = []
+    real_pack = session_mod.workdir_archive
+
+    def pack(root: Path, excludes: tuple[str, ...]) -> Any:
+        packed.append(root)
+        return real_pack(root, excludes)
+
+    async def upload(self: FakeTransport, archive: Any) -> str:
+        uploaded.append(self.node.name)
+        return f"{self.cache_root}/sync/{archive.filename}"
+
+    monkeypatch.setattr(session_mod, "workdir_archive", pack)
+    monkeypatch.setattr(FakeTransport, "syncs_workdir", property(lambda self: True))
+    monkeypatch.setattr(FakeTransport, "upload_workdir", upload)
+    done = await _run(tmp_path, PreflightOptions(checks_only=checks_only, quick=True))
+    assert done.result.exit_code == exit_codes.OK, done.result
+    if checks_only:
+        assert packed == [] and uploaded == []
+    else:
+        assert len(packed) == 1 and sorted(uploaded) == ["a", "b"]
 
 
 async def test_a_node_that_cannot_listen_fails_the_mesh(
