@@ -50,6 +50,7 @@ Tool output formats parsed (the tests replay recorded outputs through fake execu
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import re
@@ -196,6 +197,7 @@ class Params:
         self.mindspore_timeout_s = _opt_float(raw.get("mindspore_timeout_s"), DEFAULT_MINDSPORE_TIMEOUT_S)
         self.mindspore_version = _opt_str(raw.get("mindspore_version"))
         self.nodes = _opt_int(raw.get("nodes"))
+        self.world_size = _opt_int(raw.get("world_size"))  # every rank of the job, all nodes
         self.console_time_ns = _opt_int(raw.get("console_time_ns"))
 
     def env_value(self, key: str) -> str | None:
@@ -646,7 +648,91 @@ def check_gpu(p: Params) -> list:
         out.append(result("gpu.ecc", NA, "ECC not reported", detail="these GPUs report no ECC counters"))
     else:
         out.append(result("gpu.ecc", OK, "0 uncorrected"))
+    out.append(_gpu_xid(p, env, tool, used))
     return out
+
+
+# The kernel driver's error reports: "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off
+# the bus." Codes after NVIDIA's Xid catalog; these mean the GPU needs a reset or a repair, the
+# others (13, 31, 43, ...) are mostly a program's faults and are only shown.
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+)")
+XID_NEEDS_RESET = {
+    48: "double-bit ECC error",
+    64: "row remapping failed",
+    74: "NVLink error",
+    79: "fallen off the bus",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def _bus_key(bus: str) -> str:
+    """ "00000000:3B:00.0" (nvidia-smi) and "0000:3b:00" (the kernel log) alike: "0000:3b:00"."""
+    parts = bus.strip().lower().split(".")[0].split(":")
+    return ":".join([parts[0][-4:]] + parts[1:]) if len(parts) == 3 else bus.strip().lower()
+
+
+def kernel_log(p: Params, env: dict) -> tuple:
+    """(the kernel's messages, the tool that read them), or (None, why they could not be read):
+    dmesg first, then the journal (readable for the adm/systemd-journal groups where dmesg is
+    restricted)."""
+    why = []
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-q"]):
+        tool = find_tool(argv[0], env)
+        if tool is None:
+            why.append("%s not found" % argv[0])
+            continue
+        ran = run_cmd([tool] + argv[1:], p.timeout_s, env=env)
+        if ran.rc == 0:
+            return ran.out, argv[0]
+        why.append("%s: %s" % (argv[0], ran.why(p.timeout_s)))
+    return None, "; ".join(why)
+
+
+def _gpu_xid(p: Params, env: dict, tool: str, used: list) -> dict:
+    text, how = kernel_log(p, env)
+    if text is None:
+        return result("gpu.xid", NA, "kernel log not readable", detail=how)
+    events = _XID.findall(text)
+    if not events:
+        return result("gpu.xid", OK, "none in the kernel log", detail="read with %s" % how)
+    ran = run_cmd([tool, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], p.timeout_s, env=env)
+    index = {}
+    for line in ran.out.splitlines() if ran.rc == 0 else []:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and _num(fields[0]) is not None:
+            index[_bus_key(fields[1])] = _num(fields[0])
+    ours = {g.index for g in used}
+    counts: dict = {}  # (label, code) -> how many
+    for bus, code in events:
+        gpu = index.get(_bus_key(bus))
+        if gpu is not None and gpu not in ours:
+            continue  # a GPU the ranks do not use
+        label = "GPU %d" % gpu if gpu is not None else "PCI %s" % bus
+        key = (label, int(code))
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return result("gpu.xid", OK, "none on the GPUs the ranks use", detail="read with %s" % how)
+    shown = []
+    for (label, code), n in sorted(counts.items()):
+        what = XID_NEEDS_RESET.get(code)
+        shown.append(
+            "%s: Xid %d%s%s" % (label, code, " (%s)" % what if what else "", " x%d" % n if n > 1 else "")
+        )
+    detail = "since boot, read with %s; NVIDIA's Xid catalog explains each code" % how
+    if any(code in XID_NEEDS_RESET for _, code in counts):
+        return result(
+            "gpu.xid",
+            FAIL,
+            "; ".join(shown),
+            "reset or drain that GPU (nvidia-smi -r -i N, or reboot); the kernel log keeps Xids until a "
+            "reboot: once it is fixed, --skip-check gpu.xid",
+            detail,
+        )
+    return result(
+        "gpu.xid", WARN, "; ".join(shown), "see the kernel log (dmesg) for what the GPU reported", detail
+    )
 
 
 def _gpu_busy(p: Params, env: dict, tool: str, used: list) -> dict:
@@ -1346,7 +1432,56 @@ def check_env(p: Params) -> list:
     else:
         out.append(result("env.nccl_disable", OK, "none"))
     out.append(_timeouts(p))
+    out.append(_rank_table(p))
     return out
+
+
+_RANK_TABLE_MAX = 16 * 1024 * 1024
+
+
+def _rank_table(p: Params) -> dict:
+    """An Ascend rank table (RANK_TABLE_FILE, static networking) must list exactly the job's ranks:
+    HCCL otherwise fails, or waits for ranks that never come, at the first collective."""
+    path = p.env_value("RANK_TABLE_FILE")
+    if not path:
+        return result("env.rank_table", NA, "none", detail="RANK_TABLE_FILE is not set (dynamic networking)")
+    fix = "regenerate the rank table for these nodes and devices, or unset RANK_TABLE_FILE (mscon needs none)"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_RANK_TABLE_MAX + 1)
+        if len(data) > _RANK_TABLE_MAX:
+            raise ValueError("larger than 16 MiB")
+        doc = json.loads(data)
+        servers = doc["server_list"]
+        ranks = [str(d.get("rank_id", "")).strip() for s in servers for d in s["device"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = (
+            exc.strerror
+            if isinstance(exc, OSError) and exc.strerror
+            else "%s: %s" % (type(exc).__name__, exc)
+        )
+        return result("env.rank_table", FAIL, "unreadable: %s" % _oneline(str(why), 160), fix, path)
+    problems = []
+    if p.world_size is not None and len(ranks) != p.world_size:
+        problems.append("it lists %d devices, the inventory launches %d ranks" % (len(ranks), p.world_size))
+    want = [str(i) for i in range(len(ranks))]
+    if sorted(ranks, key=lambda r: (len(r), r)) != want:
+        problems.append("its rank_id values are not 0..%d, each once" % (len(ranks) - 1))
+    count = doc.get("server_count")
+    if count is not None and str(count).strip() != str(len(servers)):
+        problems.append("server_count %s but %d servers listed" % (count, len(servers)))
+    if problems:
+        return result("env.rank_table", FAIL, "; ".join(problems), fix, path)
+    status = str(doc.get("status", "completed"))
+    if status != "completed":
+        return result(
+            "env.rank_table",
+            WARN,
+            "status %r" % status,
+            "HCCL reads only a rank table whose status is completed",
+            path,
+        )
+    return result("env.rank_table", OK, "%d devices on %d servers" % (len(ranks), len(servers)), detail=path)
 
 
 def _timeouts(p: Params) -> dict:

@@ -297,6 +297,7 @@ class Preflight:
             "is_first": index == 0,
             "timeout_s": _NODE_TIMEOUT_S,
             "nodes": len(run.session.links),
+            "world_size": inv.world_size,
         }
 
     async def _node(self, run: _Run, index: int, link: NodeLink) -> None:

@@ -103,8 +103,19 @@ def tools(tmp_path: Path) -> Tools:
     return Tools(tmp_path / "tools")
 
 
-def nvidia_smi(tools: Tools, gpus: str, apps: str = "nvidia-smi-apps-none.csv", rc: int = 0) -> None:
-    tools.add("nvidia-smi", [("*--query-gpu=*", gpus, rc), ("*--query-compute-apps=*", apps, 0)])
+def nvidia_smi(
+    tools: Tools, gpus: str, apps: str = "nvidia-smi-apps-none.csv", rc: int = 0, kernel_log: str = ""
+) -> None:
+    tools.add(
+        "nvidia-smi",
+        [
+            ("*--query-gpu=index,pci.bus_id*", "nvidia-smi-bus-8xA100.csv", 0),
+            ("*--query-gpu=*", gpus, rc),
+            ("*--query-compute-apps=*", apps, 0),
+        ],
+    )
+    # The node's kernel log (where the driver reports Xid errors): this machine's own is not replayed.
+    tools.add("dmesg", [("*", kernel_log or "[    0.000000] Linux version 6.1.0\n", 0)])
 
 
 def hccn_tool(tools: Tools, n: int, link_down: tuple[int, ...] = (), faults: tuple[int, ...] = ()) -> None:
@@ -296,8 +307,9 @@ def test_a_hanging_mindspore_import_is_cut_off(tmp_path: Path, python_without_mi
 def test_gpu_healthy_node(tools: Tools) -> None:
     nvidia_smi(tools, "nvidia-smi-gpus-8xA100.csv")
     got = run("devices", device_target="GPU", devices=8, env=tools.env())
-    assert list(got) == ["gpu.count", "gpu.visible", "gpu.driver", "gpu.busy", "gpu.ecc"]
+    assert list(got) == ["gpu.count", "gpu.visible", "gpu.driver", "gpu.busy", "gpu.ecc", "gpu.xid"]
     assert {r["status"] for r in got.values()} == {"ok"}, got
+    assert got["gpu.xid"]["value"] == "none in the kernel log"
     assert got["gpu.count"]["value"] == "8 x NVIDIA A100-SXM4-80GB"
     assert got["gpu.driver"]["value"] == "535.129.03"
     assert got["gpu.busy"]["value"] == "idle"
@@ -325,6 +337,36 @@ def test_gpu_busy_and_ecc_are_warnings_naming_the_gpus(tools: Tools) -> None:
     # Only the GPUs the ranks will use count.
     got = run("devices", device_target="GPU", devices=2, env=tools.env(CUDA_VISIBLE_DEVICES="6,7"))
     assert (got["gpu.busy"]["status"], got["gpu.ecc"]["status"]) == ("ok", "ok")
+
+
+def test_gpu_xid_errors_in_the_kernel_log(tools: Tools) -> None:
+    nvidia_smi(tools, "nvidia-smi-gpus-8xA100.csv", kernel_log="dmesg-xid.txt")
+    got = run("devices", device_target="GPU", devices=8, env=tools.env())["gpu.xid"]
+    assert got["status"] == "fail", got
+    assert got["value"] == (
+        "GPU 2: Xid 13 x2; GPU 5: Xid 79 (fallen off the bus); GPU 7: Xid 48 (double-bit ECC error)"
+    )
+    assert "nvidia-smi -r -i N" in got["remedy"] and "--skip-check gpu.xid" in got["remedy"]
+    assert "read with dmesg" in got["detail"]
+    # Only the GPUs the ranks use: a program's fault (Xid 13) is a warning, not a failure.
+    env = tools.env(CUDA_VISIBLE_DEVICES="1,2")
+    got = run("devices", device_target="GPU", devices=2, env=env)["gpu.xid"]
+    assert (got["status"], got["value"]) == ("warn", "GPU 2: Xid 13 x2"), got
+    got = run("devices", device_target="GPU", devices=2, env=tools.env(CUDA_VISIBLE_DEVICES="0,1"))["gpu.xid"]
+    assert (got["status"], got["value"]) == ("ok", "none on the GPUs the ranks use"), got
+
+
+def test_gpu_xid_where_the_kernel_log_is_restricted(tools: Tools) -> None:
+    nvidia_smi(tools, "nvidia-smi-gpus-8xA100.csv")
+    denied = "dmesg: read kernel buffer failed: Operation not permitted\n"
+    tools.add("dmesg", [("*", denied, 1)])
+    tools.add("journalctl", [("'-k -b --no-pager -q'", "dmesg-xid.txt", 0)])
+    got = run("devices", device_target="GPU", devices=8, env=tools.env())["gpu.xid"]
+    assert got["status"] == "fail" and "read with journalctl" in got["detail"], got  # the journal instead
+    tools.add("journalctl", [("*", "No journal files were found.\n", 1)])
+    got = run("devices", device_target="GPU", devices=8, env=tools.env())["gpu.xid"]
+    assert (got["status"], got["value"]) == ("n/a", "kernel log not readable"), got
+    assert "Operation not permitted" in got["detail"] and "journalctl: exit code 1" in got["detail"]
 
 
 def test_cuda_visible_devices_against_devices(tools: Tools, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -685,6 +727,54 @@ def test_env_nccl_disable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NCCL_IB_DISABLE", "1")
     got = run("env", env={"NCCL_P2P_DISABLE": "1"})["env.nccl_disable"]
     assert got["status"] == "warn" and got["value"] == "NCCL_IB_DISABLE, NCCL_P2P_DISABLE"
+
+
+def _rank_table(path: Path, servers: list[list[int]], **extra: object) -> str:
+    """A rank table in the documented format (version 1.0): ``servers`` lists each server's rank ids."""
+    doc = {
+        "version": "1.0",
+        "server_count": str(len(servers)),
+        "server_list": [
+            {
+                "server_id": f"10.0.0.{i + 1}",
+                "device": [
+                    {"device_id": str(d), "device_ip": f"192.168.{i}.{d}", "rank_id": str(r)}
+                    for d, r in enumerate(ranks)
+                ],
+                "host_nic_ip": "reserve",
+            }
+            for i, ranks in enumerate(servers)
+        ],
+        "status": "completed",
+        **extra,
+    }
+    path.write_text(json.dumps(doc, indent=1))
+    return str(path)
+
+
+def test_env_rank_table_against_the_inventory(tmp_path: Path) -> None:
+    got = run("env", world_size=16)["env.rank_table"]
+    assert got["status"] == "n/a" and "dynamic networking" in got["detail"]
+    good = _rank_table(tmp_path / "ok.json", [list(range(8)), list(range(8, 16))])
+    got = run("env", env={"RANK_TABLE_FILE": good}, world_size=16)["env.rank_table"]
+    assert (got["status"], got["value"]) == ("ok", "16 devices on 2 servers"), got
+    # The seeds' "device_num / rank table size differs from the cluster": one server's table for two.
+    short = _rank_table(tmp_path / "short.json", [list(range(8))])
+    got = run("env", env={"RANK_TABLE_FILE": short}, world_size=16)["env.rank_table"]
+    assert got["status"] == "fail" and got["value"] == "it lists 8 devices, the inventory launches 16 ranks"
+    assert "unset RANK_TABLE_FILE" in got["remedy"] and got["detail"] == short
+    twice = _rank_table(tmp_path / "twice.json", [[0, 1], [1, 3]])
+    got = run("env", env={"RANK_TABLE_FILE": twice}, world_size=4)["env.rank_table"]
+    assert got["status"] == "fail" and "rank_id values are not 0..3, each once" in got["value"]
+    counted = _rank_table(tmp_path / "count.json", [[0, 1]], server_count="2")
+    got = run("env", env={"RANK_TABLE_FILE": counted}, world_size=2)["env.rank_table"]
+    assert got["status"] == "fail" and "server_count 2 but 1 servers listed" in got["value"]
+    pending = _rank_table(tmp_path / "pending.json", [[0, 1]], status="initializing")
+    assert run("env", env={"RANK_TABLE_FILE": pending}, world_size=2)["env.rank_table"]["status"] == "warn"
+    (tmp_path / "bad.json").write_text("{not json")
+    for path in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        got = run("env", env={"RANK_TABLE_FILE": str(path)}, world_size=2)["env.rank_table"]
+        assert got["status"] == "fail" and got["value"].startswith("unreadable: "), got
 
 
 def test_env_timeout_order(monkeypatch: pytest.MonkeyPatch) -> None:
