@@ -23,6 +23,15 @@ from ..safepath import is_plain_name, remote_within, within
 from .base import AgentChannel, NodeTransport, NodeUnreachable
 
 _FETCH_PARALLEL = 8  # files copied back at once
+PREFERRED_CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-ctr",
+)
+_DEFAULT_CIPHERS = tuple(a.encode() for a in PREFERRED_CIPHERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +140,14 @@ class SshTransport(NodeTransport):
                         "or pass --accept-new-host-keys"
                     )
                 await self._learn_host_key()  # creates the file (and its folder)
+            kwargs = {**self._connect_kwargs(), **self._ciphers()}
             try:
-                self.conn = await asyncssh.connect(self.node.host, **self._connect_kwargs())
+                self.conn = await asyncssh.connect(self.node.host, **kwargs)
             except asyncssh.HostKeyNotVerifiable:
                 if not self.options.accept_new_host_keys or self._host_is_known():
                     raise
                 await self._learn_host_key()
-                self.conn = await asyncssh.connect(self.node.host, **self._connect_kwargs())
+                self.conn = await asyncssh.connect(self.node.host, **kwargs)
             try:
                 self.sftp = await self.conn.start_sftp_client()
             except asyncssh.ChannelOpenError as exc:
@@ -177,22 +187,35 @@ class SshTransport(NodeTransport):
             raise NodeUnreachable(f"{self._where}: the server reported an unusable home folder {home!r}")
         self.home = posixpath.normpath(home)
 
-    def _resolved(self) -> tuple[str, int]:
-        """(host, port) after ~/.ssh/config (HostName, Port, HostKeyAlias): what known_hosts is keyed by."""
+    def _config_options(self) -> asyncssh.SSHClientConnectionOptions | None:
+        """What ~/.ssh/config (or the inventory's ssh config) says for this node, as ``ssh`` reads it;
+        None when it cannot be read (connect then says why)."""
         kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
         try:
-            opts = asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
+            return asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
         except (OSError, ValueError, asyncssh.Error):
+            return None
+
+    def _resolved(self) -> tuple[str, int]:
+        """(host, port) after ~/.ssh/config (HostName, Port, HostKeyAlias): what known_hosts is keyed by."""
+        opts = self._config_options()
+        if opts is None:
             return self.node.host, self.node.port or 22
         return (opts.host_key_alias or opts.host or self.node.host), int(opts.port or 22)
 
     def resolved_host(self) -> str:
-        kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
-        try:
-            opts = asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
-        except (OSError, ValueError, asyncssh.Error):
-            return self.node.host
-        return str(opts.host or self.node.host)
+        opts = self._config_options()
+        return str(opts.host or self.node.host) if opts is not None else self.node.host
+
+    def _ciphers(self) -> dict:
+        """AES-GCM first where nobody chose the ciphers (no ``Ciphers`` in the ssh config): asyncssh's
+        own first choice, ChaCha20-Poly1305, costs the console about 45 % more CPU per packet (two
+        cipher objects per packet, in Python; AES-GCM is one call on AES-NI), and the console handles
+        every node's packets. The same algorithms as asyncssh's defaults, in another order."""
+        opts = self._config_options()
+        if opts is None or set(opts.encryption_algs) != set(_DEFAULT_CIPHERS):
+            return {}  # chosen in the ssh config: as chosen
+        return {"encryption_algs": list(PREFERRED_CIPHERS)}
 
     def _host_is_known(self) -> bool:
         path = self._known_hosts_path()

@@ -63,13 +63,18 @@ def _transport(
     user: str = "root",
     known_hosts: Path | None = None,
     accept_new: bool = False,
+    config: Path | None = None,
 ) -> SshTransport:
     n = cluster.nodes[0]
     node = NodeSpec(
         name=name, host=n.host, devices=1, user=user, port=n.port, identity_file=str(cluster.client_key)
     )
     inv = SimpleNamespace(
-        ssh=SshSpec(known_hosts=str(known_hosts or cluster.known_hosts), connect_timeout_s=5)
+        ssh=SshSpec(
+            known_hosts=str(known_hosts or cluster.known_hosts),
+            config=str(config) if config else None,
+            connect_timeout_s=5,
+        )
     )
     return SshTransport(node, inv, SshOptions(accept_new_host_keys=accept_new))  # type: ignore[arg-type]
 
@@ -192,6 +197,27 @@ async def test_missing_known_hosts_then_accept_new_then_changed_key(
     with pytest.raises(NodeUnreachable, match="HOST KEY MISMATCH"):
         await _transport(cluster, known_hosts=kh, accept_new=True).connect()  # never accepted
     assert kh.read_text() == learned  # and never overwritten
+
+
+async def test_aes_gcm_first_unless_the_ssh_config_chose_the_ciphers(
+    tmp_path: Path, cluster: SshdCluster
+) -> None:
+    """asyncssh's first choice, ChaCha20-Poly1305, costs the console ~45 % more CPU per packet."""
+    empty = tmp_path / "ssh_config"
+    empty.write_text("")
+    t = _transport(cluster, config=empty)
+    await t.connect()
+    assert (t.conn.get_extra_info("send_cipher"), t.conn.get_extra_info("recv_cipher")) == (
+        "aes128-gcm@openssh.com",
+        "aes128-gcm@openssh.com",
+    )
+    await t.close()
+    chosen = tmp_path / "ssh_config_ciphers"
+    chosen.write_text("Host *\n  Ciphers chacha20-poly1305@openssh.com,aes256-ctr\n")
+    t = _transport(cluster, config=chosen)
+    await t.connect()
+    assert t.conn.get_extra_info("send_cipher") == "chacha20-poly1305@openssh.com"  # as the user chose
+    await t.close()
 
 
 async def test_accept_new_appends_on_a_line_of_its_own(tmp_path: Path, cluster: SshdCluster) -> None:
