@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="the AllReduce smoke test over every rank (default: on)",
     )
+    check.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after the AllReduce, its bus bandwidth from 1 KiB up (default: on GPU/Ascend, off on CPU)",
+    )
     check.add_argument("--workdir", type=Path, help="override job.workdir")
     check.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
     check.add_argument(
@@ -367,6 +373,7 @@ def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
         PreflightOptions(
             quick=args.quick,
             collective=args.collective and not args.quick,
+            sweep=args.sweep,
             skip=skip,
             checks_only=True,
             shm_path=os.environ.get("MSCON_SHM_PATH") or None,

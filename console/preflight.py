@@ -63,6 +63,8 @@ _LINT_TIMEOUT_S = 30.0
 _NODE_TIMEOUT_S = 20.0  # each subprocess of a node check
 _QUICK_WAIT_S = 45.0  # for all of a node's answers
 _FULL_WAIT_S = 120.0  # importing MindSpore on a busy node can take a minute (its own limit is 60 s)
+_DEVICE_SWEEP_MAX_BYTES = 256 * 2**20  # NCCL/HCCL reach their bus bandwidth in the hundreds of MiB
+_CPU_SWEEP_MAX_BYTES = 2**20
 # The keys the launcher sets per rank: not part of the environment the checks should look at.
 _LAUNCHER_KEYS = frozenset(
     {
@@ -107,6 +109,7 @@ else:
 class PreflightOptions:
     quick: bool = False  # the cheap subset (before mscon run), or every check (mscon check)
     collective: bool = False  # the AllReduce smoke test over every rank
+    sweep: bool | None = None  # its bandwidth sweep; None: on GPU/Ascend, off on CPU
     skip: tuple[str, ...] = ()  # --skip-check: not run, not counted, recorded
     checks_only: bool = False  # mscon check: the run ends after the checks
     shm_path: str | None = None  # MSCON_SHM_PATH: where shared memory is checked (a node's env wins)
@@ -501,7 +504,7 @@ class Preflight:
                 inv.job,
                 workdir=tmp,
                 script="smoke_allreduce.py",
-                args=(),
+                args=("--sweep-max-bytes", str(self._sweep_max_bytes(inv.device_target))),
                 exclude=(),
                 resume_args=(),
                 metrics_pattern=None,
@@ -549,6 +552,15 @@ class Preflight:
             return found
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _sweep_max_bytes(self, target: str) -> int:
+        """The largest message of the bandwidth sweep: 0 (none), 1 MiB on CPU (MCCL over TCP, one
+        graph compile per size), 256 MiB on devices."""
+        on_device = target != "CPU"
+        wanted = on_device if self.options.sweep is None else self.options.sweep
+        if not wanted or self._skipped("collective.busbw"):
+            return 0
+        return _DEVICE_SWEEP_MAX_BYTES if on_device else _CPU_SWEEP_MAX_BYTES
 
     # ------------------------------------------------------------ results
 

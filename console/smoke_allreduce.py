@@ -4,8 +4,10 @@
 Supervisor with its script overridden), so it tests the very path a training takes: the scheduler
 address, the port, MindSpore's cluster set-up and the collective library (MCCL on CPU, NCCL on GPU,
 HCCL on Ascend). Every worker contributes ``rank + 1``; the sum must be ``n (n + 1) / 2`` everywhere.
-On GPU/Ascend it then sweeps message sizes and reports bus bandwidth (algbw x 2 (n - 1) / n, as
-nccl-tests defines it). Results are one ``MSCON_SMOKE {json}`` line per measurement on stdout.
+With ``--sweep-max-bytes N`` it then sweeps message sizes from 1 KiB to N and reports bus bandwidth
+(algbw x 2 (n - 1) / n, as nccl-tests defines it): the console asks for 256 MiB on GPU/Ascend, and
+for 1 MiB on CPU only when told to (``mscon check --sweep``: MCCL over TCP, every size compiles a
+graph). Results are one ``MSCON_SMOKE {json}`` line per measurement on stdout.
 
 Runs on the nodes with their Python and MindSpore, never imported by the console.
 """
@@ -21,7 +23,11 @@ from typing import Any
 TAG = "MSCON_SMOKE"
 _CHECK_ELEMENTS = 1024  # float32: the correctness check's message, 4 KiB
 _CHECK_REPEATS = 5
-_SWEEP_BYTES = tuple(4**k * 1024 for k in range(0, 10))  # 1 KiB .. 256 MiB (accelerators only)
+
+
+def sweep_sizes(max_bytes: int) -> tuple[int, ...]:
+    """1 KiB, 4 KiB, 16 KiB ... up to ``max_bytes``."""
+    return tuple(4**k * 1024 for k in range(0, 16) if 4**k * 1024 <= max_bytes)
 
 
 def say(kind: str, **fields: Any) -> None:
@@ -49,7 +55,7 @@ def _sync(ms: Any, out: Any) -> None:
         out.asnumpy()
 
 
-def worker(target: str) -> int:
+def worker(target: str, sweep_max_bytes: int) -> int:
     t_start = time.perf_counter()
     import mindspore as ms
     import numpy as np
@@ -98,15 +104,15 @@ def worker(target: str) -> int:
         first_s=t_first - t_init,
         target=target,
     )
-    if ok and target != "CPU":
-        sweep(ms, np, allreduce, rank, size)
+    if ok and sweep_max_bytes > 0:
+        sweep(ms, np, allreduce, rank, size, sweep_sizes(sweep_max_bytes))
     return 0 if ok else 3
 
 
-def sweep(ms: Any, np: Any, allreduce: Any, rank: int, size: int) -> None:
-    """Bus bandwidth per message size (written for GPU/Ascend; not run on a CPU-only machine)."""
+def sweep(ms: Any, np: Any, allreduce: Any, rank: int, size: int, sizes: tuple[int, ...]) -> None:
+    """Bus bandwidth per message size; every rank times the same sizes in the same order."""
     factor = 2 * (size - 1) / size if size > 1 else 1.0
-    for nbytes in _SWEEP_BYTES:
+    for nbytes in sizes:
         x = ms.Tensor(np.ones(nbytes // 4, dtype=np.float32))
         repeats = 20 if nbytes <= 2**20 else 5
         for _ in range(2):  # the first call compiles this shape
@@ -128,12 +134,15 @@ def sweep(ms: Any, np: Any, allreduce: Any, rank: int, size: int) -> None:
         )
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings would drown the result lines
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         return scheduler()
-    return worker(os.environ.get("DEVICE_TARGET", "CPU"))
+    sweep_max = 0
+    if len(argv) == 2 and argv[0] == "--sweep-max-bytes" and argv[1].isdigit():
+        sweep_max = int(argv[1])
+    return worker(os.environ.get("DEVICE_TARGET", "CPU"), sweep_max)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -86,7 +86,16 @@ def test_check_two_ssh_nodes_passes_with_a_real_allreduce(tmp_path: Path, cluste
     args = ["--parallel-mode", "data_parallel", "--epochs", "1", "--batch-size", "32"]
     inv = ssh_inventory(tmp_path / "inv.yaml", cluster2, 1, TRAIN, args)
     t0 = time.monotonic()
-    done = mscon("check", inv, "--json", tmp_path / "c.json", "--events", tmp_path / "ev.jsonl", cwd=tmp_path)
+    done = mscon(
+        "check",
+        inv,
+        "--sweep",
+        "--json",
+        tmp_path / "c.json",
+        "--events",
+        tmp_path / "ev.jsonl",
+        cwd=tmp_path,
+    )
     wall = time.monotonic() - t0
     assert done.code == 0, done.out + done.err[-3000:]
     header = done.out.splitlines()[0].split()
@@ -108,6 +117,12 @@ def test_check_two_ssh_nodes_passes_with_a_real_allreduce(tmp_path: Path, cluste
     assert cluster_wide["clock"]["status"] == "ok"
     collective = cluster_wide["collective"]
     assert collective["status"] == "ok" and "AllReduce on 2 ranks: sum 3 ok" in collective["value"]
+    # --sweep on CPU: bus bandwidth from 1 KiB to 1 MiB, measured for real over MCCL between the nodes.
+    busbw = cluster_wide["collective.busbw"]
+    assert busbw["status"] == "ok" and "GB/s bus bandwidth at" in busbw["value"], busbw
+    sizes = [part.split(" GB/s")[0].rsplit(" ", 1)[0] for part in busbw["detail"].split("; ")]
+    assert sizes == ["1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB"], busbw["detail"]
+    assert "hardware" not in busbw["detail"]  # the untested-on-devices note is for GPU/Ascend only
     assert not list(tmp_path.glob("mscon-runs/*-smoke"))  # a passing smoke test keeps no logs
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert kinds.count("checks_finished") == 1 and kinds.count("check") == len(found)

@@ -257,6 +257,46 @@ def test_device_sweep_reports_bus_bandwidth_of_the_slowest_rank_and_says_it_is_u
     assert cc.UNTESTED_SWEEP in found[0].detail
 
 
+def test_cpu_sweep_reports_bus_bandwidth_without_the_hardware_note() -> None:
+    checks = [
+        {"kind": "check", "rank": r, "ok": True, "expected": 3.0, "allreduce_ms": 0.1, "bytes": 4096}
+        for r in (0, 1)
+    ]
+    sweep = [{"kind": "sweep", "rank": r, "bytes": 1024, "busbw_gbs": 0.05 + r} for r in (0, 1)]
+    found = cc.collective_results(_smoke(checks + sweep, target="CPU"))
+    assert [r.name for r in found] == ["collective", "collective.busbw"]
+    assert found[1].value == "0.1 GB/s bus bandwidth at 1 KiB"  # the slower rank's
+    assert cc.UNTESTED_SWEEP not in found[0].detail + found[1].detail
+
+
+def test_the_smoke_script_sweeps_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mscon.console.smoke_allreduce as smoke
+
+    assert smoke.sweep_sizes(0) == ()
+    assert smoke.sweep_sizes(2**20) == (1024, 4096, 16384, 65536, 262144, 1048576)
+    assert smoke.sweep_sizes(256 * 2**20)[-1] == 256 * 2**20 and len(smoke.sweep_sizes(256 * 2**20)) == 10
+    asked: list[tuple[str, int]] = []
+    monkeypatch.setattr(smoke, "worker", lambda target, sweep_max: asked.append((target, sweep_max)) or 0)
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    monkeypatch.setenv("DEVICE_TARGET", "GPU")
+    smoke.main(["--sweep-max-bytes", "1048576"])
+    smoke.main([])
+    smoke.main(["--sweep-max-bytes", "lots"])
+    assert asked == [("GPU", 2**20), ("GPU", 0), ("GPU", 0)]
+
+
+@pytest.mark.parametrize(
+    ("target", "sweep", "expected"),
+    [("CPU", None, 0), ("CPU", True, 2**20), ("GPU", None, 256 * 2**20), ("Ascend", False, 0)],
+)
+def test_the_sweep_is_on_for_devices_and_asked_for_on_cpu(
+    target: str, sweep: bool | None, expected: int
+) -> None:
+    assert Preflight(PreflightOptions(sweep=sweep))._sweep_max_bytes(target) == expected
+    skipped = Preflight(PreflightOptions(sweep=True, skip=("collective.busbw",)))
+    assert skipped._sweep_max_bytes(target) == 0
+
+
 # ------------------------------------------------------------------ the table
 
 
