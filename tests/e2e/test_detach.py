@@ -200,6 +200,37 @@ def test_detached_failure_restarts_the_group_per_policy(tmp_path: Path, sshd_clu
     assert s["root_cause"]["name"] == "r0"
 
 
+def test_detach_with_nodes_named_by_ssh_config_aliases(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
+    """Nodes known only as ~/.ssh/config aliases, as users name them: node2's agent reaches node1's
+    coordinator at the address the scheduler gets (resolved from the alias's HostName), so with no
+    console a failed rank on node2 still stops node1's rank, and attach names it."""
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "".join(
+            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User root\n"
+            f"  IdentityFile {sshd_cluster.client_key}\n"
+            for n in sshd_cluster.nodes
+        )
+    )
+    args = ["--steps", "3000", "--rate", "20", "--fail-rank", "1", "--fail-step", "40", "--fail-code", "7"]
+    inv = _inventory(tmp_path, sshd_cluster, args)
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"] = {"python": doc["defaults"]["python"]}  # user, port and key come from the config
+    doc["nodes"] = [{"host": f"{n.name}-alias", "name": n.name, "devices": 1} for n in sshd_cluster.nodes]
+    doc["ssh"]["config"] = str(config)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    run_id = _run_id("detach-alias")
+    _detach(tmp_path, inv, run_id)
+    # r0 would print for 150 s: only node1's coordinator, told by node2's agent, stops it.
+    _wait(lambda: run_processes(run_id) == [] and _status(run_id) != "running", 30, "the end of the run")
+    assert _status(run_id) == "failed"
+    done = mscon("attach", run_id, "--no-tui", "--json", tmp_path / "s.json", cwd=tmp_path, timeout=60)
+    assert done.code == 7, done.err
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["root_cause"]["name"] == "r1" and s["root_cause"]["node"] == "node2", s["root_cause"]
+    assert {r["name"]: r["role"] for r in s["ranks"]}["r0"] == "victim"
+
+
 def _run_agents(run_id: str) -> list[psutil.Process]:
     """Agents whose working folder is one of this run's node folders (a detached agent chdirs there)."""
     root = str(Path.home() / ".cache/mscon/runs" / run_id)
