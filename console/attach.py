@@ -43,6 +43,7 @@ from .events import (
     AttemptStarted,
     Event,
     JobState,
+    LinesShown,
     NodeState,
     NodeUpdate,
     Notice,
@@ -288,10 +289,7 @@ class Attacher:
         rec = self.options.record
         if rec is not None and rec.attempt == attempt:
             # The lines the detaching console printed are not replayed: count from there.
-            for name, seq in rec.log_seq.items():
-                view = self.state.ranks.get(name)
-                if view is not None:
-                    view.next_seq = seq
+            self.emit(LinesShown(attempt, tuple(rec.log_seq.items())))
 
     def _end_attempt_from_state(self) -> None:
         outcome = AttemptOutcome.SUCCEEDED if self.state.workers_succeeded() else AttemptOutcome.FAILED

@@ -280,6 +280,16 @@ class Notice(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class LinesShown(Event):
+    """How far each rank's log was already shown, by the console that detached the run: an attach
+    replays from there, and the lines before are not lost lines."""
+
+    kind: ClassVar[str] = "lines_shown"
+    attempt: int
+    log_seq: tuple[tuple[str, int], ...]  # (rank name, lines shown)
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaDivergence(Event):
     """Data-parallel replicas must hold identical parameters; these ranks reported another digest."""
 

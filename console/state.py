@@ -39,6 +39,7 @@ from .events import (
     Failure,
     FailureKind,
     JobState,
+    LinesShown,
     NodeState,
     NodeUpdate,
     RankState,
@@ -168,6 +169,11 @@ class ClusterState:
                 att.summary = self.rank_summaries(att)
         elif isinstance(ev, Restarting):
             self.job = JobState.RESTARTING
+        elif isinstance(ev, LinesShown):
+            for name, seq in ev.log_seq:
+                r = self.ranks.get(name)
+                if r is not None and seq > r.next_seq:
+                    r.next_seq = seq
         elif isinstance(ev, ReplicaDivergence):
             self.divergent.update(ev.ranks)
         elif isinstance(ev, CheckReported):

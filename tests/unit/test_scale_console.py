@@ -125,3 +125,20 @@ def test_cached_medians_give_the_stragglers_the_samples_give() -> None:
     assert stragglers_of(times, names, policy) == {"r3", "r17"}
     times.reset()
     assert stragglers_of(times, names, policy) == frozenset()
+
+
+def test_lines_shown_by_the_detaching_console_carry_on_the_count() -> None:
+    """An attach starts each rank's count where the detaching console stopped printing (its record),
+    through the reducer: the replay that follows is not a gap, and a later detach records at least
+    as far, even when no line came meanwhile."""
+    from mscon.console.events import LinesShown, from_json, to_json
+
+    st = _state()
+    shown = LinesShown(0, (("r0", 120), ("r1", 7), ("nobody", 3)))
+    assert from_json(to_json(shown)) == shown
+    st.apply(shown)
+    assert (st.ranks["r0"].next_seq, st.ranks["r1"].next_seq) == (120, 7)
+    st.apply(AgentEvent(0, P.LogBatch(NODE, "r0", 0, seq=120, lines=("a", "b"), ts_ns=2)))
+    assert (st.ranks["r0"].next_seq, st.ranks["r0"].lost_lines) == (122, 0)
+    st.apply(LinesShown(0, (("r0", 5),)))  # never backwards
+    assert st.ranks["r0"].next_seq == 122
