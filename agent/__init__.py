@@ -18,4 +18,5 @@ AGENT_FILES = (
     "relay.py",
     "streams.py",
     "metrics.py",
+    "outbox.py",
 )

@@ -127,6 +127,7 @@ class DetachedRun:
 
     def console_left(self) -> None:
         """The console closed its channel after our Detached: from now on we are a daemon."""
+        self.agent.outbox.close(1.0)  # what is still queued for the console, before stdout goes
         daemonize(self.agent.run_dir)
 
     # ------------------------------------------------------------ inputs

@@ -29,6 +29,7 @@ from .journal import JOURNALED, Journal, RunStatus, write_state
 from .mesh import MeshListener, probe_peer
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
+from .outbox import Outbox
 from .relay import hello
 from .streams import read_lines
 from .tail import FileTail, LineMetrics, extract_traceback, parse_metrics_line
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 # workdir archive (tarfile) and argparse cost tens of milliseconds at every agent start, and an
 # agent that only runs checks, lists runs or relays an attach needs none of them.
 
+# What the console may miss when it falls behind (the node's files keep it); never lifecycle messages.
+_STREAMED = frozenset(["log", "metric", "metrics", "telemetry", "telemetry_batch"])
+_FINAL_WRITE_S = 30.0  # at exit, how long the last messages may take to reach a slow console
 _TAIL_KEEP = 200  # lines kept per process for the exit report
 _BATCH_MAX = 500  # lines per LogBatch message
 _STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
@@ -65,6 +69,7 @@ class Watched:
         self.progress_ns = time.time_ns()  # last log line or metric read (start counts as progress)
         self.stopped_since: float | None = None  # monotonic time state T was first seen
         self.hung_reported = False
+        self.drained = False  # its log read to the end after its exit (held back while the console is behind)
         self._parser: LineParser | None = None
 
     def parser(self, node: str, line_metrics: LineMetrics) -> LineParser:
@@ -77,8 +82,7 @@ class Watched:
 class Agent:
     def __init__(self, node: str, out=None) -> None:  # noqa: ANN001
         self.node = node
-        self.out = out or sys.stdout
-        self.out_lock = threading.Lock()
+        self.outbox = Outbox(out or sys.stdout)  # never blocks: a slow console must not stall the loop
         self.inbox: queue.Queue = queue.Queue()
         self.watched: list[Watched] = []
         self.start_cmd: P.Start | None = None
@@ -110,14 +114,10 @@ class Agent:
             self.detached.broadcast(line)  # consoles attached on the socket
         if not self.to_console:
             return
-        with self.out_lock:
-            try:
-                self.out.write(line)
-                self.out.flush()
-            except (BrokenPipeError, OSError, ValueError) as exc:
-                if self.detached is not None:
-                    return  # the console went while detaching: the daemon goes on
-                raise ConsoleGone() from exc
+        if not self.outbox.put(line, msg.type in _STREAMED):
+            if self.detached is not None:
+                return  # the console went while detaching: the daemon goes on
+            raise ConsoleGone()
 
     def _read_stdin(self) -> None:
         # Raw reads on fd 0, not sys.stdin: a thread blocked inside sys.stdin holds its lock and
@@ -128,6 +128,12 @@ class Agent:
     # ------------------------------------------------------------ main loop
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.outbox.close(_FINAL_WRITE_S)
+
+    def _run(self) -> int:
         threading.Thread(target=self._read_stdin, name="stdin", daemon=True).start()
         try:
             self.send(hello(self.node, _ssh_server_addr()))
@@ -392,6 +398,8 @@ class Agent:
             for w in self.watched:
                 if not w.proc.reported:
                     self._flush(w)
+                elif not w.drained:  # exited while its lines were held back: they follow its report
+                    w.drained = self._flush(w, final=True)
         for w in exited:
             self._report_exit(w)
             if w.proc.returncode != 0 and not w.proc.stop_sent and not self.failed:
@@ -406,12 +414,15 @@ class Agent:
             self._check_stopped(now)
             if self.detached is not None and self.detached.hang_timeout_s > 0:
                 self._check_silent(self.detached.hang_timeout_s)
-        if all(w.proc.reported for w in self.watched):
+        if all(w.proc.reported and w.drained for w in self.watched):
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
 
-    def _flush(self, w: Watched, final: bool = False) -> None:
-        """Send the process's new lines (LogBatch) and metrics (MetricBatch)."""
+    def _flush(self, w: Watched, final: bool = False) -> bool:
+        """Send the process's new lines (LogBatch) and metrics (MetricBatch); False when they are
+        held back: the console is behind, and they stay in the files until it has caught up."""
+        if not self.outbox.has_room():
+            return False
         # Structured metrics win over parsing the log: look for the file before parsing lines.
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
@@ -446,6 +457,7 @@ class Agent:
                     if metric is not None:
                         parsed.append(metric)
         self._flush_metrics(w, final, parsed)
+        return True
 
     def _evidence(self, w: Watched, line: str) -> None:
         found = blame(line)
@@ -525,7 +537,7 @@ class Agent:
         p = w.proc
         if p.reported or p.returncode is None:
             return
-        self._flush(w, final=True)
+        w.drained = self._flush(w, final=True)
         p.reported = True
         exitcode, sig, signum = procmod.describe_exit(p.returncode)
         recent = list(w.recent)

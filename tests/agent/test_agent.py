@@ -133,3 +133,35 @@ def test_agent_killed_takes_its_ranks_along(tmp_path: Path) -> None:
     a.proc.kill()  # no chance to clean up: the parent-death signal does it
     a.proc.wait()
     assert wait_gone(ranks, 5) == []
+
+
+def test_a_console_that_stops_reading_never_stalls_the_agent(tmp_path: Path) -> None:
+    """The console falls behind (a starved laptop, Ctrl-Z): the agent's output backs up. It must
+    still act on its node: a rank that dies has its siblings stopped at once, not when the console
+    reads again. The lines it cannot send yet wait in the logs (its queue stays bounded) and all
+    arrive once the console reads again, none lost, none twice."""
+    a = AgentUnderTest()
+    a.until(lambda m: isinstance(m, P.Hello))
+    # 3 x 20,000 lines a second: megabytes the console does not take.
+    a.send(_start(tmp_path, 3, ["--steps", "100000000", "--rate", "2000", "--lines-per-step", "9"]))
+    started = {}
+    while len(started) < 3:
+        m = a.until(lambda m: isinstance(m, P.ProcStarted))
+        started[m.name] = m.pid
+    siblings = [psutil.Process(started[n]) for n in ("r0", "r2")]
+    agent = psutil.Process(a.proc.pid)
+    time.sleep(3.0)  # nobody reads: the pipe to the "console" is full long before this
+    os.kill(started["r1"], signal.SIGKILL)
+    assert wait_gone(siblings, 8) == [], "the agent stopped r0 and r2 without the console reading"
+    assert agent.memory_info().rss < 300 * 2**20  # what it could not send did not pile up in memory
+    dead = a.until(lambda m: isinstance(m, P.ProcExited) and m.name == "r1", timeout=60)
+    assert dead.signal == "SIGKILL" and not dead.stopped_by_agent
+    a.until(lambda m: isinstance(m, P.AllExited), timeout=60)
+    for rank in ("r0", "r1", "r2"):
+        batches = [m for m in a.received if isinstance(m, P.LogBatch) and m.name == rank]
+        streamed = [line for b in batches for line in b.lines]
+        starts = [sum(len(x.lines) for x in batches[:i]) for i in range(len(batches))]
+        assert [b.seq for b in batches] == starts  # contiguous: none lost, none twice
+        assert streamed == (tmp_path / "run" / "attempt_0" / f"{rank}.log").read_text().splitlines()
+    a.send(P.Shutdown())
+    assert a.proc.wait(timeout=10) == 0

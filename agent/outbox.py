@@ -1,0 +1,74 @@
+"""The agent's output to the console, written by a thread of its own.
+
+A console that falls behind (a starved laptop, a suspended process, a slow link) backs the agent's
+stdout up. Written from the agent's loop, that would stall the loop itself: a rank that dies would
+have its siblings stopped only once the console reads again. Here the loop only queues, and asks
+``has_room()`` before it reads more of its ranks' logs: while streamed data (log lines, metrics)
+beyond ``budget`` bytes waits, the lines stay in the log files, to be read once the console has
+caught up. Nothing is dropped, and a failure reaches the console behind at most about ``budget``
+bytes of stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TextIO
+
+DEFAULT_BUDGET = 4 * 1024 * 1024  # bytes of streamed messages waiting to be written
+
+
+class Outbox:
+    def __init__(self, out: TextIO, budget: int = DEFAULT_BUDGET) -> None:
+        self.out = out
+        self.budget = budget
+        self.broken = False
+        self._queue: collections.deque = collections.deque()  # (line, streamed)
+        self._stream_bytes = 0
+        self._closing = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._write, name="outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, line: str, streamed: bool) -> bool:
+        """Queue one line; False once the output has failed (the console is gone)."""
+        with self._cv:
+            if self.broken:
+                return False
+            if streamed:
+                self._stream_bytes += len(line)
+            self._queue.append((line, streamed))
+            self._cv.notify()
+        return True
+
+    def has_room(self) -> bool:
+        """Whether more streamed data should be read now (False: the console is behind)."""
+        return self._stream_bytes < self.budget
+
+    def close(self, wait_s: float) -> None:
+        """Write what is queued (for at most ``wait_s``), then stop the writer."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(wait_s)
+
+    def _write(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                line, streamed = self._queue.popleft()
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (OSError, ValueError):  # BrokenPipeError included; ValueError: closed file
+                with self._cv:
+                    self.broken = True  # the next put() says so: the agent's loop treats it as ever
+                    self._queue.clear()
+                return
+            finally:
+                if streamed:
+                    with self._cv:
+                        self._stream_bytes -= len(line)
