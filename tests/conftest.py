@@ -88,6 +88,25 @@ def ssh_inventory(
     )
 
 
+def use_ssh_config_aliases(inv: Path, cluster: SshdCluster) -> Path:
+    """Rewrite an ssh_inventory so its nodes are known only as ssh config aliases ("node1-alias":
+    HostName, Port, User and IdentityFile in an ssh config beside it), as users name their nodes."""
+    config = inv.with_name("ssh_config")
+    config.write_text(
+        "".join(
+            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User root\n"
+            f"  IdentityFile {cluster.client_key}\n"
+            for n in cluster.nodes
+        )
+    )
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"] = {"python": doc["defaults"]["python"]}  # user, port and key come from the config
+    doc["nodes"] = [{"host": f"{n.name}-alias", "name": n.name, "devices": 1} for n in cluster.nodes]
+    doc["ssh"]["config"] = str(config)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
 def local_inventory(path: Path, devices: int, script: str, args: list[str], workdir: Path = REPO) -> Path:
     return write_inventory(
         path,

@@ -32,6 +32,7 @@ from conftest import (
     needs_mindspore,
     run_processes,
     ssh_inventory,
+    use_ssh_config_aliases,
     wait_gone,
 )
 from sshd_nodes import SshdCluster
@@ -204,21 +205,8 @@ def test_detach_with_nodes_named_by_ssh_config_aliases(tmp_path: Path, sshd_clus
     """Nodes known only as ~/.ssh/config aliases, as users name them: node2's agent reaches node1's
     coordinator at the address the scheduler gets (resolved from the alias's HostName), so with no
     console a failed rank on node2 still stops node1's rank, and attach names it."""
-    config = tmp_path / "ssh_config"
-    config.write_text(
-        "".join(
-            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User root\n"
-            f"  IdentityFile {sshd_cluster.client_key}\n"
-            for n in sshd_cluster.nodes
-        )
-    )
     args = ["--steps", "3000", "--rate", "20", "--fail-rank", "1", "--fail-step", "40", "--fail-code", "7"]
-    inv = _inventory(tmp_path, sshd_cluster, args)
-    doc = yaml.safe_load(inv.read_text())
-    doc["defaults"] = {"python": doc["defaults"]["python"]}  # user, port and key come from the config
-    doc["nodes"] = [{"host": f"{n.name}-alias", "name": n.name, "devices": 1} for n in sshd_cluster.nodes]
-    doc["ssh"]["config"] = str(config)
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv = use_ssh_config_aliases(_inventory(tmp_path, sshd_cluster, args), sshd_cluster)
     run_id = _run_id("detach-alias")
     _detach(tmp_path, inv, run_id)
     # r0 would print for 150 s: only node1's coordinator, told by node2's agent, stops it.

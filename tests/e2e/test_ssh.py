@@ -23,6 +23,7 @@ from conftest import (
     needs_mindspore,
     run_processes,
     ssh_inventory,
+    use_ssh_config_aliases,
     wait_gone,
 )
 from sshd_nodes import SshdCluster
@@ -224,20 +225,8 @@ _ = (REPO, psutil)
 
 def test_hosts_resolve_through_ssh_config(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
     """Node names that exist only in an ssh config (HostName, Port, User, IdentityFile), like `ssh HOST`."""
-    config = tmp_path / "ssh_config"
-    config.write_text(
-        "".join(
-            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User root\n"
-            f"  IdentityFile {sshd_cluster.client_key}\n"
-            for n in sshd_cluster.nodes
-        )
-    )
     inv = ssh_inventory(tmp_path / "inv.yaml", sshd_cluster, 1, FAKE, ["--steps", "3", "--rate", "0"])
-    doc = yaml.safe_load(inv.read_text())
-    doc["defaults"] = {"python": doc["defaults"]["python"]}  # user, port and key come from the config
-    doc["nodes"] = [{"host": f"{n.name}-alias", "name": n.name, "devices": 1} for n in sshd_cluster.nodes]
-    doc["ssh"]["config"] = str(config)
-    inv.write_text(yaml.safe_dump(doc))
+    use_ssh_config_aliases(inv, sshd_cluster)
     done = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert done.code == 0, done.err
     assert "[node2 r1] training finished" in done.out
