@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 # workdir archive (tarfile) and argparse cost tens of milliseconds at every agent start, and an
 # agent that only runs checks, lists runs or relays an attach needs none of them.
 
-# What the console may miss when it falls behind (the node's files keep it); never lifecycle messages.
+# Streamed messages: what the outbox's budget counts, and what waits in the ranks' files while the
+# console is behind (lifecycle messages are never held back).
 _STREAMED = frozenset(["log", "metric", "metrics", "telemetry", "telemetry_batch"])
 _FINAL_WRITE_S = 30.0  # at exit, how long the last messages may take to reach a slow console
 _TAIL_KEEP = 200  # lines kept per process for the exit report
