@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import dataclasses
 import json
 import os
@@ -13,6 +14,8 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from mscon.agent.layout import LOGS_DIR
 
 from . import exit_codes
 from .check_report import CheckReporter, preflight_record
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
     run.add_argument("--json", metavar="PATH", type=Path, help="also write the run summary as JSON to PATH")
     run.add_argument(
-        "--logs-dir", metavar="DIR", type=Path, default=Path("mscon-runs"), help="where fetched logs go"
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
     )
     run.add_argument("--run-id", help="use this run id instead of a generated one")
     run.add_argument("--workdir", type=Path, help="override job.workdir (synced to the nodes)")
@@ -146,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--logs-dir",
         metavar="DIR",
         type=Path,
-        default=Path("mscon-runs"),
+        default=Path(LOGS_DIR),
         help="where a failed smoke test's logs are kept",
     )
     check.add_argument(
@@ -297,6 +300,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         max_restarts=args.max_restarts,
         preflight=preflight,
         detach=args.detach,
+        # A live console keeps a failed run for its operator (r restarts, q ends); headless ends it.
+        operator_wait_s=math.inf if args.tui else None,
+        straggler_factor=args.straggler_factor,
+        straggler_window=args.straggler_window,
     )
     try:
         return asyncio.run(_run_engine(inv, options, args))
@@ -336,7 +343,7 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
         loop.call_soon_threadsafe(sup.submit, stop)
 
     reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet, on_output_closed=output_closed)
-    sup.bus.add_sink("headless", reporter.handle)
+    sup.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
     checks = None
     if options.preflight is not None:
         checks = CheckReporter(full=False)

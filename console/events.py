@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mscon.agent import protocol as wire
+from mscon.agent.policy import Outcome
 from mscon.agent.protocol import Message
 
 from . import exit_codes
@@ -56,6 +57,7 @@ class JobState(enum.StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     RESTARTING = "restarting"
+    AWAITING_OPERATOR = "awaiting operator"  # failed, ranks stopped, agents kept: r restarts, q ends
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
@@ -78,12 +80,8 @@ _FINAL = {
 }
 
 
-class AttemptOutcome(enum.StrEnum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    RESTART_REQUESTED = "restart requested"  # by the operator: does not use up the restart budget
-    DETACHED = "detached"  # the console left; the run goes on under its node-0 coordinator
+# One vocabulary from the wire to the summary: the policy's own words (agent/policy.py).
+AttemptOutcome = Outcome
 
 
 class CheckStatus(enum.StrEnum):
@@ -179,6 +177,19 @@ class AttemptSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class StragglerSummary:
+    """A rank flagged as a straggler during one attempt (the summary's record of it)."""
+
+    attempt: int
+    name: str
+    node: str
+    step_time_s: float  # its median step time when last flagged
+    median_s: float  # the other ranks' median then
+    flagged: int  # how many times it was flagged in that attempt
+    cleared: bool  # it caught up again afterwards
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     run_id: str
     status: JobState
@@ -191,6 +202,7 @@ class RunResult:
     attempts: tuple[AttemptSummary, ...] = ()
     divergent_ranks: tuple[str, ...] = ()
     dropped: tuple[tuple[str, int], ...] = ()  # (sink, metric updates it lost by lagging)
+    stragglers: tuple[StragglerSummary, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return typing.cast(dict[str, Any], dump(self))
@@ -271,6 +283,17 @@ class Restarting(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitingOperator(Event):
+    """The attempt failed with no restart left; its ranks are stopped, the agents and connections
+    kept: the operator's restart starts the next attempt, a stop ends the run with this verdict."""
+
+    kind: ClassVar[str] = "awaiting_operator"
+    attempt: int  # the failed attempt
+    reason: str
+    wait_s: float | None = None  # None: for as long as the console stays
+
+
+@dataclass(frozen=True, slots=True)
 class Notice(Event):
     """Something the operator should know that is not a failure (a huge workdir, a lagging view)."""
 
@@ -298,6 +321,33 @@ class ReplicaDivergence(Event):
     step: int
     ranks: tuple[str, ...]
     majority: str
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerFlagged(Event):
+    """This rank's recent step time is ``factor`` or more times the other ranks' median (stragglers.py)."""
+
+    kind: ClassVar[str] = "straggler_flagged"
+    attempt: int
+    name: str
+    node: str
+    step: int  # its last step when flagged
+    step_time_s: float  # its median step time over the window
+    median_s: float  # the median of the other ranks' medians
+    factor: float  # the threshold in force (--straggler-factor)
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerCleared(Event):
+    """A flagged rank's step time came back near the others' (below ``StragglerPolicy.release``)."""
+
+    kind: ClassVar[str] = "straggler_cleared"
+    attempt: int
+    name: str
+    node: str
+    step: int
+    step_time_s: float
+    median_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ the same state. The root cause of an attempt is computed here and nowhere else (
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mscon.agent.evidence import KIND_STRENGTH
 from mscon.agent.protocol import (
@@ -33,6 +33,7 @@ from .events import (
     AttemptOutcome,
     AttemptStarted,
     AttemptSummary,
+    AwaitingOperator,
     CheckReported,
     ChecksFinished,
     Event,
@@ -50,6 +51,9 @@ from .events import (
     RunResult,
     RunStarted,
     Stopping,
+    StragglerCleared,
+    StragglerFlagged,
+    StragglerSummary,
 )
 
 _STRONG = KIND_STRENGTH["node_timed_out"]  # the scheduler's own verdicts and up
@@ -127,6 +131,8 @@ class ClusterState:
         self.result: RunResult | None = None
         self.checks: dict[tuple[str, str], CheckReported] = {}  # (node, check) -> latest result
         self.checks_finished: ChecksFinished | None = None
+        self.flagged: dict[str, StragglerFlagged] = {}  # stragglers of this attempt not cleared since
+        self._straggled: dict[tuple[int, str], StragglerSummary] = {}  # every one of the run, for the summary
         self.events = 0
         # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
         # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
@@ -152,6 +158,7 @@ class ClusterState:
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
             self._workers = sum(1 for r in ev.ranks if r.rank != SCHEDULER_RANK)
             self._ok_exits = 0
+            self.flagged = {}
         elif isinstance(ev, Stopping):
             att = self.attempt
             if att is not None and att.stop_reason is None:
@@ -169,6 +176,8 @@ class ClusterState:
                 att.summary = self.rank_summaries(att)
         elif isinstance(ev, Restarting):
             self.job = JobState.RESTARTING
+        elif isinstance(ev, AwaitingOperator):
+            self.job = JobState.AWAITING_OPERATOR
         elif isinstance(ev, LinesShown):
             for name, seq in ev.log_seq:
                 r = self.ranks.get(name)
@@ -176,6 +185,8 @@ class ClusterState:
                     r.next_seq = seq
         elif isinstance(ev, ReplicaDivergence):
             self.divergent.update(ev.ranks)
+        elif isinstance(ev, StragglerFlagged | StragglerCleared):
+            self._straggler(ev)
         elif isinstance(ev, CheckReported):
             self.checks[(ev.node, ev.name)] = ev
         elif isinstance(ev, ChecksFinished):
@@ -183,6 +194,20 @@ class ClusterState:
         elif isinstance(ev, RunFinished):
             self.result = ev.result
             self.job = ev.result.status
+
+    def _straggler(self, ev: StragglerFlagged | StragglerCleared) -> None:
+        key = (ev.attempt, ev.name)
+        seen = self._straggled.get(key)
+        if isinstance(ev, StragglerFlagged):
+            self.flagged[ev.name] = ev
+            times = seen.flagged + 1 if seen is not None else 1
+            self._straggled[key] = StragglerSummary(
+                ev.attempt, ev.name, ev.node, ev.step_time_s, ev.median_s, times, cleared=False
+            )
+        else:
+            self.flagged.pop(ev.name, None)
+            if seen is not None:
+                self._straggled[key] = replace(seen, cleared=True)
 
     def _node(self, ev: NodeUpdate) -> None:
         view = self.nodes.setdefault(ev.node, NodeView(ev.node))
@@ -468,6 +493,15 @@ class ClusterState:
             )
         return tuple(rows)
 
+    def stragglers(self) -> frozenset[str]:
+        """The current stragglers: flagged, not cleared, and still running (an exit ends it)."""
+        ranks = self.ranks
+        return frozenset(n for n in self.flagged if n in ranks and ranks[n].state.live)
+
+    def straggler_summaries(self) -> tuple[StragglerSummary, ...]:
+        """Every rank flagged during the run, by attempt and rank (RunResult.stragglers)."""
+        return tuple(self._straggled[k] for k in sorted(self._straggled, key=_straggler_order))
+
     def attempt_summaries(self) -> tuple[AttemptSummary, ...]:
         out = []
         for att in self.attempts:
@@ -476,6 +510,11 @@ class ClusterState:
             wall = ((att.ended_ns or att.started_ns) - att.started_ns) / 1e9
             out.append(AttemptSummary(att.number, att.outcome, att.reason, wall, att.root, att.summary))
         return tuple(out)
+
+
+def _straggler_order(key: tuple[int, str]) -> tuple[int, int, str]:
+    attempt, name = key
+    return attempt, int(name[1:]) if name[1:].isdigit() else -1, name
 
 
 def _telemetry(r: RankView, msg: Telemetry) -> None:

@@ -19,12 +19,16 @@ import secrets
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TypeVar
 
+from mscon.agent import policy as policy_mod
+from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
 from mscon.agent.protocol import (
+    SCHEDULER_RANK,
     AgentError,
     AllExited,
     Detach,
@@ -49,10 +53,9 @@ from .commands import Command, DetachRun, RestartGroup, StopJob
 from .events import (
     AgentEvent,
     AttemptEnded,
-    AttemptOutcome,
     AttemptStarted,
+    AwaitingOperator,
     Event,
-    FailureKind,
     JobState,
     NodeState,
     NodeUpdate,
@@ -70,6 +73,7 @@ from .replicas import ReplicaWatch
 from .runrecord import DetachRecord, write_record
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
+from .stragglers import StragglerPolicy, StragglerWatch
 from .transport import make_transport
 
 if TYPE_CHECKING:
@@ -77,8 +81,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
-_STOP_CONFIRM_S = 15.0  # beyond the grace period: an agent that has not confirmed its stop is cut off
 _TICK_S = 0.25
 
 
@@ -96,6 +98,20 @@ class RunOptions:
     max_restarts: int | None = None  # overrides restart.max_restarts
     preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
     detach: bool = False  # detach as soon as the first attempt has started (mscon run --detach)
+    straggler_factor: float = 1.3  # --straggler-factor: flag a rank this many times the others' step time
+    straggler_window: int = 20  # --straggler-window: over its last N steps
+    # After a failed attempt with no restart left: None ends the run (headless); a number of
+    # seconds (inf: while the console stays) keeps the agents and waits for the operator's r or q.
+    operator_wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunVerdict:
+    """How the run ended, as the summary and the exit code say it."""
+
+    status: JobState
+    exit_code: int
+    reason: str
 
 
 class _Tick:
@@ -156,26 +172,6 @@ class Inputs:
         return self._q.empty()
 
 
-@dataclass(slots=True)
-class Attempt:
-    number: int
-    started: float = field(default_factory=time.monotonic)
-    done: set[str] = field(default_factory=set)  # nodes whose processes have all exited (or are lost)
-    stop_sent_at: float | None = None
-    stop_cmd: StopJob | None = None
-    restart_requested: bool = False
-    forced: bool = False
-    workers_done_at: float | None = None
-    sched_stop_sent: bool = False
-    progress: dict[str, float] = field(default_factory=dict)  # rank -> monotonic time of last progress
-    inspected: set[str] = field(default_factory=set)
-    detached: bool = False
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop_sent_at is not None
-
-
 class Supervisor:
     def __init__(
         self,
@@ -200,12 +196,15 @@ class Supervisor:
         self.hang_timeout_s = inventory.hang.timeout_s
         self._inputs: Inputs | None = None
         self._early: list[Command] = []
-        self._att: Attempt | None = None
+        self.policy: RunPolicy | None = None  # from the first attempt on
+        self._later: list[Command] = []  # commands the policy takes once it runs
         self.session: ClusterSession | None = None
         self._stop_cmd: StopJob | None = None
         self.replicas = ReplicaWatch(inventory.world_size)
+        self.stragglers = StragglerWatch(
+            StragglerPolicy(self.options.straggler_factor, self.options.straggler_window), self.state
+        )
         self._sched = ""
-        self._restarts_used = 0
         self.detached = False
 
     # ------------------------------------------------------------ commands and events
@@ -230,7 +229,8 @@ class Supervisor:
 
     @property
     def attempt_no(self) -> int:
-        return self._att.number if self._att else 0
+        att = self.state.attempt
+        return att.number if att is not None else 0
 
     # ------------------------------------------------------------ the run
 
@@ -262,12 +262,14 @@ class Supervisor:
             launches=self.options.preflight is None or not self.options.preflight.options.checks_only,
         )
         ticker = asyncio.get_running_loop().create_task(self._ticker(), name="ticker")
-        status, code, reason = JobState.ERROR, exit_codes.INTERNAL, "internal error"
+        verdict = RunVerdict(JobState.ERROR, exit_codes.INTERNAL, "internal error")
         try:
-            status, code, reason = await self._run(session)
+            verdict = await self._run(session)
         except Exception as exc:  # a bug: one line for the user, the traceback in the run folder
-            reason = (
-                f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)"
+            verdict = RunVerdict(
+                JobState.ERROR,
+                exit_codes.INTERNAL,
+                f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)",
             )
             self._save_traceback()
         finally:
@@ -278,7 +280,7 @@ class Supervisor:
                 await session.close(self.inv.stop.grace_s)
                 await session.fetch_logs(self.logs_dir)
             await session.disconnect()
-        result = self._result(status, code, reason, time.monotonic() - t0)
+        result = self._result(verdict, time.monotonic() - t0)
         self._write_summary(result)
         self.emit(RunFinished(self.attempt_no, result))
         await self.bus.close()
@@ -296,69 +298,36 @@ class Supervisor:
                 last_ping = time.monotonic()
                 await self.session.ping()
 
-    async def _run(self, session: ClusterSession) -> tuple[JobState, int, str]:
+    async def _run(self, session: ClusterSession) -> RunVerdict:
         errors = await self._unless_stopped(session.open())
         if self._stop_cmd is not None:
-            return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
+            return self._interrupted()
         if errors:
             if self.options.preflight is not None:
                 self.options.preflight.unreachable(self, session)
-            return JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
+            return RunVerdict(JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors))
         found = await self._unless_stopped(self._scheduler_address(session))
         if found is None or self._stop_cmd is not None:
-            stop = self._stop_cmd or StopJob()
-            return JobState.INTERRUPTED, stop.exit_code, stop.reason
+            return self._interrupted()
         sched, error, code = found
         if sched is None:
-            return JobState.FAILED, code, error
+            return RunVerdict(JobState.FAILED, code, error)
         self._sched = sched
         if self.options.preflight is not None:
             verdict = await self._unless_stopped(self.options.preflight.run(self, session, sched))
             if verdict is None or self._stop_cmd is not None:
-                stop = self._stop_cmd or StopJob()
-                return JobState.INTERRUPTED, stop.exit_code, stop.reason
+                return self._interrupted()
             if not verdict.proceed:
-                return verdict.status, verdict.exit_code, verdict.reason
-        number, restarts_used = 0, 0
-        while True:
-            outcome = await self._attempt(session, number, sched)
-            if outcome is AttemptOutcome.DETACHED:
-                return (
-                    JobState.DETACHED,
-                    exit_codes.OK,
-                    f"detached: the run goes on (mscon attach {self.run_id})",
-                )
-            if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.INTERRUPTED):
-                break
-            if outcome is AttemptOutcome.FAILED:
-                if restarts_used >= self.max_restarts:
-                    break
-                restarts_used += 1
-                self._restarts_used = restarts_used
-            why = (
-                "restart requested"
-                if outcome is AttemptOutcome.RESTART_REQUESTED
-                else f"attempt {number} failed: {describe(self.state.root_cause())}"
-            )
-            if self._is_trainer() and self.max_restarts == 0 and "--checkpoint-dir" not in self.args:
-                why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
-            self.emit(Restarting(number + 1, why, self.backoff_s, self.max_restarts - restarts_used))
-            await self._unless_stopped(asyncio.sleep(self.backoff_s), restart_cuts=True)
-            for name in [n for n, link in session.links.items() if not link.open]:
-                if self._stop_cmd is None:
-                    error = await self._unless_stopped(session.reopen(name))
-                    if error:
-                        return JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}"
-            if self._stop_cmd is not None:
-                break
-            number += 1
-        return self._verdict()
+                return RunVerdict(verdict.status, verdict.exit_code, verdict.reason)
+        return await self._drive(session)
 
-    async def _unless_stopped(
-        self, aw: Awaitable[T], limit_s: float | None = None, restart_cuts: bool = False
-    ) -> T | None:
-        """Await ``aw`` while serving the input queue; None when a StopJob (or ``limit_s``, or with
-        ``restart_cuts`` a RestartGroup: the operator's `r` during a backoff) came first."""
+    def _interrupted(self) -> RunVerdict:
+        stop = self._stop_cmd or StopJob()
+        return RunVerdict(JobState.INTERRUPTED, stop.exit_code, stop.reason)
+
+    async def _unless_stopped(self, aw: Awaitable[T], limit_s: float | None = None) -> T | None:
+        """Await ``aw`` (connecting, resolving, preflight, reopening a node) while serving the input
+        queue; None when a StopJob (or ``limit_s``) came first. Attempts are driven by ``_drive``."""
         assert self._inputs is not None
         task = asyncio.ensure_future(aw)
         deadline = None if limit_s is None else time.monotonic() + limit_s
@@ -371,7 +340,7 @@ class Supervisor:
                 with contextlib.suppress(asyncio.CancelledError):
                     await getter
                 if not getter.cancelled():  # it got an item while being cancelled: keep it
-                    self._requeue(getter.result())
+                    self._inputs.put_nowait(getter.result())
                 if not task.done():  # timed out
                     break
                 continue
@@ -380,10 +349,10 @@ class Supervisor:
                 self._inputs.tick_pending = False
             elif isinstance(item, DetachRun):
                 self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
-            elif isinstance(item, _Alarm):
-                pass  # between attempts: its message follows and is taken in below
-            elif isinstance(item, StopJob) or (isinstance(item, RestartGroup) and restart_cuts):
+            elif isinstance(item, StopJob):
                 break
+            elif isinstance(item, RestartGroup):
+                self._later.append(item)  # for the policy, once it runs (a restart during a reopen)
             elif isinstance(item, tuple):
                 node, msg = item
                 if msg is None:
@@ -403,10 +372,6 @@ class Supervisor:
 
     def _link_error(self, node: str) -> str:
         return self.session.links[node].error if self.session is not None else ""
-
-    def _requeue(self, item: Input) -> None:
-        assert self._inputs is not None
-        self._inputs.put_nowait(item)
 
     # ------------------------------------------------------------ the scheduler's address
 
@@ -440,11 +405,10 @@ class Supervisor:
             exit_codes.USAGE if self.inv.scheduler.host or first.address else exit_codes.UNREACHABLE,
         )
 
-    # ------------------------------------------------------------ one attempt
+    # ------------------------------------------------------------ attempts, driven by the policy
 
     def _watchdog_s(self) -> float:
-        """How long an agent waits for word from us before it stops its ranks: a few pings missed."""
-        return max(5.0, 3 * self.inv.ssh.keepalive_s + 2)
+        return policy_mod.watchdog_s(self.inv.ssh.keepalive_s)
 
     def _is_trainer(self) -> bool:
         return PurePosixPath(self.script.replace("\\", "/")).parts[-2:] == ("trainer", "train.py")
@@ -454,7 +418,7 @@ class Supervisor:
         argv = spec.argv
         if self._is_trainer():
             # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
-            if self.max_restarts > 0 and "--checkpoint-dir" not in argv:
+            if self._checkpoints() and "--checkpoint-dir" not in argv:
                 assert self.session is not None
                 argv += ("--checkpoint-dir", f"{self.session.run_dir(node)}/checkpoints")
             if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
@@ -463,45 +427,193 @@ class Supervisor:
             argv += self.inv.job.resume_args
         return argv
 
-    async def _attempt(self, session: ClusterSession, number: int, sched: str) -> AttemptOutcome:
+    def _checkpoints(self) -> bool:
+        """Whether the trainer keeps checkpoints: only when a restart may come (a budget, or an
+        operator who may press r after a failure)."""
+        return self.max_restarts > 0 or self.options.operator_wait_s is not None
+
+    def _policy_config(self) -> policy_mod.PolicyConfig:
+        return policy_mod.PolicyConfig(
+            nodes=tuple(p.node.name for p in self.plans),
+            workers={s.name: p.node.name for p in self.plans for s in p.procs if not s.is_scheduler},
+            max_restarts=self.max_restarts,
+            backoff_s=self.backoff_s,
+            grace_s=self.inv.stop.grace_s,
+            hang_timeout_s=self.hang_timeout_s,
+            can_reconnect=True,
+            operator_wait_s=self.options.operator_wait_s,
+        )
+
+    async def _drive(self, session: ClusterSession) -> RunVerdict:
+        """Feed the policy what happens and carry out what it decides, until it ends the run."""
         assert self._inputs is not None
-        att = self._att = Attempt(number)
+        policy = self.policy = RunPolicy(self._policy_config())
+        pending: deque[policy_mod.Action] = deque(policy.step(policy_mod.Begin(time.monotonic())))
+        for cmd in self._later:
+            self._inputs.put_nowait(cmd)
+        self._later.clear()
+        while True:
+            while pending:
+                act = pending.popleft()
+                if isinstance(act, policy_mod.EndRun):
+                    return self._final(act.verdict)
+                done = await self._carry_out(session, act)
+                if isinstance(done, RunVerdict):
+                    return done
+                for ev in done:
+                    pending.extend(policy.step(ev))
+            if self.detached:
+                return RunVerdict(
+                    JobState.DETACHED,
+                    exit_codes.OK,
+                    f"detached: the run goes on (mscon attach {self.run_id})",
+                )
+            item = await self._inputs.get()
+            for ev in await self._take(session, item):
+                pending.extend(policy.step(ev))
+
+    async def _take(self, session: ClusterSession, item: Input) -> list[policy_mod.Input]:
+        """One input as the policy's events (and the console's own events on the way)."""
+        assert self.policy is not None and self._inputs is not None
+        now = time.monotonic()
+        if isinstance(item, _Tick):
+            self._inputs.tick_pending = False
+            return [policy_mod.Tick(now)]
+        if isinstance(item, StopJob):
+            return [policy_mod.StopRequested(item.reason, item.exit_code, now)]
+        if isinstance(item, RestartGroup):
+            if self.policy.phase is Phase.STOPPING and self.policy.att.stop_cause is not StopCause.FAILURE:
+                self.emit(Notice(self.attempt_no, "cannot restart now: the run is stopping"))
+            return [policy_mod.RestartRequested(item.reason, now)]
+        if isinstance(item, DetachRun):
+            await self._detach_now(session)
+            return []
+        if isinstance(item, _Alarm):
+            return self._policy(item.node, item.msg, now)
+        node, msg = item
+        if msg is None:
+            error = self._link_error(node)
+            self.emit(NodeUpdate(self.attempt_no, node, NodeState.LOST, error, time.time_ns()))
+            return [policy_mod.NodeLost(node, error, now)]
+        self.emit(AgentEvent(self.attempt_no, msg))
+        return self._policy(node, msg, now)
+
+    def _policy(self, node: str, msg: Message, now: float) -> list[policy_mod.Input]:
+        """An agent's message as the policy's event; progress and replica checks on the way."""
+        assert self.policy is not None
+        if isinstance(msg, LogBatch):
+            self.policy.progress(msg.name, now)
+        elif isinstance(msg, ProcStarted):
+            return [policy_mod.RankStarted(node, msg.name, now)]
+        elif isinstance(msg, Metric | MetricBatch):
+            self.policy.progress(msg.name, now)
+            for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
+                if m.checksum is not None:
+                    divergence = self.replicas.observe(m.name, m.step, m.checksum)
+                    if divergence is not None:
+                        self.emit(divergence)
+            for ev in self.stragglers.observe(self.attempt_no, msg):
+                self.emit(ev)
+        elif isinstance(msg, ProcExited):
+            return [
+                policy_mod.RankExited(
+                    node,
+                    msg.name,
+                    msg.rank != SCHEDULER_RANK,
+                    msg.ok,
+                    msg.stopped_by_agent,
+                    msg.signal or f"exit code {msg.exitcode}",
+                    now,
+                )
+            ]
+        elif isinstance(msg, ProcHung):
+            return [policy_mod.RankHung(node, msg.name, msg.why, now)]
+        elif isinstance(msg, AgentError):
+            return [policy_mod.AgentFailed(node, msg.message, now)]
+        elif isinstance(msg, AllExited):
+            return [policy_mod.NodeDone(node, now)]
+        return []
+
+    async def _carry_out(
+        self, session: ClusterSession, act: policy_mod.Action
+    ) -> list[policy_mod.Input] | RunVerdict:
+        """One decision of the policy, done; what it brought back (a node lost on the way)."""
+        assert self.policy is not None
+        number = self.attempt_no  # the policy may be a step ahead (the actions of one step in a row)
+        if isinstance(act, policy_mod.StartAttempt):
+            return await self._start_attempt(session, act.attempt)
+        if isinstance(act, policy_mod.StopAll):
+            if act.announce:
+                self.emit(Stopping(number, act.reason, act.trigger))
+            await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
+        elif isinstance(act, policy_mod.StopScheduler):
+            await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
+        elif isinstance(act, policy_mod.Inspect):
+            await session.send(act.node, Inspect(names=act.names, reason=act.reason))
+        elif isinstance(act, policy_mod.CutOff):
+            for name in act.nodes:
+                await session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it
+                self.emit(NodeUpdate(number, name, NodeState.LOST, act.why, time.time_ns()))
+        elif isinstance(act, policy_mod.Force):
+            await session.abort()
+        elif isinstance(act, policy_mod.AttemptOver):
+            root = self.state.root_cause() if act.outcome is Outcome.FAILED else None
+            reason = {
+                Outcome.SUCCEEDED: "all ranks finished",
+                Outcome.INTERRUPTED: act.reason,
+                Outcome.RESTART_REQUESTED: "restart requested",
+            }.get(act.outcome) or describe(root)
+            self.emit(AttemptEnded(act.attempt, act.outcome, reason, root, time.time_ns()))
+        elif isinstance(act, policy_mod.Restarting):
+            why = act.why
+            last = self.state.attempt
+            if last is not None and last.outcome is Outcome.FAILED:
+                why = f"{why}: {describe(self.state.root_cause())}"
+            if self._is_trainer() and not self._checkpoints() and "--checkpoint-dir" not in self.args:
+                why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
+            self.emit(Restarting(act.attempt, why, act.backoff_s, act.restarts_left))
+        elif isinstance(act, policy_mod.AwaitOperator):
+            self.emit(
+                AwaitingOperator(
+                    act.attempt,
+                    f"attempt {act.attempt} failed: {describe(self.state.root_cause())}",
+                    act.wait_s,
+                )
+            )
+        return []
+
+    async def _start_attempt(
+        self, session: ClusterSession, number: int
+    ) -> list[policy_mod.Input] | RunVerdict:
+        assert self._inputs is not None
+        if number > 0:
+            for name in [n for n, link in session.links.items() if not link.open]:
+                if self._stop_cmd is None:
+                    error = await self._unless_stopped(session.reopen(name))
+                    if error:
+                        return RunVerdict(JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}")
+            if self._stop_cmd is not None:
+                return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
         session.attempt = number
         self.replicas = ReplicaWatch(self.inv.world_size, number)
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
-        self.emit(AttemptStarted(number, refs, sched, self.inv.scheduler.port, time.time_ns()))
+        self.emit(AttemptStarted(number, refs, self._sched, self.inv.scheduler.port, time.time_ns()))
+        lost: list[policy_mod.Input] = []
 
         async def start(plan_index: int) -> None:
             name = self.plans[plan_index].node.name
             link = session.links[name]
-            msg = self._start_msg(session, plan_index, number, sched)
+            msg = self._start_msg(session, plan_index, number, self._sched)
             if await session.send(name, msg):
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
             elif not link.open:  # lost before its ranks could start
-                await self._node_lost(att, name)
+                self.emit(NodeUpdate(number, name, NodeState.LOST, link.error, time.time_ns()))
+                lost.append(policy_mod.NodeLost(name, link.error, time.monotonic()))
 
         await asyncio.gather(*(start(i) for i in range(len(self.plans))))
         if self.options.detach and number == 0:
             self._inputs.put_nowait(DetachRun("--detach"))
-        while len(att.done) < len(self.plans) and not att.forced and not att.detached:
-            item = await self._inputs.get()
-            await self._handle(att, item)
-        if att.detached:
-            await self._let_go(session, att)
-            return AttemptOutcome.DETACHED
-        if att.forced:
-            await session.abort()
-        if att.stop_cmd is not None:
-            outcome, reason = AttemptOutcome.INTERRUPTED, att.stop_cmd.reason
-        elif att.restart_requested:
-            outcome, reason = AttemptOutcome.RESTART_REQUESTED, "restart requested"
-        elif self.state.workers_succeeded():
-            outcome, reason = AttemptOutcome.SUCCEEDED, "all ranks finished"
-        else:
-            outcome, reason = AttemptOutcome.FAILED, describe(self.state.root_cause())
-        root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
-        self.emit(AttemptEnded(number, outcome, reason, root, time.time_ns()))
-        return outcome
+        return lost
 
     def _start_msg(self, session: ClusterSession, plan_index: int, number: int, sched: str) -> Start:
         plan = self.plans[plan_index]
@@ -525,21 +637,32 @@ class Supervisor:
 
     # ------------------------------------------------------------ detach
 
-    async def _detach(self, att: Attempt) -> str | None:
+    async def _detach_now(self, session: ClusterSession) -> None:
+        error = await self._detach()
+        if error is None:
+            self.detached = True
+            await self._let_go(session)
+        else:
+            self.emit(Notice(self.attempt_no, f"cannot detach: {error}; the run stays attached"))
+
+    async def _detach(self) -> str | None:
         """Hand the run to the nodes: node 0's agent coordinates, the others follow it; the error
         (the run then stays attached, nothing changed) or None."""
         session = self.session
         assert session is not None
-        if att.stopping:
-            return "the run is stopping"
-        down = [n for n, link in session.links.items() if not link.open or n in att.done]
+        policy = self.policy
+        assert policy is not None
+        if policy.phase is not Phase.RUNNING:
+            return "the run is stopping" if policy.phase is Phase.STOPPING else "no attempt is running"
+        down = [n for n, link in session.links.items() if not link.open or n in policy.att.done]
         if down:
             return f"{down[0]} has no running agent"
         names = [p.node.name for p in self.plans]
         secret = secrets.token_hex(32)
         console = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
         next_starts = tuple(
-            self._start_msg(session, i, att.number + 1, self._sched).to_dict() for i in range(len(self.plans))
+            self._start_msg(session, i, policy.attempt + 1, self._sched).to_dict()
+            for i in range(len(self.plans))
         )
         wait_s = 15.0
         lead = await session.request(
@@ -548,7 +671,7 @@ class Supervisor:
                 role=Role.COORDINATOR,
                 secret=secret,
                 nodes=tuple(names),
-                restarts_left=max(0, self.max_restarts - self._restarts_used),
+                restarts_left=policy.restarts_left,
                 backoff_s=self.backoff_s,
                 hang_timeout_s=self.hang_timeout_s,
                 next_starts=next_starts,
@@ -581,7 +704,7 @@ class Supervisor:
             return "; ".join(errors)
         return None
 
-    async def _let_go(self, session: ClusterSession, att: Attempt) -> None:
+    async def _let_go(self, session: ClusterSession) -> None:
         """Close our channels and take in what they delivered before closing (the lines we print
         are the lines a later attach does not replay)."""
         await session.release()
@@ -589,7 +712,7 @@ class Supervisor:
         while not self._inputs.empty():
             item = self._inputs.get_nowait()
             if isinstance(item, tuple) and item[1] is not None:
-                self.emit(AgentEvent(att.number, item[1]))
+                self.emit(AgentEvent(self.attempt_no, item[1]))
 
     def _record_detach(self) -> None:
         att = self.state.attempt
@@ -605,146 +728,30 @@ class Supervisor:
         with contextlib.suppress(OSError):
             write_record(self.logs_dir, record)
 
-    async def _handle(self, att: Attempt, item: Input) -> None:
-        if isinstance(item, DetachRun):
-            error = await self._detach(att)
-            if error is None:
-                att.detached = self.detached = True
-            else:
-                self.emit(Notice(att.number, f"cannot detach: {error}; the run stays attached"))
-        elif isinstance(item, StopJob):
-            if att.stop_cmd is not None or self._stop_cmd is not item:
-                att.forced = True  # a second Ctrl-C: cut the channels, the agents kill their ranks
-                return
-            att.stop_cmd = item
-            await self._begin_stop(item.reason)
-        elif isinstance(item, RestartGroup):
-            if not att.stopping:
-                att.restart_requested = True
-                await self._begin_stop(
-                    f"{item.reason}: the whole group restarts (a rank cannot rejoin a running collective)"
-                )
-        elif isinstance(item, _Tick):
-            assert self._inputs is not None
-            self._inputs.tick_pending = False
-            await self._timers(att)
-        elif isinstance(item, _Alarm):
-            await self._failure_stop(att, item.msg)
-        else:
-            node, msg = item
-            if msg is None:
-                await self._node_lost(att, node)
-            else:
-                self.emit(AgentEvent(att.number, msg))
-                await self._policy(att, node, msg)
-
-    async def _failure_stop(self, att: Attempt, msg: ProcExited | ProcHung) -> None:
-        if att.stopping:
-            return
-        if isinstance(msg, ProcExited):
-            what = msg.signal or f"exit code {msg.exitcode}"
-            await self._begin_stop(f"{msg.name} on {msg.node} failed ({what})", trigger=msg.name)
-        else:
-            await self._begin_stop(f"{msg.name} on {msg.node} is hung ({msg.why})", trigger=msg.name)
-
-    async def _node_lost(self, att: Attempt, node: str) -> None:
-        assert self.session is not None
-        error = self.session.links[node].error
-        self.emit(NodeUpdate(att.number, node, NodeState.LOST, error, time.time_ns()))
-        was_done = node in att.done
-        att.done.add(node)
-        if not att.stopping and not was_done:
-            await self._begin_stop(f"lost the node {node}: {error}", trigger=node)
-
-    async def _policy(self, att: Attempt, node: str, msg: Message) -> None:
-        now = time.monotonic()
-        if isinstance(msg, LogBatch | ProcStarted):
-            att.progress[msg.name] = now
-        elif isinstance(msg, Metric | MetricBatch):
-            att.progress[msg.name] = now
-            for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
-                if m.checksum is not None:
-                    divergence = self.replicas.observe(m.name, m.step, m.checksum)
-                    if divergence is not None:
-                        self.emit(divergence)
-        elif isinstance(msg, ProcExited):
-            if _alarming(msg):
-                await self._failure_stop(att, msg)  # done already where its alarm came first
-            if att.workers_done_at is None and self.state.workers_succeeded():
-                att.workers_done_at = now
-        elif isinstance(msg, ProcHung):
-            await self._failure_stop(att, msg)
-        elif isinstance(msg, AgentError):
-            cur = self.state.attempt
-            if (
-                cur is not None
-                and any(f.kind is FailureKind.AGENT for f in cur.failures)
-                and not att.stopping
-            ):
-                await self._begin_stop(f"{node}: {msg.message}", trigger=node)
-        elif isinstance(msg, AllExited):
-            att.done.add(node)
-
-    async def _timers(self, att: Attempt) -> None:
-        assert self.session is not None
-        now = time.monotonic()
-        if att.stop_sent_at is not None and now - att.stop_sent_at > self.inv.stop.grace_s + _STOP_CONFIRM_S:
-            for name in [p.node.name for p in self.plans if p.node.name not in att.done]:
-                att.done.add(name)
-                await self.session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it
-                self.emit(
-                    NodeUpdate(
-                        att.number, name, NodeState.LOST, "did not confirm the stop in time", time.time_ns()
-                    )
-                )
-        if att.workers_done_at is not None and not att.sched_stop_sent:
-            if now - att.workers_done_at > _SCHEDULER_LINGER_S:
-                att.sched_stop_sent = True
-                await self.session.broadcast(
-                    Stop(reason="scheduler outlived the workers", grace_s=self.inv.stop.grace_s)
-                )
-        if not att.stopping:
-            await self._check_hangs(att, now)
-
-    async def _check_hangs(self, att: Attempt, now: float) -> None:
-        """Ask for the state and stack of every rank silent for hang.timeout_s (answered by ProcHung)."""
-        assert self.session is not None
-        silent: dict[str, list[str]] = {}
-        for r in self.state.workers():
-            if not r.state.live or r.name in att.inspected or r.exited is not None:
-                continue
-            if now - att.progress.get(r.name, att.started) > self.hang_timeout_s:
-                silent.setdefault(r.node, []).append(r.name)
-        for node, names in silent.items():
-            att.inspected.update(names)
-            reason = f"no progress for {self.hang_timeout_s:g} s"
-            await self.session.send(node, Inspect(names=tuple(names), reason=reason))
-
-    async def _begin_stop(self, reason: str, trigger: str | None = None) -> None:
-        assert self.session is not None and self._att is not None
-        att = self._att
-        if att.stop_sent_at is None:
-            att.stop_sent_at = time.monotonic()
-            self.emit(Stopping(att.number, reason, trigger))
-        await self.session.broadcast(Stop(reason=reason, grace_s=self.inv.stop.grace_s))
-
     # ------------------------------------------------------------ verdict and summary
 
-    def _verdict(self) -> tuple[JobState, int, str]:
-        if self._stop_cmd is not None:
-            return JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason
-        att = self.state.attempt
+    def _final(self, v: Verdict) -> RunVerdict:
+        """The policy's verdict in the summary's words: a failure's code and reason are its root cause's."""
+        if v.status is Status.INTERRUPTED:
+            return RunVerdict(JobState.INTERRUPTED, v.exit_code or exit_codes.INTERRUPTED, v.reason or "")
+        if v.status is Status.SUCCEEDED:
+            return RunVerdict(JobState.SUCCEEDED, exit_codes.OK, v.reason or "all ranks finished")
         restarts = len(self.state.attempts) - 1
-        after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts else ""
-        if att is not None and att.outcome is AttemptOutcome.SUCCEEDED:
-            return JobState.SUCCEEDED, exit_codes.OK, "all ranks finished" + after
+        after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts > 0 else ""
         root = self.state.root_cause()
+        code = (
+            v.exit_code if v.exit_code is not None else root.code if root is not None else exit_codes.INTERNAL
+        )
+        if v.reason is not None:
+            return RunVerdict(JobState.FAILED, code, v.reason)
         if root is not None:
-            return JobState.FAILED, root.code, describe(root) + after
-        return JobState.FAILED, exit_codes.INTERNAL, "ranks ended without a result" + after
+            return RunVerdict(JobState.FAILED, code, describe(root) + after)
+        return RunVerdict(JobState.FAILED, code, "ranks ended without a result" + after)
 
-    def _result(self, status: JobState, code: int, reason: str, wall_s: float) -> RunResult:
-        return run_result(self.state, self.run_id, self.logs_dir, status, code, reason, wall_s, self.bus)
+    def _result(self, v: RunVerdict, wall_s: float) -> RunResult:
+        return run_result(
+            self.state, self.run_id, self.logs_dir, v.status, v.exit_code, v.reason, wall_s, self.bus
+        )
 
     def _save_traceback(self) -> None:
         with contextlib.suppress(OSError):

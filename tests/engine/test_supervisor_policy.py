@@ -33,6 +33,7 @@ from fake_agent import (
     Stopped,
     all_exit,
 )
+from mscon.agent import policy as policy_mod
 from mscon.agent.protocol import (
     PROTOCOL_VERSION,
     Inspect,
@@ -85,7 +86,7 @@ PRODUCTION_TICK_S = supervisor_mod._TICK_S
 def _fast_timers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scheduler that outlives its workers is stopped after 0.2 s instead of 5 s, and the
     supervisor's timers tick every 50 ms (the hang test keeps the production tick)."""
-    monkeypatch.setattr(supervisor_mod, "_SCHEDULER_LINGER_S", 0.2)
+    monkeypatch.setattr(policy_mod, "SCHEDULER_LINGER_S", 0.2)
     monkeypatch.setattr(supervisor_mod, "_TICK_S", 0.05)
 
 
@@ -834,7 +835,7 @@ def test_floats_round_trip_exactly() -> None:
 async def test_node_that_never_confirms_its_stop_is_cut_off_and_reopened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(supervisor_mod, "_STOP_CONFIRM_S", 0.05)
+    monkeypatch.setattr(policy_mod, "STOP_CONFIRM_S", 0.05)
     inv = make_inventory(tmp_path)
     inv = dataclasses.replace(inv, stop=dataclasses.replace(inv.stop, grace_s=0.1))
 

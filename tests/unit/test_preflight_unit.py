@@ -21,6 +21,7 @@ from conftest import REPO, TESTS
 
 sys.path.insert(0, str(TESTS / "engine"))
 from fake_agent import FakeChannel, FakeCluster, FakeTransport, NodeConfig, all_exit  # noqa: E402
+from mscon.agent import policy as policy_mod  # noqa: E402
 from mscon.agent.protocol import (  # noqa: E402
     CheckResult,
     ChecksDone,
@@ -472,7 +473,7 @@ async def _run(
 
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(supervisor_mod, "_SCHEDULER_LINGER_S", 0.2)
+    monkeypatch.setattr(policy_mod, "SCHEDULER_LINGER_S", 0.2)
     monkeypatch.setattr(supervisor_mod, "_TICK_S", 0.05)
 
 

@@ -1,0 +1,546 @@
+"""The run's policy: one state machine, driven by the console's supervisor and by a detached run's
+node-0 coordinator alike.
+
+Pure: no I/O and no clock of its own (every input carries ``now``, monotonic seconds), stdlib
+only, Python 3.8, so the agent carries it to the nodes. A host turns what it hears (agent
+messages, operator commands, ticks) into the events below, calls ``RunPolicy.step`` and carries
+out the actions it returns, in order. Neither host decides anything itself:
+
+- a rank fails, hangs, or a node is lost or cannot start its processes: stop every node;
+- every node has stopped: restart the group after the backoff while the budget lasts (an
+  operator's restart does not use it); with no budget left, an interactive run waits for the
+  operator (``r`` restarts, ``q`` ends with the failed attempt's verdict), a headless one ends;
+- every worker succeeded: the scheduler gets ``SCHEDULER_LINGER_S`` to exit, then it is stopped;
+- a node that has not confirmed a stop within grace + ``STOP_CONFIRM_S`` is cut off;
+- a rank silent for the hang timeout is inspected (the agent answers with a hang report).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
+STOP_CONFIRM_S = 15.0  # beyond the grace period: a node that has not confirmed its stop is cut off
+WATCHDOG_FLOOR_S = 5.0
+DEFAULT_GRACE_S = 3.0  # SIGTERM -> SIGKILL, when neither the inventory nor a message says
+DETACHED_OPERATOR_WAIT_S = 900.0  # a detached run that failed with no budget waits this long for `r`
+
+
+def watchdog_s(keepalive_s: float) -> float:
+    """How long an agent waits for word from its console (or coordinator) before it stops its
+    ranks: a few keepalives missed."""
+    return max(WATCHDOG_FLOOR_S, 3 * keepalive_s + 2)
+
+
+def silent_too_long(last_progress: float, now: float, timeout_s: float) -> bool:
+    """The hang rule, on whichever clock the caller keeps (both arguments on the same one)."""
+    return timeout_s > 0 and now - last_progress > timeout_s
+
+
+class _Str(str, enum.Enum):
+    def __str__(self) -> str:  # the value, as StrEnum prints (the agent's Python may be 3.8)
+        return str(self.value)
+
+
+class Phase(_Str):
+    IDLE = "idle"  # before the first attempt
+    RUNNING = "running"
+    STOPPING = "stopping"  # a stop went out; waiting for every node to be done
+    BACKOFF = "backoff"  # between attempts: the next one starts at ``restart_at``
+    AWAITING_OPERATOR = "awaiting operator"  # failed, no budget left, ranks stopped: r or q
+    ENDED = "ended"
+
+
+class Outcome(_Str):
+    """How one attempt ended: the same words on the wire, in the journal, the events and the summary."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RESTART_REQUESTED = "restart requested"  # by the operator: does not use up the restart budget
+    DETACHED = "detached"  # the console left; the run goes on under its node-0 coordinator
+
+
+class Status(_Str):
+    """How the run ended (the final values of the console's JobState, and state.json's status)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    DETACHED = "detached"
+
+
+class StopCause(_Str):
+    FAILURE = "failure"
+    OPERATOR = "operator"  # stop requested: the run ends
+    RESTART = "restart"  # restart requested: the group goes again
+
+
+# ------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Begin:
+    now: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    node: str
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
+class RankExited:
+    node: str
+    name: str
+    worker: bool
+    ok: bool
+    stopped_by_agent: bool  # a victim of our own stop: not a failure
+    detail: str  # "exit code 7", "SIGKILL"
+    now: float
+
+
+@dataclass(frozen=True)
+class RankHung:
+    node: str
+    name: str
+    why: str
+    now: float
+
+
+@dataclass(frozen=True)
+class AgentFailed:
+    node: str
+    message: str
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeDone:
+    """Every process of the node's current attempt has exited."""
+
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: str
+    why: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    reason: str
+    exit_code: int
+    now: float
+
+
+@dataclass(frozen=True)
+class RestartRequested:
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
+    Begin,
+    RankStarted,
+    RankExited,
+    RankHung,
+    AgentFailed,
+    NodeDone,
+    NodeLost,
+    StopRequested,
+    RestartRequested,
+    Tick,
+]
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True)
+class StartAttempt:
+    attempt: int
+
+
+@dataclass(frozen=True)
+class StopAll:
+    reason: str
+    trigger: str | None  # the process (or node) that caused it; None for the operator's
+    announce: bool  # the attempt's first stop (hosts announce it once; later ones only re-send)
+
+
+@dataclass(frozen=True)
+class StopScheduler:
+    reason: str = "scheduler outlived the workers"
+
+
+@dataclass(frozen=True)
+class Inspect:
+    node: str
+    names: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """These nodes did not confirm the stop in time: drop them (their agents stop their ranks)."""
+
+    nodes: tuple[str, ...]
+    why: str = "did not confirm the stop in time"
+
+
+@dataclass(frozen=True)
+class Force:
+    """A second stop request: stop waiting for the agents."""
+
+
+@dataclass(frozen=True)
+class AttemptOver:
+    attempt: int
+    outcome: Outcome
+    reason: str = ""  # the operator's, for an interrupted attempt
+
+
+@dataclass(frozen=True)
+class Restarting:
+    attempt: int  # the attempt that comes next
+    why: str
+    backoff_s: float
+    restarts_left: int
+
+
+@dataclass(frozen=True)
+class AwaitOperator:
+    attempt: int  # the failed attempt
+    wait_s: float | None  # None: for as long as the console stays
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the run ended. ``exit_code``/``reason`` None: the failed attempt's root cause's (the host
+    computes root causes; the policy never reads a log)."""
+
+    status: Status
+    reason: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class EndRun:
+    verdict: Verdict
+
+
+Action = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
+    StartAttempt,
+    StopAll,
+    StopScheduler,
+    Inspect,
+    CutOff,
+    Force,
+    AttemptOver,
+    Restarting,
+    AwaitOperator,
+    EndRun,
+]
+
+
+# ------------------------------------------------------------------ the machine
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    nodes: tuple[str, ...]
+    workers: dict[str, str]  # worker (rank) name -> its node; the scheduler is not a worker
+    max_restarts: int = 0
+    backoff_s: float = 0.0
+    grace_s: float = DEFAULT_GRACE_S
+    hang_timeout_s: float = 0.0  # 0: the host asks for no inspections (a detached agent checks itself)
+    can_reconnect: bool = True  # False on a detached coordinator: a lost node ends the run
+    operator_wait_s: float | None = None  # None: no operator to wait for; inf: wait while it stays
+
+
+@dataclass
+class _Attempt:
+    number: int
+    started: float
+    done: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
+    started_nodes: set[str] = field(default_factory=set)
+    live: set[str] = field(default_factory=set)  # workers started and not exited
+    ok_workers: set[str] = field(default_factory=set)
+    failed: bool = False
+    stop_cause: StopCause | None = None
+    stop_sent_at: float | None = None
+    stop_code: int = 0
+    stop_reason: str = ""
+    restart_after: bool = False  # the operator asked for a restart while a failure stop ran
+    workers_done_at: float | None = None
+    sched_stopped: bool = False
+    progress: dict[str, float] = field(default_factory=dict)
+    inspected: set[str] = field(default_factory=set)
+
+
+class RunPolicy:
+    def __init__(self, config: PolicyConfig, restarts_left: int | None = None) -> None:
+        self.config = config
+        self.phase = Phase.IDLE
+        self.restarts_left = config.max_restarts if restarts_left is None else restarts_left
+        self.att = _Attempt(-1, 0.0)
+        self.restart_at: float | None = None
+        self.wait_until: float | None = None
+        self._workers: frozenset[str] = frozenset(config.workers)
+        self._ending_verdict: Verdict | None = None
+
+    # ------------------------------------------------------------ host helpers
+
+    @property
+    def attempt(self) -> int:
+        return self.att.number
+
+    def resume(self, attempt: int, now: float) -> None:
+        """Take over an attempt already running (a detached run's coordinator)."""
+        self.att = _Attempt(attempt, now)
+        self.phase = Phase.RUNNING
+
+    def progress(self, name: str, now: float) -> None:
+        """A rank made progress (a log line, a metric): kept apart from ``step`` for its rate."""
+        self.att.progress[name] = now
+
+    # ------------------------------------------------------------ the dispatcher
+
+    def step(self, ev: Input) -> list[Action]:
+        out: list[Action] = []
+        if self.phase is Phase.ENDED:
+            return out
+        if isinstance(ev, Begin):
+            if self.phase is Phase.IDLE:
+                self._start(0, ev.now, out)
+        elif isinstance(ev, Tick):
+            self._tick(ev.now, out)
+        elif isinstance(ev, StopRequested):
+            self._stop_requested(ev, out)
+        elif isinstance(ev, RestartRequested):
+            self._restart_requested(ev, out)
+        elif isinstance(ev, NodeLost):
+            self._node_lost(ev, out)
+        elif self.phase in (Phase.RUNNING, Phase.STOPPING):
+            self._attempt_input(ev, out)
+        return out
+
+    def _attempt_input(self, ev: Input, out: list[Action]) -> None:
+        att = self.att
+        if isinstance(ev, RankStarted):
+            att.started_nodes.add(ev.node)
+            att.progress[ev.name] = ev.now
+            if ev.name in self._workers:
+                att.live.add(ev.name)
+        elif isinstance(ev, RankExited):
+            att.live.discard(ev.name)
+            if ev.ok:
+                if ev.worker:
+                    att.ok_workers.add(ev.name)
+                    if att.workers_done_at is None and self._workers <= att.ok_workers:
+                        att.workers_done_at = ev.now
+            elif not ev.stopped_by_agent:
+                att.failed = True
+                self._stop(
+                    StopCause.FAILURE,
+                    "%s on %s failed (%s)" % (ev.name, ev.node, ev.detail),
+                    ev.name,
+                    ev.now,
+                    out,
+                )
+        elif isinstance(ev, RankHung):
+            att.failed = True
+            self._stop(
+                StopCause.FAILURE, "%s on %s is hung (%s)" % (ev.name, ev.node, ev.why), ev.name, ev.now, out
+            )
+        elif isinstance(ev, AgentFailed):
+            if ev.node not in att.started_nodes:  # it could not even start its processes
+                att.failed = True
+                self._stop(StopCause.FAILURE, "%s: %s" % (ev.node, ev.message), ev.node, ev.now, out)
+        elif isinstance(ev, NodeDone):
+            att.done.add(ev.node)
+            self._maybe_over(ev.now, out)
+
+    # ------------------------------------------------------------ stops and restarts
+
+    def _stop(
+        self, cause: StopCause, reason: str, trigger: str | None, now: float, out: list[Action]
+    ) -> None:
+        att = self.att
+        if att.stop_cause is not None:
+            return
+        att.stop_cause = cause
+        att.stop_sent_at = now
+        att.stop_reason = reason
+        self.phase = Phase.STOPPING
+        out.append(StopAll(reason, trigger, announce=True))
+
+    def _stop_requested(self, ev: StopRequested, out: list[Action]) -> None:
+        att = self.att
+        if self.phase in (Phase.IDLE, Phase.BACKOFF):
+            self._end(Verdict(Status.INTERRUPTED, ev.reason, ev.exit_code), out)
+        elif self.phase is Phase.AWAITING_OPERATOR:
+            self._end(Verdict(Status.FAILED), out)  # q: the failed attempt's verdict stands
+        elif att.stop_cause is StopCause.OPERATOR:
+            out.append(Force())  # a second stop: stop waiting for the agents
+            out.append(AttemptOver(att.number, Outcome.INTERRUPTED, att.stop_reason))
+            self._end(Verdict(Status.INTERRUPTED, att.stop_reason, att.stop_code), out)
+        else:
+            first = att.stop_cause is None
+            att.stop_cause, att.stop_code, att.stop_reason = StopCause.OPERATOR, ev.exit_code, ev.reason
+            if first:
+                att.stop_sent_at = ev.now
+                self.phase = Phase.STOPPING
+            out.append(StopAll(ev.reason, None, announce=first))
+
+    def _restart_requested(self, ev: RestartRequested, out: list[Action]) -> None:
+        att = self.att
+        if self.phase is Phase.RUNNING:
+            att.stop_cause = None
+            self._stop(
+                StopCause.RESTART,
+                "%s: the whole group restarts (a rank cannot rejoin a running collective)" % ev.reason,
+                None,
+                ev.now,
+                out,
+            )
+        elif self.phase is Phase.STOPPING:
+            if att.stop_cause is StopCause.FAILURE:
+                att.restart_after = True  # once the failed attempt has stopped
+        elif self.phase is Phase.BACKOFF:
+            self.restart_at = ev.now  # cut the backoff short
+            self._tick(ev.now, out)
+        elif self.phase is Phase.AWAITING_OPERATOR:
+            if self.att.lost and not self.config.can_reconnect:
+                return
+            self._restart(
+                ev.now, "restart requested by the operator after attempt %d failed" % att.number, 0.0, out
+            )
+
+    def _node_lost(self, ev: NodeLost, out: list[Action]) -> None:
+        att = self.att
+        if self.phase not in (Phase.RUNNING, Phase.STOPPING, Phase.AWAITING_OPERATOR):
+            return
+        was_done = ev.node in att.done
+        att.lost.add(ev.node)
+        att.done.add(ev.node)
+        if self.phase is Phase.AWAITING_OPERATOR:
+            if not self.config.can_reconnect:
+                self._end(Verdict(Status.FAILED, self._lost_reason()), out)
+            return
+        if self.phase is Phase.RUNNING and not was_done:
+            att.failed = True
+            self._stop(StopCause.FAILURE, "lost the node %s: %s" % (ev.node, ev.why), ev.node, ev.now, out)
+        self._maybe_over(ev.now, out)
+
+    def _maybe_over(self, now: float, out: list[Action]) -> None:
+        att = self.att
+        if len(att.done) < len(self.config.nodes):
+            return
+        cause = att.stop_cause
+        # Every worker finished: a success, whatever the scheduler or a node did after.
+        succeeded = bool(self._workers) and self._workers <= att.ok_workers
+        if cause is StopCause.OPERATOR:
+            out.append(AttemptOver(att.number, Outcome.INTERRUPTED, att.stop_reason))
+            self._end(Verdict(Status.INTERRUPTED, att.stop_reason, att.stop_code), out)
+        elif cause is StopCause.RESTART:
+            out.append(AttemptOver(att.number, Outcome.RESTART_REQUESTED))
+            self._restart(now, "restart requested", self.config.backoff_s, out)
+        elif succeeded:
+            out.append(AttemptOver(att.number, Outcome.SUCCEEDED))
+            n = att.number
+            after = " (after %d restart%s)" % (n, "s" if n != 1 else "") if n else ""
+            self._end(Verdict(Status.SUCCEEDED, "all ranks finished" + after, 0), out)
+        else:
+            out.append(AttemptOver(att.number, Outcome.FAILED))
+            if att.lost and not self.config.can_reconnect:
+                self._end(Verdict(Status.FAILED, self._lost_reason()), out)
+            elif att.restart_after:
+                self._restart(
+                    now, "restart requested by the operator after attempt %d failed" % att.number, 0.0, out
+                )
+            elif self.restarts_left > 0:
+                self.restarts_left -= 1
+                self._restart(now, "attempt %d failed" % att.number, self.config.backoff_s, out)
+            elif self.config.operator_wait_s is not None and self.config.operator_wait_s > 0:
+                self.phase = Phase.AWAITING_OPERATOR
+                wait = self.config.operator_wait_s
+                finite = wait != float("inf")
+                self.wait_until = now + wait if finite else None
+                out.append(AwaitOperator(att.number, wait if finite else None))
+            else:
+                self._end(Verdict(Status.FAILED), out)
+
+    def _lost_reason(self) -> str:
+        return "lost %s: reconnecting a node needs the console (mscon attach)" % ", ".join(
+            sorted(self.att.lost)
+        )
+
+    def _restart(self, now: float, why: str, backoff_s: float, out: list[Action]) -> None:
+        self.phase = Phase.BACKOFF
+        self.wait_until = None
+        self.restart_at = now + backoff_s
+        out.append(Restarting(self.att.number + 1, why, backoff_s, self.restarts_left))
+        if backoff_s <= 0:
+            self._tick(now, out)
+
+    def _start(self, number: int, now: float, out: list[Action]) -> None:
+        self.att = _Attempt(number, now)
+        self.restart_at = None
+        self.phase = Phase.RUNNING
+        out.append(StartAttempt(number))
+
+    def _end(self, verdict: Verdict, out: list[Action]) -> None:
+        self.phase = Phase.ENDED
+        out.append(EndRun(verdict))
+
+    # ------------------------------------------------------------ timers
+
+    def _tick(self, now: float, out: list[Action]) -> None:
+        att, cfg = self.att, self.config
+        if self.phase is Phase.BACKOFF:
+            if self.restart_at is not None and now >= self.restart_at:
+                self._start(att.number + 1, now, out)
+            return
+        if self.phase is Phase.AWAITING_OPERATOR:
+            if self.wait_until is not None and now >= self.wait_until:
+                self._end(Verdict(Status.FAILED), out)
+            return
+        if self.phase not in (Phase.RUNNING, Phase.STOPPING):
+            return
+        if att.stop_sent_at is not None and now - att.stop_sent_at > cfg.grace_s + STOP_CONFIRM_S:
+            late = tuple(n for n in cfg.nodes if n not in att.done)
+            if late:
+                att.done.update(late)
+                att.lost.update(late)
+                out.append(CutOff(late))
+                self._maybe_over(now, out)
+                if self.phase not in (Phase.RUNNING, Phase.STOPPING):
+                    return
+        if att.workers_done_at is not None and not att.sched_stopped:
+            if now - att.workers_done_at > SCHEDULER_LINGER_S:
+                att.sched_stopped = True
+                out.append(StopScheduler())
+        if self.phase is Phase.RUNNING and cfg.hang_timeout_s > 0:
+            silent: dict[str, list[str]] = {}
+            for name in sorted(att.live - att.inspected):
+                if silent_too_long(att.progress.get(name, att.started), now, cfg.hang_timeout_s):
+                    silent.setdefault(cfg.workers[name], []).append(name)
+            reason = "no progress for %g s" % cfg.hang_timeout_s
+            for node, names in silent.items():
+                att.inspected.update(names)
+                out.append(Inspect(node, tuple(names), reason))
