@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal

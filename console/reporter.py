@@ -7,12 +7,13 @@ closed stdout (``| head``) is reported once through ``on_output_closed`` so the 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -31,6 +32,7 @@ from .events import (
     AgentEvent,
     AttemptEnded,
     AttemptOutcome,
+    AwaitingOperator,
     Event,
     LogsFetched,
     NodeState,
@@ -42,6 +44,8 @@ from .events import (
     RunResult,
     RunStarted,
     Stopping,
+    StragglerCleared,
+    StragglerFlagged,
 )
 from .state import describe
 
@@ -70,6 +74,7 @@ class StdoutWriter:
         self.closed = False
         self.dropped_lines = 0
         self.written = 0  # bytes out so far (a drain that sees no progress gives up)
+        self.draining = False  # a wait_drained is under way (the bus must not take it for stuck)
         self._thread = threading.Thread(target=self._run, name="stdout", daemon=True)
         self._thread.start()
 
@@ -118,6 +123,14 @@ class StdoutWriter:
                     return False
             return True
 
+    async def wait_drained(self, stall_s: float = 0.5) -> bool:
+        """``drain`` without holding up the event loop (it waits in a worker thread)."""
+        self.draining = True
+        try:
+            return await asyncio.to_thread(self.drain, stall_s)
+        finally:
+            self.draining = False
+
 
 class HeadlessReporter:
     def __init__(
@@ -156,7 +169,12 @@ class HeadlessReporter:
         except (OSError, ValueError):
             pass  # stderr closed too: nothing left to tell
 
-    def handle(self, event: Event) -> None:
+    def busy(self) -> bool:
+        """Draining stdout at the end (for the bus: a busy sink, not a stuck one)."""
+        return self.writer.draining
+
+    def handle(self, event: Event) -> Awaitable[None] | None:
+        """Show one event; for RunFinished, the awaitable that finishes (the bus awaits it)."""
         if isinstance(event, AgentEvent):
             self._agent(event)
         elif isinstance(event, RunStarted):
@@ -176,6 +194,17 @@ class HeadlessReporter:
             )
         elif isinstance(event, Notice):
             self.note(event.text)
+        elif isinstance(event, StragglerFlagged):
+            self.note(
+                f"{_who(event.name, event.node)} is a straggler from step {event.step}: "
+                f"{event.step_time_s:.3g} s/step, {event.step_time_s / event.median_s:.2f}x the other "
+                f"ranks' median of {event.median_s:.3g} s (threshold {event.factor:g}x)"
+            )
+        elif isinstance(event, StragglerCleared):
+            self.note(
+                f"{_who(event.name, event.node)} is no longer a straggler at step {event.step}: "
+                f"{event.step_time_s:.3g} s/step, the other ranks' median {event.median_s:.3g} s"
+            )
         elif isinstance(event, Stopping):
             self.note(f"stopping every rank on every node: {printable(event.reason)}")
         elif isinstance(event, AttemptEnded):
@@ -186,12 +215,19 @@ class HeadlessReporter:
                 f"restarting the whole group as attempt {event.attempt} in {event.backoff_s:g} s "
                 f"({event.restarts_left} restart(s) left after this): {printable(event.reason)}"
             )
+        elif isinstance(event, AwaitingOperator):
+            wait = "" if event.wait_s is None else f" for {event.wait_s:g} s"
+            self.note(
+                f"{printable(event.reason)}; waiting{wait} for the operator: mscon attach, then r restarts "
+                "the whole group, q ends the run"
+            )
         elif isinstance(event, LogsFetched):
             if event.error:
                 self.note(f"{printable(event.node)}: could not fetch logs: {printable(event.error)}")
         elif isinstance(event, RunFinished):
             self.result = event.result
-            self.finish(event.result)
+            return self.finish(event.result)
+        return None
 
     def _agent(self, event: AgentEvent) -> None:
         msg = event.msg
@@ -223,8 +259,9 @@ class HeadlessReporter:
         elif isinstance(msg, AgentError):
             self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
 
-    def finish(self, result: RunResult) -> None:
-        if not self.writer.drain() and not self.writer.closed:
+    async def finish(self, result: RunResult) -> None:
+        """The summary on stderr once stdout has taken the rank output (or stopped taking it)."""
+        if not await self.writer.wait_drained() and not self.writer.closed:
             self.note("stdout is not being read; the rest of the rank output is in the logs")
         if self.writer.dropped_lines and not self.writer.closed:  # a closed stdout was said already
             self.note(
@@ -274,6 +311,15 @@ def format_summary(result: RunResult) -> str:
             lines.extend("    " + printable(line) for line in shown)
     if result.divergent_ranks:
         lines.append(f"replicas that diverged: {', '.join(result.divergent_ranks)}")
+    if result.stragglers:
+        lines.append("stragglers (median step time when flagged, against the other ranks' median):")
+        for s in result.stragglers:
+            ratio = s.step_time_s / s.median_s if s.median_s > 0 else float("inf")
+            again = f", flagged {s.flagged} times" if s.flagged > 1 else ""
+            lines.append(
+                f"  attempt {s.attempt}: {_who(s.name, s.node)}: {s.step_time_s:.3g} s/step, "
+                f"{ratio:.2f}x {s.median_s:.3g} s{again}{', then caught up' if s.cleared else ''}"
+            )
     for sink, n in result.dropped:
         lines.append(f"the {sink} view skipped {n} metric update(s) to keep up")
     lines.append(f"logs: {result.logs_dir}")

@@ -2,8 +2,9 @@
 
 ``Feed.handle`` is the sink handler (an append, nothing else: the engine never waits on the view).
 ``Feed.drain`` runs on the view's timer: it files log lines in the LineStore, keeps the step-time
-history and the cluster series, recomputes stragglers, and returns what changed, so that widgets
-update only what they show. The ClusterState itself is the source's (already current).
+history and the cluster series, and returns what changed, so that widgets update only what they
+show. The ClusterState itself is the source's (already current); the stragglers are its too (the
+engine's StragglerFlagged / StragglerCleared events), never computed here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..events import (
     AgentEvent,
     AttemptEnded,
     AttemptStarted,
+    AwaitingOperator,
     CheckReported,
     ChecksFinished,
     Event,
@@ -41,13 +43,12 @@ from ..events import (
     RunFinished,
     RunStarted,
     Stopping,
+    StragglerCleared,
+    StragglerFlagged,
 )
-from ..stragglers import StepTimes, StragglerPolicy, stragglers_of
-from .fmt import LIVE
+from ..stragglers import StepTimes
 from .linestore import LineStore
 from .source import Source
-
-STRAGGLER_EVERY_S = 0.25
 
 
 @dataclass(slots=True)
@@ -133,11 +134,10 @@ class ClusterSeries:
 
 
 class Feed:
-    def __init__(self, source: Source, store: LineStore, policy: StragglerPolicy | None = None) -> None:
+    def __init__(self, source: Source, store: LineStore) -> None:
         self.source = source
         self.store = store
-        self.policy = policy or StragglerPolicy()
-        self.step_times = StepTimes(self.policy.window)
+        self.step_times = StepTimes()  # for the step-time columns and plots; not for verdicts
         self.series = ClusterSeries()
         self.stragglers: frozenset[str] = frozenset()
         self.notices: collections.deque[str] = collections.deque(maxlen=200)
@@ -145,8 +145,6 @@ class Feed:
         self.total_events = 0
         self.wake: Callable[[], None] | None = None  # told once when the buffer stops being empty
         self._woken = False
-        self._metrics_unchecked = False  # step times came since stragglers were last looked for
-        self._checked = 0.0  # monotonic() when they were
 
     def handle(self, event: Event) -> None:
         """The bus sink: buffer and return (the first event after a drain also wakes the view)."""
@@ -217,7 +215,7 @@ class Feed:
                     ch.ranks.update(r.name for r in self.source.state.ranks.values() if r.node == ev.node)
             elif isinstance(ev, CheckReported | ChecksFinished):
                 ch.checks = ch.nodes = True
-            elif isinstance(ev, Stopping | AttemptEnded | Restarting | RunFinished):
+            elif isinstance(ev, Stopping | AttemptEnded | Restarting | AwaitingOperator | RunFinished):
                 ch.failure = ch.nodes = True
                 text = _notice_text(ev)
                 if text:
@@ -227,26 +225,17 @@ class Feed:
                 text = _notice_text(ev)
                 ch.notices.append(text)
                 self.notices.append(text)
+            elif isinstance(ev, StragglerFlagged | StragglerCleared):
+                ch.ranks.add(ev.name)
         ch.events = n
         self.total_events += n
         self.store.flush()
         ch.metrics = metrics_seen
-        self._metrics_unchecked = self._metrics_unchecked or metrics_seen
-        now = time.monotonic()
-        if (
-            ch.structure
-            or ch.failure
-            or (self._metrics_unchecked and now - self._checked >= STRAGGLER_EVERY_S)
-        ):
-            # at most a few times a second under load: a straggler shows over many steps anyway
-            self._metrics_unchecked = False
-            self._checked = now
-            live = [r.name for r in self.source.state.workers() if r.state in LIVE]
-            found = stragglers_of(self.step_times, live, self.policy)
-            if found != self.stragglers:
-                ch.ranks |= found ^ self.stragglers
-                self.stragglers = found
-                ch.stragglers = True
+        found = self.source.state.stragglers()  # flagged ones that still run: a few names at most
+        if found != self.stragglers:
+            ch.ranks |= found ^ self.stragglers
+            self.stragglers = found
+            ch.stragglers = True
         return ch
 
 
@@ -259,6 +248,11 @@ def _notice_text(ev: Event) -> str:
         return (
             f"restarting the whole group as attempt {ev.attempt} in {ev.backoff_s:g} s "
             f"({ev.restarts_left} restart(s) left)"
+        )
+    if isinstance(ev, AwaitingOperator):
+        return (
+            f"{ev.reason}. The ranks are stopped, the nodes kept: r restarts the whole group "
+            "(from its latest checkpoint), q ends the run"
         )
     if isinstance(ev, RunFinished):
         return f"run {ev.result.status.value}, exit {ev.result.exit_code}: {ev.result.reason}"

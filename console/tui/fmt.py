@@ -50,6 +50,7 @@ JOB_STYLE: dict[JobState, str] = {
     JobState.RUNNING: "green",
     JobState.STOPPING: "yellow",
     JobState.RESTARTING: "yellow",
+    JobState.AWAITING_OPERATOR: "bold red",
     JobState.SUCCEEDED: "bold blue",
     JobState.FAILED: "bold red",
     JobState.INTERRUPTED: "yellow",

@@ -55,6 +55,7 @@ from mscon.console.events import (
     AttemptEnded,
     AttemptOutcome,
     AttemptStarted,
+    AwaitingOperator,
     Event,
     FailureKind,
     JobState,
@@ -151,13 +152,16 @@ async def run_job(
     inv: Inventory | None = None,
     *,
     max_restarts: int = 0,
+    operator_wait_s: float | None = None,
     hang_s: float = 30.0,
     backoff_s: float = 0.0,
     during: Callable[[Supervisor], Awaitable[None]] | None = None,
     setup: Callable[[Supervisor], None] | None = None,
 ) -> Run:
     inv = inv or make_inventory(tmp_path)
-    options = RunOptions(logs_root=tmp_path / "runs", max_restarts=max_restarts)
+    options = RunOptions(
+        logs_root=tmp_path / "runs", max_restarts=max_restarts, operator_wait_s=operator_wait_s
+    )
     sup = Supervisor(inv, options, transport_factory=cluster)
     sup.hang_timeout_s = hang_s
     sup.backoff_s = backoff_s
@@ -432,6 +436,81 @@ async def test_restart_group_does_not_use_the_budget(tmp_path: Path) -> None:
     assert (restarting.attempt, restarting.reason, restarting.restarts_left) == (1, "restart requested", 0)
     assert "the whole group restarts" in run.of(Stopping)[0].reason
     assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0, 1]  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ 7b. the operator decides after a failure
+
+
+async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path) -> None:
+    """A live console with no budget left: the failed attempt stops, the run waits (long after every
+    process of the attempt is gone), and the operator's restart trains again."""
+
+    def script(attempt: int) -> Script:
+        return {"r1": [Exit(0.03, code=7)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
+
+    cluster = make_cluster(tmp_path, script)
+
+    async def operator(sup: Supervisor) -> None:
+        await until(lambda: sup.state.job is JobState.AWAITING_OPERATOR)
+        assert sup.state.attempt is not None and sup.state.attempt.outcome is AttemptOutcome.FAILED
+        await asyncio.sleep(0.3)  # the operator reads the Failure panel: the run must still wait
+        assert sup.state.job is JobState.AWAITING_OPERATOR
+        sup.submit(RestartGroup())
+
+    run = await run_job(tmp_path, cluster, operator_wait_s=math.inf, during=operator)
+    r = run.result
+    assert (r.exit_code, r.status) == (0, JobState.SUCCEEDED)
+    assert [(a.attempt, a.outcome) for a in r.attempts] == [
+        (0, AttemptOutcome.FAILED),
+        (1, AttemptOutcome.SUCCEEDED),
+    ]
+    (waiting,) = run.of(AwaitingOperator)
+    assert waiting.attempt == 0 and "r1 on a failed first (exit code 7)" in waiting.reason
+    (restarting,) = run.of(Restarting)
+    assert restarting.attempt == 1 and "operator" in restarting.reason and restarting.backoff_s == 0
+    assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0, 1]  # type: ignore[attr-defined]
+
+
+async def test_operator_who_quits_a_waiting_run_gets_the_failed_attempts_verdict(tmp_path: Path) -> None:
+    cluster = make_cluster(tmp_path, {"r1": [Exit(0.03, code=7)]})
+
+    async def operator(sup: Supervisor) -> None:
+        await until(lambda: sup.state.job is JobState.AWAITING_OPERATOR)
+        sup.submit(StopJob("stopped from the console (quit)"))
+
+    run = await run_job(tmp_path, cluster, operator_wait_s=math.inf, during=operator)
+    r = run.result
+    assert (r.exit_code, r.status) == (7, JobState.FAILED)
+    assert r.root_cause is not None and r.root_cause.name == "r1"
+    assert [a.attempt for a in r.attempts] == [0]
+
+
+async def test_headless_run_with_no_budget_ends_at_the_failure(tmp_path: Path) -> None:
+    run = await run_job(tmp_path, make_cluster(tmp_path, {"r1": [Exit(0.03, code=7)]}))
+    assert (run.result.exit_code, run.result.status) == (7, JobState.FAILED)
+    assert run.of(AwaitingOperator) == []
+
+
+async def test_restart_pressed_while_the_failed_attempt_stops_restarts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r during the failure's stop (b never confirms it, so the stop lasts until b is cut off): once
+    the attempt is over the group goes again, headless and with no budget (the operator's restart
+    uses none)."""
+    monkeypatch.setattr(policy_mod, "STOP_CONFIRM_S", 0.2)
+
+    def script(attempt: int) -> Script:
+        return {"r1": [Exit(0.03, code=7)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
+
+    cluster = make_cluster(tmp_path, script, b=NodeConfig(on_stop="ignore"))
+
+    async def operator(sup: Supervisor) -> None:
+        await until(lambda: sup.state.job is JobState.STOPPING)
+        sup.submit(RestartGroup())
+
+    run = await run_job(tmp_path, cluster, during=operator)
+    assert (run.result.exit_code, run.result.status) == (0, JobState.SUCCEEDED)
+    assert [a.outcome for a in run.result.attempts] == [AttemptOutcome.FAILED, AttemptOutcome.SUCCEEDED]
 
 
 # ------------------------------------------------------------------ 8. StopJob
