@@ -12,6 +12,7 @@ AGENT_FILES = (
     "mesh.py",
     "devices.py",
     "journal.py",
+    "layout.py",
     "coord.py",
     "daemon.py",
     "detached.py",
@@ -19,4 +20,5 @@ AGENT_FILES = (
     "streams.py",
     "metrics.py",
     "outbox.py",
+    "policy.py",
 )

@@ -1,25 +1,24 @@
-"""A detached run, node side: the socket consoles attach to, and the policy with no console.
+"""A detached run, node side: the socket consoles attach to, and the run's policy with no console.
 
 Node 0's agent is the coordinator: it hears every node's lifecycle messages (its own, and the
-followers' over ``coord.py`` links) and applies the run's policy as the console would:
+followers' over ``coord.py`` links) and drives the run's policy (``policy.py``, the same machine
+the console's supervisor drives) with them, carrying out what it decides: stop every node,
+restart the group, stop a lingering scheduler, wait for an operator, end the run. Followers report
+to the coordinator (``Message.reported``, without log tails or stacks) and obey its typed orders
+(``LinkStop``, ``LinkStart``, ``LinkEnd``); each got its own next Start with its Detach, so argv
+and env never cross the link. A follower that loses its coordinator for the watchdog period stops
+its ranks (the coordinator's node holds the scheduler: without it the collective cannot go on).
 
-- a rank fails, hangs, or a node is lost: stop every node;
-- every node has stopped: restart the group (the next attempt's Start of each node came with the
-  Detach) while restarts remain and no node was lost, after the backoff; else the run ends;
-- every worker succeeded: the scheduler gets 5 s to exit, then it is stopped;
-- an attached console's ``RunCommand``: stop the run, or restart the group.
-
-What still needs a console: reconnecting a lost node (SSH is the console's), preflight, operator
-commands, fetching logs to the operator's machine, and the replica checksums comparison.
-Followers report to the coordinator and obey its Stop, Start and end; one that loses its
-coordinator for the watchdog period stops its ranks (the coordinator's node holds the scheduler:
-without it the collective cannot go on anyway).
+What still needs a console: reconnecting a lost node (SSH is the console's), preflight, fetching
+logs to the operator's machine, and the replica checksums comparison.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+from . import policy as pol
 from . import protocol as P
 from .coord import CoordServer, PeerLink, dial
 from .daemon import Client, SocketServer, daemonize
@@ -27,11 +26,19 @@ from .journal import RunStatus
 from .relay import hello, replay
 
 _PING_S = 1.0
-_SCHEDULER_LINGER_S = 5.0
 _END_FLUSH_S = 3.0  # at the run's end, attached consoles get this long to take the last lines
+_INTERRUPTED_EXIT = 130  # what an attached console reports for a stop (console/exit_codes.py)
 
-# What a follower tells its coordinator: enough to apply the policy.
-_REPORTED = frozenset(["proc_exited", "proc_hung", "all_exited", "agent_error", "proc_started"])
+
+def for_link(msg: P.Message) -> dict:
+    """A reported message as a follower sends it: without what the policy never reads."""
+    blank = {f.name: f.default for f in dataclasses.fields(msg) if f.name in msg.off_link}
+    return (dataclasses.replace(msg, **blank) if blank else msg).to_dict()
+
+
+def from_link(raw: dict) -> P.Message:
+    body = dict(raw)
+    return P.from_dict(P.message_class(str(body.pop("type", ""))), body)
 
 
 class DetachedRun:
@@ -40,7 +47,7 @@ class DetachedRun:
         self.msg = msg
         self.role = msg.role
         self.hang_timeout_s = msg.hang_timeout_s
-        self.watchdog_s = max(5.0, agent.start_cmd.watchdog_s if agent.start_cmd else 5.0)
+        self.watchdog_s = max(pol.WATCHDOG_FLOOR_S, agent.start_cmd.watchdog_s if agent.start_cmd else 0.0)
         self.server = SocketServer(agent.run_dir, agent.inbox)
         self.socket_path = self.server.path
         self.clients: list = []
@@ -50,32 +57,27 @@ class DetachedRun:
         self.link: PeerLink | None = None  # a follower's link to the coordinator
         self.peers: dict = {}  # the coordinator's links, by follower name
         self.heard: dict = {}  # node -> monotonic time of its last line
+        self.lost: set = set()
         self.last_ping = 0.0
         self.ended = False  # the run is over: exit once our processes are
         self.end_at: float | None = None
-        # The coordinator's view of the current attempt.
-        self.attempt = agent.start_cmd.attempt
         self.nodes = list(msg.nodes) or [agent.node]
-        self.done: set = set()
-        self.lost: set = set()
-        self.stopping = False
-        self.stop_requested = ""
-        self.restart_requested = False
-        self.failed = False
-        self.ok_workers: set = set()
-        self.workers = sum(
-            1
-            for st in msg.next_starts
-            if st.get("node") in self.nodes
-            for p in st.get("procs", ())
-            if p.get("rank", -1) >= 0
-        )
-        self.workers_done_at: float | None = None
-        self.sched_stopped = False
-        self.restarts_left = msg.restarts_left
-        self.restart_at: float | None = None
+        self.policy: pol.RunPolicy | None = None
         try:
             if self.role == P.Role.COORDINATOR:
+                self.policy = pol.RunPolicy(
+                    pol.PolicyConfig(
+                        nodes=tuple(self.nodes),
+                        workers=dict(msg.workers),
+                        max_restarts=msg.restarts_left,
+                        backoff_s=msg.backoff_s,
+                        grace_s=agent._grace(),
+                        hang_timeout_s=0.0,  # each agent watches its own ranks (main._check_silent)
+                        can_reconnect=False,  # SSH is the console's
+                        operator_wait_s=msg.operator_wait_s or None,
+                    )
+                )
+                self.policy.resume(agent.start_cmd.attempt, time.monotonic())
                 self.coord_server = CoordServer(msg.secret, self.nodes[1:], agent.inbox)
                 self.coordinator_port = self.coord_server.port
             else:
@@ -84,25 +86,31 @@ class DetachedRun:
                 )
                 self.heard["coordinator"] = time.monotonic()
                 # What the coordinator cannot have seen: how this node's attempt stands already.
-                ok = [
-                    w.proc.spec.name
-                    for w in agent.watched
-                    if w.proc.returncode == 0 and not w.proc.spec.is_scheduler
-                ]
-                self.link.send({"type": "status", "ok": ok, "all_exited": agent.all_exited_sent})
+                self.link.send(self._status().to_dict())
         except Exception:
             self.server.close()
             raise
-        # What happened before the Detach (the console saw it): seed the view from the journal.
-        self._seed()
+        if self.policy is not None:  # what happened before the Detach (the console saw it)
+            self._seed(self.agent.node, self._status())
 
-    def _seed(self) -> None:
-        for w in self.agent.watched:
-            rc = w.proc.returncode
-            if rc is not None and rc == 0 and not w.proc.spec.is_scheduler:
-                self.ok_workers.add(w.proc.spec.name)
-        if self.agent.all_exited_sent:
-            self.done.add(self.agent.node)
+    def _status(self) -> P.LinkStatus:
+        watched = self.agent.watched
+        return P.LinkStatus(
+            started=tuple(w.proc.spec.name for w in watched),
+            ok=tuple(
+                w.proc.spec.name for w in watched if w.proc.returncode == 0 and not w.proc.spec.is_scheduler
+            ),
+            all_exited=bool(self.agent.all_exited_sent),
+        )
+
+    def _seed(self, node: str, status: P.LinkStatus) -> None:
+        now = time.monotonic()
+        events: list = [pol.RankStarted(node, name, now) for name in status.started]
+        events += [pol.RankExited(node, name, True, True, False, "exit code 0", now) for name in status.ok]
+        if status.all_exited:
+            events.append(pol.NodeDone(node, now))
+        for ev in events:
+            self._decide(ev)
 
     @property
     def coordinator(self) -> bool:
@@ -117,13 +125,13 @@ class DetachedRun:
 
     def observe(self, msg: P.Message) -> None:
         """Every message this agent sends passes here: the coordinator applies it to its view, a
-        follower forwards what the coordinator needs."""
-        if msg.type not in _REPORTED:
+        follower reports what the coordinator needs."""
+        if not msg.reported:
             return
         if self.coordinator:
-            self._apply(self.agent.node, msg.to_dict())
+            self._apply(self.agent.node, msg)
         elif self.link is not None:
-            self.link.send(msg.to_dict())
+            self.link.send(for_link(msg))
 
     def console_left(self) -> None:
         """The console closed its channel after our Detached: from now on we are a daemon."""
@@ -154,25 +162,31 @@ class DetachedRun:
             if self.controller is client:
                 self.controller = None
             return
+        # Whatever a client sends is answered, never raised: bad JSON, a list as type, Infinity for
+        # a line number, nesting deep enough to exhaust the recursion limit.
+        malformed = (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError)
+
+        def refuse(what: str) -> None:
+            client.send_line(P.encode(P.AgentError(node=self.agent.node, message=what)))
+
         try:
             msg = P.decode(line)
-        except P.ProtocolError:
+        except malformed as exc:
+            refuse("bad message: %.200s" % exc)
             return
         if isinstance(msg, P.Attach):
             try:
                 self._attach(client, msg)
-            except (ValueError, TypeError, AttributeError) as exc:  # a malformed Attach
-                client.send_line(P.encode(P.AgentError(node=self.agent.node, message="bad attach: %s" % exc)))
+            except malformed as exc:
+                refuse("bad attach: %.200s" % exc)
                 client.end()
         elif isinstance(msg, P.RunCommand):
-            if client is not self.controller:
-                client.send_line(
-                    P.encode(P.AgentError(node=self.agent.node, message="read-only: command refused"))
-                )
+            if msg.action not in ("stop", "restart") or not isinstance(msg.reason, str):
+                refuse("bad run_command: the action is stop or restart, the reason a string")
+            elif client is not self.controller:
+                refuse("read-only: command refused")
             elif not self.coordinator:
-                client.send_line(
-                    P.encode(P.AgentError(node=self.agent.node, message="commands go to node 0"))
-                )
+                refuse("commands go to node 0")
             else:
                 self._command(msg)
 
@@ -220,113 +234,138 @@ class DetachedRun:
             self.controller = client
             self.agent._save_state(console=msg.console, attached=True)
 
-    # ------------------------------------------------------------ the coordinator's policy
+    # ------------------------------------------------------------ the links
 
     def _peer_msg(self, link: PeerLink, raw: dict | None) -> None:
-        if self.coordinator:
-            if raw is None:
+        if raw is None:
+            if self.coordinator:
                 if self.peers.get(link.node) is link:
                     del self.peers[link.node]
                     self._lost(link.node, "lost the link to its agent")
-                return
-            self.heard[link.node] = time.monotonic()
-            if raw.get("type") != "ping":
-                self._apply(link.node, raw)
-            return
-        # a follower: orders from the coordinator
-        if raw is None:
-            if not self.ended:
+            elif not self.ended:
                 self._orphaned("lost its coordinator (node 0)")
             return
-        self.heard["coordinator"] = time.monotonic()
-        kind = raw.get("type")
-        if kind == "stop":
-            self.agent.stop(
-                str(raw.get("reason", "stopped by the coordinator")), float(raw.get("grace_s", 3.0))
-            )
-        elif kind == "start":
-            try:
-                start = P.from_dict(P.Start, {k: v for k, v in raw.items() if k != "type"})
-            except P.ProtocolError as exc:
-                self.agent.send(
-                    P.AgentError(node=self.agent.node, message="bad start from the coordinator: %s" % exc)
-                )
-                return
-            assert isinstance(start, P.Start)
-            self.agent.start(start)
-        elif kind == "end":
-            self._end_here(str(raw.get("status", RunStatus.STOPPED)), str(raw.get("reason", "")))
+        self.heard[link.node if self.coordinator else "coordinator"] = time.monotonic()
+        try:
+            msg = from_link(raw)
+        except (P.ProtocolError, TypeError, ValueError) as exc:
+            self.agent.send(P.AgentError(node=self.agent.node, message="bad link message: %.200s" % exc))
+            return
+        if self.coordinator:
+            if isinstance(msg, P.LinkStatus):
+                self._seed(link.node, msg)
+            elif msg.reported:
+                self._apply(link.node, msg)
+            return
+        # a follower: orders from the coordinator
+        if isinstance(msg, P.LinkStop):
+            self.agent.stop(msg.reason, msg.grace_s)
+        elif isinstance(msg, P.LinkStart):
+            self._start_own(msg.attempt)
+        elif isinstance(msg, P.LinkEnd):
+            self._end_here(msg.status, msg.reason)
 
-    def _apply(self, node: str, raw: dict) -> None:
+    def _start_own(self, attempt: int) -> None:
+        start = P.from_dict(P.Start, dict(self.msg.next_start, attempt=attempt, workdir_archive=None))
+        assert isinstance(start, P.Start)
+        self.agent.start(start)
+        self.agent._save_state()
+
+    def _send_peers(self, msg: P.Message) -> None:
+        for link in list(self.peers.values()):
+            link.send(msg.to_dict())
+
+    # ------------------------------------------------------------ the coordinator: the policy's host
+
+    def _apply(self, node: str, msg: P.Message) -> None:
         """One lifecycle message of ``node`` (this one's or a follower's), as the coordinator."""
-        kind = raw.get("type")
-        name = raw.get("name")
-        if kind == "proc_exited":
-            ok = raw.get("exitcode") == 0
-            if ok and raw.get("rank", -1) >= 0:
-                self.ok_workers.add(name)
-                if self.workers and len(self.ok_workers) >= self.workers and self.workers_done_at is None:
-                    self.workers_done_at = time.monotonic()
-            elif not ok and not raw.get("stopped_by_agent"):
-                self.failed = True
-                what = raw.get("signal") or "exit code %s" % raw.get("exitcode")
-                self._group_stop("%s on %s failed (%s)" % (name, node, what), name)
-        elif kind == "proc_hung":
-            self.failed = True
-            self._group_stop("%s on %s is hung (%s)" % (name, node, raw.get("why", "")), name)
-        elif kind == "agent_error":
-            if not self.stopping:
-                self.failed = True
-                self._group_stop("%s: %s" % (node, raw.get("message", "")), node)
-        elif kind == "all_exited":
-            self.done.add(node)
-        elif kind == "status":  # a follower's standing as it detached
-            for ok_name in raw.get("ok", ()):
-                self._apply(node, {"type": "proc_exited", "name": ok_name, "exitcode": 0, "rank": 0})
-            if raw.get("all_exited"):
-                self.done.add(node)
+        ev = pol.from_message(node, msg, time.monotonic())
+        if ev is not None:
+            self._decide(ev)
 
     def _lost(self, node: str, why: str) -> None:
+        if node in self.lost:
+            return
         self.lost.add(node)
-        self.done.add(node)
         if not self.ended:
             self._coord(P.CoordKind.NODE_LOST, reason=why, trigger=node)
-            self.failed = True
-            self._group_stop("lost the node %s: %s" % (node, why), node)
+            self._decide(pol.NodeLost(node, why, time.monotonic()))
 
     def _command(self, msg: P.RunCommand) -> None:
+        now = time.monotonic()
         if msg.action == "restart":
-            if not self.stopping:
-                self.restart_requested = True
-                self._group_stop(
-                    "%s: the whole group restarts (a rank cannot rejoin a running collective)"
-                    % (msg.reason or "restart requested"),
-                    None,
-                )
-            elif self.restart_at is not None:
-                self.restart_at = time.monotonic()  # cut the backoff short
-        elif not self.ended:
-            self.stop_requested = msg.reason or "stop requested"
-            if self.restart_at is not None:  # between attempts: nothing runs, the run just ends
-                self.restart_at = None
-                self._finish(RunStatus.STOPPED, self.stop_requested)
-            else:
-                self._group_stop(self.stop_requested, None)
+            self._decide(pol.RestartRequested(msg.reason or "restart requested", now))
+        else:
+            self._decide(pol.StopRequested(msg.reason or "stop requested", _INTERRUPTED_EXIT, now))
 
     def _coord(self, kind: str, **fields: object) -> None:
+        attempt = self.policy.attempt if self.policy is not None else self.agent.start_cmd.attempt
         self.agent.send(
-            P.Coord(node=self.agent.node, kind=kind, attempt=self.attempt, ts_ns=time.time_ns(), **fields)
+            P.Coord(node=self.agent.node, kind=kind, attempt=attempt, ts_ns=time.time_ns(), **fields)
         )
 
-    def _group_stop(self, reason: str, trigger: str | None) -> None:
-        if self.stopping:
+    def _decide(self, ev: pol.Input) -> None:
+        """Feed the policy and carry out what it decides, in order."""
+        if self.policy is None or self.ended:
             return
-        self.stopping = True
-        self._coord(P.CoordKind.STOPPING, reason=reason, trigger=trigger)
+        pending = list(self.policy.step(ev))
+        while pending:
+            act = pending.pop(0)
+            pending.extend(self._carry_out(act))
+
+    def _carry_out(self, act: pol.Action) -> list:
         grace = self.agent._grace()
-        for link in list(self.peers.values()):
-            link.send({"type": "stop", "reason": reason, "grace_s": grace})
-        self.agent.stop(reason, grace)
+        if isinstance(act, pol.StopAll):
+            if act.announce:
+                self._coord(P.CoordKind.STOPPING, reason=act.reason, trigger=act.trigger)
+            self._send_peers(P.LinkStop(reason=act.reason, grace_s=grace))
+            self.agent.stop(act.reason, grace)
+        elif isinstance(act, pol.StopScheduler):
+            self._send_peers(P.LinkStop(reason=act.reason, grace_s=grace))
+            self.agent.stop(act.reason, grace)
+        elif isinstance(act, pol.Force):
+            self._send_peers(P.LinkStop(reason="stop forced", grace_s=0.0))
+            self.agent.stop("stop forced", 0.0)
+        elif isinstance(act, pol.CutOff):
+            for node in act.nodes:
+                link = self.peers.pop(node, None)
+                if link is not None:
+                    link.close()
+                if node not in self.lost:
+                    self.lost.add(node)
+                    self._coord(P.CoordKind.NODE_LOST, reason=act.why, trigger=node)
+        elif isinstance(act, pol.AttemptOver):
+            self._coord(P.CoordKind.ATTEMPT_ENDED, outcome=act.outcome.value, reason=act.reason)
+        elif isinstance(act, pol.Restarting):
+            self._coord(
+                P.CoordKind.RESTARTING,
+                reason=act.why,
+                backoff_s=act.backoff_s,
+                restarts_left=act.restarts_left,
+            )
+        elif isinstance(act, pol.AwaitOperator):
+            self._coord(
+                P.CoordKind.AWAITING_OPERATOR,
+                reason="attempt %d failed" % act.attempt,
+                wait_s=act.wait_s or 0.0,
+            )
+            self.agent._save_state(reason="failed; waiting for an operator (mscon attach, then r)")
+        elif isinstance(act, pol.StartAttempt):
+            return self._start_attempt(act.attempt)
+        elif isinstance(act, pol.EndRun):
+            self._finish(act.verdict.status.value, act.verdict.reason or "")
+        return []
+
+    def _start_attempt(self, attempt: int) -> list:
+        self._coord(P.CoordKind.ATTEMPT_STARTED)
+        self._start_own(attempt)
+        now, lost = time.monotonic(), []
+        for node in self.nodes[1:]:
+            link = self.peers.get(node)
+            if link is None or not link.send(P.LinkStart(attempt=attempt).to_dict()):
+                lost.append(pol.NodeLost(node, "not connected when the group restarted", now))
+        assert self.policy is not None
+        return [a for ev in lost for a in self.policy.step(ev)]
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -341,16 +380,13 @@ class DetachedRun:
         if now - self.last_ping >= _PING_S:
             self.last_ping = now
             if self.coordinator:
-                for link in list(self.peers.values()):
-                    link.send({"type": "ping"})
+                self._send_peers(P.LinkPing())
             elif self.link is not None:
-                self.link.send({"type": "ping"})
-        if self.coordinator:
-            self._coordinate(now)
-        elif now - self.heard.get("coordinator", now) > self.watchdog_s:
-            self._orphaned("no word from its coordinator (node 0) for %gs" % self.watchdog_s)
-
-    def _coordinate(self, now: float) -> None:
+                self.link.send(P.LinkPing().to_dict())
+        if not self.coordinator:
+            if now - self.heard.get("coordinator", now) > self.watchdog_s:
+                self._orphaned("no word from its coordinator (node 0) for %gs" % self.watchdog_s)
+            return
         # A follower that never dialled in, or went silent: lost.
         for node in self.nodes[1:]:
             if node in self.lost:
@@ -363,84 +399,12 @@ class DetachedRun:
                 if link is not None:
                     link.close()
                 self._lost(node, "no word from its agent for %gs" % self.watchdog_s)
-        if (
-            self.workers_done_at is not None
-            and not self.sched_stopped
-            and now - self.workers_done_at > _SCHEDULER_LINGER_S
-        ):
-            self.sched_stopped = True
-            for link in list(self.peers.values()):
-                link.send(
-                    {
-                        "type": "stop",
-                        "reason": "scheduler outlived the workers",
-                        "grace_s": self.agent._grace(),
-                    }
-                )
-            self.agent.stop("scheduler outlived the workers", self.agent._grace())
-        if self.restart_at is not None:
-            if now >= self.restart_at:
-                self._next_attempt()
-            return
-        if len(self.done) >= len(self.nodes):
-            self._attempt_ended()
+        self._decide(pol.Tick(now))
 
-    def _attempt_ended(self) -> None:
-        succeeded = self.workers > 0 and len(self.ok_workers) >= self.workers and not self.failed
-        if self.stop_requested:
-            outcome = "interrupted"
-        elif succeeded:
-            outcome = "succeeded"
-        elif self.restart_requested:
-            outcome = "restart"
-        else:
-            outcome = "failed"
-        self._coord(P.CoordKind.ATTEMPT_ENDED, outcome=outcome)
-        if outcome == "restart" or (outcome == "failed" and self.restarts_left > 0 and not self.lost):
-            if outcome == "failed":
-                self.restarts_left -= 1
-            backoff = self.msg.backoff_s
-            why = "restart requested" if outcome == "restart" else "attempt %d failed" % self.attempt
-            self._coord(
-                P.CoordKind.RESTARTING, reason=why, backoff_s=backoff, restarts_left=self.restarts_left
-            )
-            self.restart_at = time.monotonic() + backoff
-            return
-        if outcome == "failed" and self.lost:
-            reason = "lost %s: reconnecting a node needs the console (mscon attach)" % ", ".join(
-                sorted(self.lost)
-            )
-        else:
-            reason = {"interrupted": self.stop_requested, "succeeded": "all ranks finished"}.get(outcome, "")
-        status = {"succeeded": RunStatus.SUCCEEDED, "interrupted": RunStatus.STOPPED}.get(
-            outcome, RunStatus.FAILED
-        )
-        self._finish(status, reason)
-
-    def _finish(self, status: str = RunStatus.STOPPED, reason: str = "") -> None:
+    def _finish(self, status: str, reason: str = "") -> None:
         self._coord(P.CoordKind.RUN_ENDED, outcome=status, reason=reason)
-        for link in list(self.peers.values()):
-            link.send({"type": "end", "status": status, "reason": reason})
+        self._send_peers(P.LinkEnd(status=status, reason=reason))
         self._end_here(status, reason)
-
-    def _next_attempt(self) -> None:
-        self.restart_at = None
-        self.attempt += 1
-        self.done, self.ok_workers = set(), set()
-        self.stopping = self.failed = self.restart_requested = False
-        self.workers_done_at, self.sched_stopped = None, False
-        self._coord(P.CoordKind.ATTEMPT_STARTED)
-        for st in self.msg.next_starts:
-            st = dict(st, attempt=self.attempt, workdir_archive=None)
-            if st.get("node") == self.agent.node:
-                start = P.from_dict(P.Start, {k: v for k, v in st.items() if k != "type"})
-                assert isinstance(start, P.Start)
-                self.agent.start(start)
-                self.agent._save_state()
-            else:
-                link = self.peers.get(st.get("node"))
-                if link is None or not link.send(dict(st, type="start")):
-                    self._lost(str(st.get("node")), "not connected when the group restarted")
 
     # ------------------------------------------------------------ the end
 

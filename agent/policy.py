@@ -21,6 +21,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
+from . import protocol as P
+
 SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
 STOP_CONFIRM_S = 15.0  # beyond the grace period: a node that has not confirmed its stop is cut off
 WATCHDOG_FLOOR_S = 5.0
@@ -164,6 +166,24 @@ Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     RestartRequested,
     Tick,
 ]
+
+
+def from_message(node: str, msg: P.Message, now: float) -> Input | None:
+    """An agent's lifecycle message as the policy's input (None: not the policy's business).
+    Both hosts translate with this, so a message means the same to both."""
+    if isinstance(msg, P.ProcStarted):
+        return RankStarted(node, msg.name, now)
+    if isinstance(msg, P.ProcExited):
+        detail = msg.signal or "exit code %s" % msg.exitcode
+        worker = msg.rank != P.SCHEDULER_RANK
+        return RankExited(node, msg.name, worker, msg.ok, msg.stopped_by_agent, detail, now)
+    if isinstance(msg, P.ProcHung):
+        return RankHung(node, msg.name, msg.why, now)
+    if isinstance(msg, P.AgentError):
+        return AgentFailed(node, msg.message, now)
+    if isinstance(msg, P.AllExited):
+        return NodeDone(node, now)
+    return None
 
 
 # ------------------------------------------------------------------ actions

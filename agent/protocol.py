@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 # 2: attempts, hang reports, blame evidence, name resolution; 3: detach/attach, metric and
 # telemetry batches
-PROTOCOL_VERSION = 3
+# 4: typed coordinator links, the run's policy in agent/policy.py (one outcome vocabulary)
+PROTOCOL_VERSION = 4
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -31,6 +32,11 @@ class Message:
     """Base of every message; subclasses register under their ``type`` tag."""
 
     type: ClassVar[str] = ""
+    # A follower of a detached run reports it to its coordinator: what the run's policy needs.
+    reported: ClassVar[bool] = False
+    # Fields kept off the coordinator link (log tails, stacks): the policy never reads them, and
+    # the link is authenticated but not encrypted.
+    off_link: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -208,6 +214,7 @@ class Hello(Message):
 @dataclass(frozen=True)
 class ProcStarted(Message):
     type: ClassVar[str] = "proc_started"
+    reported: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -266,6 +273,8 @@ class Telemetry(Message):
 @dataclass(frozen=True)
 class ProcExited(Message):
     type: ClassVar[str] = "proc_exited"
+    reported: ClassVar[bool] = True
+    off_link: ClassVar[tuple[str, ...]] = ("tail", "traceback")
     node: str
     name: str
     rank: int
@@ -295,6 +304,7 @@ class AllExited(Message):
     """Every process of the node has exited and its logs are flushed."""
 
     type: ClassVar[str] = "all_exited"
+    reported: ClassVar[bool] = True
     node: str
     ts_ns: int
 
@@ -302,6 +312,7 @@ class AllExited(Message):
 @dataclass(frozen=True)
 class AgentError(Message):
     type: ClassVar[str] = "agent_error"
+    reported: ClassVar[bool] = True
     node: str
     message: str
 
@@ -311,6 +322,8 @@ class ProcHung(Message):
     """A process that makes no progress: stopped by a signal (state T), or silent when asked (Inspect)."""
 
     type: ClassVar[str] = "proc_hung"
+    reported: ClassVar[bool] = True
+    off_link: ClassVar[tuple[str, ...]] = ("stack", "tail", "wchan")
     node: str
     name: str
     rank: int
@@ -364,6 +377,7 @@ class CoordKind:
     NODE_LOST = "node_lost"  # a follower's link ended or went silent (trigger: the node)
     ATTEMPT_ENDED = "attempt_ended"
     RESTARTING = "restarting"
+    AWAITING_OPERATOR = "awaiting_operator"  # failed with no budget: mscon attach, then r restarts
     ATTEMPT_STARTED = "attempt_started"
     RUN_ENDED = "run_ended"
 
@@ -371,8 +385,10 @@ class CoordKind:
 @dataclass(frozen=True)
 class Detach(Message):
     """Keep the run going without the console: become a daemon reachable on a Unix socket in the
-    run folder. The coordinator also gets the policy: the Start of every node for the next attempt
-    (``next_starts``, Start.to_dict() each), the restarts left and the backoff."""
+    run folder. Every node gets its own Start for a next attempt (``next_start``, Start.to_dict();
+    the coordinator's link carries only "start attempt N", never argv or env); the coordinator also
+    gets what the policy needs: the nodes, the workers, the restarts left, the backoff and how long
+    a failed run waits for an operator."""
 
     type: ClassVar[str] = "detach"
     role: str = Role.FOLLOWER
@@ -383,7 +399,9 @@ class Detach(Message):
     restarts_left: int = 0
     backoff_s: float = 0.0
     hang_timeout_s: float = 0.0  # no line or metric this long: the agent reports the rank hung
-    next_starts: tuple[dict, ...] = ()
+    next_start: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)  # coordinator: worker name -> its node
+    operator_wait_s: float = 0.0  # coordinator: 0 ends a failed run with no budget at once
     console: str = ""  # who detached (user@host pid), for `mscon ls` and a refused second attach
 
 
@@ -456,6 +474,48 @@ class Coord(Message):
     backoff_s: float = 0.0
     restarts_left: int = 0
     ts_ns: int = 0
+    wait_s: float = 0.0  # AWAITING_OPERATOR: how long the run waits for `r` before it ends
+
+
+# ---------------------------------------------------------------- the coordinator link
+# Between a detached run's coordinator (node 0) and its followers, signed by agent/coord.py.
+
+
+@dataclass(frozen=True)
+class LinkStatus(Message):
+    """A follower's first line: how its attempt stood when the run detached."""
+
+    type: ClassVar[str] = "link_status"
+    started: tuple[str, ...] = ()
+    ok: tuple[str, ...] = ()  # workers that already exited 0
+    all_exited: bool = False
+
+
+@dataclass(frozen=True)
+class LinkPing(Message):
+    type: ClassVar[str] = "link_ping"
+
+
+@dataclass(frozen=True)
+class LinkStop(Message):
+    type: ClassVar[str] = "link_stop"
+    reason: str
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class LinkStart(Message):
+    """Start attempt ``attempt`` from the Start this follower got with its Detach."""
+
+    type: ClassVar[str] = "link_start"
+    attempt: int
+
+
+@dataclass(frozen=True)
+class LinkEnd(Message):
+    type: ClassVar[str] = "link_end"
+    status: str  # policy.Status
+    reason: str = ""
 
 
 @dataclass(frozen=True)

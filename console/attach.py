@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import getpass
 import os
 import socket
@@ -18,7 +19,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import (
     AgentError,
     Attach,
@@ -27,6 +30,8 @@ from mscon.agent.protocol import (
     JournalDone,
     Journaled,
     Message,
+    Metric,
+    MetricBatch,
     ReplayDone,
     RunCommand,
     from_dict,
@@ -41,6 +46,7 @@ from .events import (
     AttemptEnded,
     AttemptOutcome,
     AttemptStarted,
+    AwaitingOperator,
     Event,
     JobState,
     LinesShown,
@@ -59,22 +65,25 @@ from .plan import build_plan
 from .runrecord import DetachRecord, write_record
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
+from .stragglers import StragglerPolicy, StragglerWatch
 from .supervisor import run_result, write_summary
 from .transport import make_transport
 
-_OUTCOMES = {
-    "succeeded": AttemptOutcome.SUCCEEDED,
-    "failed": AttemptOutcome.FAILED,
-    "interrupted": AttemptOutcome.INTERRUPTED,
-    "restart": AttemptOutcome.RESTART_REQUESTED,
-}
-_STATUSES = {"succeeded": JobState.SUCCEEDED, "failed": JobState.FAILED, "stopped": JobState.INTERRUPTED}
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _known(kind: type[E], value: str, default: E) -> E:
+    """The policy's words, as the coordinator journaled them (a newer agent's unknown word: default)."""
+    try:
+        return kind(value)  # type: ignore[call-arg]
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True, slots=True)
 class AttachOptions:
     run_id: str
-    logs_root: Path = Path("mscon-runs")
+    logs_root: Path = Path(LOGS_DIR)
     record: DetachRecord | None = None  # what the detaching console printed
     follow: bool = True  # False: replay and leave (mscon logs without -f)
     read_only: bool = False
@@ -99,7 +108,9 @@ class Attacher:
         self.run_id = options.run_id
         self.bus = bus or EventBus()
         self.state = ClusterState()
+        self.stragglers = StragglerWatch(StragglerPolicy(), self.state)  # as the supervisor's, default policy
         self.logs_dir = (options.logs_root / self.run_id).resolve()
+        self.bus.errors_to(self.logs_dir)
         rec = options.record
         script = rec.script if rec is not None else inventory.job.script
         args = rec.args if rec is not None else inventory.job.args
@@ -301,23 +312,30 @@ class Attacher:
         """One message of the run, journaled or live: console events as the supervisor emits them."""
         if not isinstance(msg, Coord):
             self.emit(AgentEvent(self.attempt_no, msg))
+            if isinstance(msg, Metric | MetricBatch):
+                for ev in self.stragglers.observe(self.attempt_no, msg):
+                    self.emit(ev)
             return
         if msg.kind == CoordKind.STOPPING:
             self.emit(Stopping(msg.attempt, msg.reason, msg.trigger))
         elif msg.kind == CoordKind.NODE_LOST and msg.trigger:
             self.emit(NodeUpdate(msg.attempt, msg.trigger, NodeState.LOST, msg.reason, msg.ts_ns))
         elif msg.kind == CoordKind.ATTEMPT_ENDED:
-            outcome = _OUTCOMES.get(msg.outcome, AttemptOutcome.FAILED)
+            outcome = _known(AttemptOutcome, msg.outcome, AttemptOutcome.FAILED)
             root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
-            reason = describe(root) if root is not None else msg.outcome
+            reason = describe(root) if root is not None else msg.reason or msg.outcome
             self.emit(AttemptEnded(msg.attempt, outcome, reason, root, msg.ts_ns))
         elif msg.kind == CoordKind.RESTARTING:
             self.emit(Restarting(msg.attempt + 1, msg.reason, msg.backoff_s, msg.restarts_left))
         elif msg.kind == CoordKind.ATTEMPT_STARTED:
             if msg.attempt > self._attempt:
                 self._start_attempt(msg.attempt, msg.ts_ns)
+        elif msg.kind == CoordKind.AWAITING_OPERATOR:
+            root = self.state.root_cause()
+            reason = f"{msg.reason}: {describe(root)}" if root is not None else msg.reason
+            self.emit(AwaitingOperator(msg.attempt, reason, msg.wait_s or None))
         elif msg.kind == CoordKind.RUN_ENDED:
-            self._ended = _STATUSES.get(msg.outcome, JobState.FAILED)
+            self._ended = _known(JobState, msg.outcome, JobState.FAILED)
             self._end_reason = msg.reason
 
     def _live(self, node: str, msg: Message, replaying: set[str]) -> None:

@@ -28,9 +28,6 @@ from typing import TYPE_CHECKING, TypeVar
 from mscon.agent import policy as policy_mod
 from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
 from mscon.agent.protocol import (
-    SCHEDULER_RANK,
-    AgentError,
-    AllExited,
     Detach,
     Detached,
     Inspect,
@@ -41,7 +38,6 @@ from mscon.agent.protocol import (
     ProcExited,
     ProcHung,
     ProcSpec,
-    ProcStarted,
     Role,
     Start,
     Stop,
@@ -503,8 +499,6 @@ class Supervisor:
         assert self.policy is not None
         if isinstance(msg, LogBatch):
             self.policy.progress(msg.name, now)
-        elif isinstance(msg, ProcStarted):
-            return [policy_mod.RankStarted(node, msg.name, now)]
         elif isinstance(msg, Metric | MetricBatch):
             self.policy.progress(msg.name, now)
             for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
@@ -514,24 +508,9 @@ class Supervisor:
                         self.emit(divergence)
             for ev in self.stragglers.observe(self.attempt_no, msg):
                 self.emit(ev)
-        elif isinstance(msg, ProcExited):
-            return [
-                policy_mod.RankExited(
-                    node,
-                    msg.name,
-                    msg.rank != SCHEDULER_RANK,
-                    msg.ok,
-                    msg.stopped_by_agent,
-                    msg.signal or f"exit code {msg.exitcode}",
-                    now,
-                )
-            ]
-        elif isinstance(msg, ProcHung):
-            return [policy_mod.RankHung(node, msg.name, msg.why, now)]
-        elif isinstance(msg, AgentError):
-            return [policy_mod.AgentFailed(node, msg.message, now)]
-        elif isinstance(msg, AllExited):
-            return [policy_mod.NodeDone(node, now)]
+        else:
+            taken = policy_mod.from_message(node, msg, now)
+            return [taken] if taken is not None else []
         return []
 
     async def _carry_out(
@@ -660,10 +639,12 @@ class Supervisor:
         names = [p.node.name for p in self.plans]
         secret = secrets.token_hex(32)
         console = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
-        next_starts = tuple(
+        # Each node's own next Start goes to that node only: argv and env never cross the
+        # coordinator's link, which carries "start attempt N" (agent/detached.py).
+        next_start = [
             self._start_msg(session, i, policy.attempt + 1, self._sched).to_dict()
             for i in range(len(self.plans))
-        )
+        ]
         wait_s = 15.0
         lead = await session.request(
             names[0],
@@ -674,7 +655,9 @@ class Supervisor:
                 restarts_left=policy.restarts_left,
                 backoff_s=self.backoff_s,
                 hang_timeout_s=self.hang_timeout_s,
-                next_starts=next_starts,
+                next_start=next_start[0],
+                workers=dict(policy.config.workers),
+                operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,
                 console=console,
             ),
             Detached,
@@ -690,7 +673,13 @@ class Supervisor:
             hang_timeout_s=self.hang_timeout_s,
             console=console,
         )
-        answers = await asyncio.gather(*(session.request(n, follow, Detached, wait_s) for n in names[1:]))
+        answers = await asyncio.gather(
+            *(
+                session.request(n, replace(follow, next_start=next_start[i]), Detached, wait_s)
+                for i, n in enumerate(names)
+                if i > 0
+            )
+        )
         errors = [
             f"{n}: {a if isinstance(a, str) else a.error}"
             for n, a in zip(names[1:], answers, strict=True)
