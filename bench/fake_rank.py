@@ -9,6 +9,7 @@ LossMonitor-style lines. Knobs, all optional:
   --hang-rank R      this rank stops making progress at --fail-step (sleeps forever)
   --metrics          also write MSCON_METRICS JSON lines (with a parameter checksum every 5 steps)
   --diverge-rank R   this rank's checksum differs from the others' (a broken replica)
+  --slow-rank R --slow X  this rank takes X times as long per step (a straggler)
 The scheduler role exits at once with 0 (there is no real cluster to coordinate).
 """
 
@@ -32,6 +33,8 @@ def main() -> int:
     p.add_argument("--hang-rank", type=int, default=-2)
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--diverge-rank", type=int, default=-2)
+    p.add_argument("--slow-rank", type=int, default=-2)
+    p.add_argument("--slow", type=float, default=1.0)
     a = p.parse_args()
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         print("fake scheduler: nothing to coordinate")
@@ -41,6 +44,8 @@ def main() -> int:
     print(f"fake rank {rank} of {os.environ.get('RANK_SIZE', '1')} starting", flush=True)
     loss = 2.5
     filler = "x" * 60
+    period = (1.0 / a.rate if a.rate > 0 else 0.0) * (a.slow if rank == a.slow_rank else 1.0)
+    t_step = time.time()
     for step in range(1, a.steps + 1):
         if rank == a.fail_rank and step == a.fail_step:
             print(f"RuntimeError: fake failure on rank {rank} at step {step}", file=sys.stderr, flush=True)
@@ -55,13 +60,17 @@ def main() -> int:
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
         if metrics is not None:
-            record = {"step": step, "epoch": 1, "loss": loss, "ts": time.time()}
+            now = time.time()
+            record = {"step": step, "epoch": 1, "loss": loss, "ts": now}
+            if step > 1:  # the time since the last step's record (the first has no last)
+                record["step_time_s"] = now - t_step
+            t_step = now
             if step % 5 == 0:
                 record["param_checksum"] = f"sum-{step}" + ("-odd" if rank == a.diverge_rank else "")
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-        if a.rate > 0:
-            time.sleep(1.0 / a.rate)
+        if period:
+            time.sleep(period)
     print("training finished", flush=True)
     return 0
 

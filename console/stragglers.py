@@ -5,6 +5,8 @@ of the last ``window`` steps, taken from ``step_time_s`` where the rank reports 
 derived from consecutive metrics (time between them over the steps between them).
 ``find_stragglers`` is a pure function over those samples: a rank is a straggler when the median
 of its recent step times is at least ``factor`` times the median of the other ranks' medians.
+``StragglerWatch`` is the engine's use of both: metrics in, ``StragglerFlagged`` /
+``StragglerCleared`` events out, so every view (headless, TUI, summary) reads the same verdicts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mscon.agent.protocol import Metric
+from mscon.agent.protocol import Metric, MetricBatch
+
+from .events import Event, StragglerCleared, StragglerFlagged
+from .state import ClusterState
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,13 @@ class StragglerPolicy:
     window: int = 20  # steps per rank taken into account
     min_samples: int = 3  # fewer recent step times than this: no verdict for that rank
     min_ranks: int = 2  # fewer ranks with a verdict than this: nobody is a straggler
+    # A flagged rank is cleared only below this multiple (default: halfway between 1 and factor), so
+    # a rank hovering at the threshold is not flagged and cleared at every check.
+    release: float | None = None
+
+    @property
+    def clear_below(self) -> float:
+        return self.release if self.release is not None else 1.0 + (self.factor - 1.0) / 2
 
 
 class StepTimes:
@@ -39,6 +51,9 @@ class StepTimes:
         # 8,000 ranks, medians of every rank at every check cost more than the rest of the view.
         self._medians: dict[str, float] = {}
         self._dirty: set[str] = set()
+        # Ranks that report step_time_s: their derived times are left out, being only as fine as
+        # the agent's flush interval (a rank flushed every 0.1 s seems to take 0.1 s a step).
+        self._reported: set[str] = set()
 
     def reset(self) -> None:
         """A new attempt: every rank starts again."""
@@ -47,20 +62,29 @@ class StepTimes:
         self._last.clear()
         self._medians.clear()
         self._dirty.clear()
+        self._reported.clear()
 
-    def observe(self, msg: Metric) -> None:
+    def observe(self, msg: Metric) -> bool:
+        """Take one metric; True when it gave the rank a new step time."""
         epoch = msg.epoch if msg.epoch is not None else 0
         key = (msg.name, msg.source)
         prev = self._last.get(key)
         if prev is not None and (epoch, msg.step) <= prev[:2]:
-            return  # a repeat (the same step from another path) or out of order: no new step
+            return False  # a repeat (the same step from another path) or out of order: no new step
         self._last[key] = (epoch, msg.step, msg.ts)
         value = msg.step_time_s
-        if value is None and prev is not None and prev[0] == epoch and msg.ts and prev[2]:
+        if value is not None:
+            if msg.name not in self._reported:
+                self._reported.add(msg.name)
+                if msg.name in self._samples:  # exact figures from now on: the derived ones go
+                    self._samples[msg.name].clear()
+        elif msg.name in self._reported:
+            return False
+        elif prev is not None and prev[0] == epoch and msg.ts and prev[2]:
             steps = msg.step - prev[1]
             value = (msg.ts - prev[2]) / steps if steps > 0 and msg.ts > prev[2] else None
         if value is None or value <= 0:
-            return
+            return False
         q = self._samples.get(msg.name)
         if q is None:
             q = self._samples[msg.name] = collections.deque(maxlen=self.window)
@@ -68,6 +92,11 @@ class StepTimes:
         q.append(value)
         self._history[msg.name].append(value)
         self._dirty.add(msg.name)
+        return True
+
+    def __len__(self) -> int:
+        """Ranks with step times."""
+        return len(self._samples)
 
     def recent(self, name: str) -> Sequence[float]:
         return tuple(self._samples.get(name, ()))
@@ -119,17 +148,21 @@ def stragglers_by_median(
     medians: Mapping[str, float], policy: StragglerPolicy = StragglerPolicy()
 ) -> frozenset[str]:
     """The comparison itself, over each rank's median step time."""
+    others = others_medians(medians, policy)
+    return frozenset(name for name, value in others.items() if medians[name] >= policy.factor * value)
+
+
+def others_medians(
+    medians: Mapping[str, float], policy: StragglerPolicy = StragglerPolicy()
+) -> dict[str, float]:
+    """Each rank's yardstick: the median of the other ranks' medians (none below ``min_ranks``)."""
     if len(medians) < policy.min_ranks:
-        return frozenset()
+        return {}
     ordered = sorted(medians.values())
-    index = {}
+    index: dict[float, int] = {}
     for i, v in enumerate(ordered):
         index.setdefault(v, i)
-    return frozenset(
-        name
-        for name, value in medians.items()
-        if value >= policy.factor * _median_without(ordered, index[value])
-    )
+    return {name: _median_without(ordered, index[value]) for name, value in medians.items()}
 
 
 def _median_without(ordered: Sequence[float], skip: int) -> float:
@@ -142,3 +175,60 @@ def _median_without(ordered: Sequence[float], skip: int) -> float:
     if n % 2:
         return at(n // 2)
     return (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+class StragglerWatch:
+    """The engine's straggler verdicts: each rank's metrics in, flag and clear events out.
+
+    The comparison runs once per round of new step times (as many as ranks reporting them), not at
+    every metric: a sort over 8,000 ranks per metric would cost more than the rest of the engine, and
+    a count, unlike a clock, gives a replayed recording the same verdicts as the live run. Only live
+    workers are compared; a flagged rank that exits leaves the comparison without a clear event
+    (ClusterState counts only live ranks as current stragglers).
+    """
+
+    def __init__(self, policy: StragglerPolicy, state: ClusterState) -> None:
+        self.policy = policy
+        self.state = state
+        self.times = StepTimes(policy.window, keep=0)
+        self._attempt = -1
+        self._fresh = 0  # new step times since the last comparison
+        self._flagged: set[str] = set()
+        self._where: dict[str, tuple[str, int]] = {}  # rank -> (node, last step)
+
+    def observe(self, attempt: int, msg: Metric | MetricBatch) -> list[Event]:
+        """Take a metric (or a batch of one rank's); the events it brings, usually none."""
+        if attempt != self._attempt:  # a new attempt: every rank starts again
+            self._attempt, self._fresh = attempt, 0
+            self.times.reset()
+            self._flagged.clear()
+            self._where.clear()
+        for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
+            self._where[m.name] = (m.node, m.step)
+            if self.times.observe(m):
+                self._fresh += 1
+        if self._fresh < max(1, len(self.times)):
+            return []
+        self._fresh = 0
+        return self._compare()
+
+    def _compare(self) -> list[Event]:
+        policy = self.policy
+        live = {r.name for r in self.state.workers() if r.state.live}
+        self._flagged &= live
+        medians = self.times.medians(live, policy.min_samples)
+        others = others_medians(medians, policy)
+        events: list[Event] = []
+        for name, yardstick in others.items():  # empty when too few ranks to compare: no change
+            own = medians[name]
+            node, step = self._where.get(name, ("", 0))
+            if name in self._flagged:
+                if own < policy.clear_below * yardstick:
+                    self._flagged.discard(name)
+                    events.append(StragglerCleared(self._attempt, name, node, step, own, yardstick))
+            elif own >= policy.factor * yardstick:
+                self._flagged.add(name)
+                events.append(
+                    StragglerFlagged(self._attempt, name, node, step, own, yardstick, policy.factor)
+                )
+        return events

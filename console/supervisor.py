@@ -776,6 +776,7 @@ def run_result(
         attempts=state.attempt_summaries(),
         divergent_ranks=tuple(sorted(state.divergent)),
         dropped=bus.dropped(),
+        stragglers=state.straggler_summaries(),
     )
 
 

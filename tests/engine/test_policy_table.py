@@ -1,0 +1,391 @@
+"""The run's policy (agent/policy.py), table-driven: one table, run for both of its hosts.
+
+The console's supervisor and a detached run's node-0 coordinator build the same ``RunPolicy``
+with the settings below (``HOSTS``); each row feeds a sequence of inputs and names the actions
+expected after each, the same for both hosts unless the row says otherwise (a lost node can be
+reconnected only by a console; a coordinator's agents watch their own ranks' silence).
+
+Layout: node ``a`` runs r0, r1 (and the scheduler), node ``b`` runs r2, r3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from mscon.agent import policy as P
+from mscon.agent import protocol as wire
+
+WORKERS = {"r0": "a", "r1": "a", "r2": "b", "r3": "b"}
+NODES = ("a", "b")
+HOSTS: dict[str, dict[str, Any]] = {
+    # console/supervisor.py (a live console: inf; headless: None, see the headless rows)
+    "console": {"can_reconnect": True, "operator_wait_s": math.inf, "hang_timeout_s": 10.0},
+    # agent/detached.py
+    "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "hang_timeout_s": 0.0},
+}
+LINGER = P.SCHEDULER_LINGER_S
+CONFIRM = P.STOP_CONFIRM_S
+
+
+def summary(act: P.Action) -> str:
+    """An action in a few words, as the table writes it."""
+    if isinstance(act, P.StartAttempt):
+        return f"start {act.attempt}"
+    if isinstance(act, P.StopAll):
+        return f"stop: {act.reason}" if act.announce else "stop again"
+    if isinstance(act, P.StopScheduler):
+        return "stop the scheduler"
+    if isinstance(act, P.Inspect):
+        return f"inspect {act.node}: {','.join(act.names)}"
+    if isinstance(act, P.CutOff):
+        return f"cut {','.join(act.nodes)}"
+    if isinstance(act, P.Force):
+        return "force"
+    if isinstance(act, P.AttemptOver):
+        return f"attempt {act.attempt} {act.outcome}"
+    if isinstance(act, P.Restarting):
+        return f"restart as {act.attempt} in {act.backoff_s:g} s, {act.restarts_left} left: {act.why}"
+    if isinstance(act, P.AwaitOperator):
+        return f"await the operator ({'as long as it stays' if act.wait_s is None else f'{act.wait_s:g} s'})"
+    if isinstance(act, P.EndRun):
+        v = act.verdict
+        return (
+            f"end {v.status}"
+            + (f": {v.reason}" if v.reason else "")
+            + (f" ({v.exit_code})" if v.exit_code else "")
+        )
+    raise AssertionError(act)
+
+
+def started(t: float = 0.0) -> list[P.Input]:
+    return [P.RankStarted(WORKERS[n], n, t) for n in WORKERS] + [P.RankStarted("a", "sched", t)]
+
+
+def exited(name: str, t: float, code: int = 0, by_agent: bool = False, signal: str | None = None) -> P.Input:
+    node = WORKERS.get(name, "a")
+    detail = signal or f"exit code {code}"
+    return P.RankExited(node, name, name != "sched", code == 0 and signal is None, by_agent, detail, t)
+
+
+def done(t: float, *nodes: str) -> list[P.Input]:
+    return [P.NodeDone(n, t) for n in nodes or NODES]
+
+
+@dataclass
+class Row:
+    name: str
+    steps: list[tuple[P.Input | list[P.Input], list[str] | dict[str, list[str]]]]
+    settings: dict[str, Any] = field(default_factory=dict)  # PolicyConfig fields for this row
+
+
+FAIL_R1 = "stop: r1 on a failed (exit code 7)"
+
+TABLE = [
+    Row(
+        "every worker succeeds; the lingering scheduler is stopped",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            ([exited(n, 1.0) for n in WORKERS], []),
+            (P.Tick(1.0 + LINGER / 2), []),
+            (P.Tick(1.1 + LINGER), ["stop the scheduler"]),
+            (P.Tick(1.2 + LINGER), []),  # once
+            (
+                [exited("sched", 7.0, signal="SIGTERM", by_agent=True), *done(7.0)],
+                ["attempt 0 succeeded", "end succeeded: all ranks finished"],
+            ),
+        ],
+    ),
+    Row(
+        "a failure stops every node; with budget the group restarts after the backoff",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (exited("r1", 1.0, code=7), []),  # the alarm and the message: one stop
+            (exited("r0", 1.1, signal="SIGTERM", by_agent=True), []),  # a victim, not a failure
+            (done(1.2), ["attempt 0 failed", "restart as 1 in 2 s, 0 left: attempt 0 failed"]),
+            (P.Tick(2.0), []),
+            (P.Tick(3.3), ["start 1"]),
+            (started(3.5), []),
+            ([exited(n, 4.0) for n in [*WORKERS, "sched"]], []),
+            (done(4.1), ["attempt 1 succeeded", "end succeeded: all ranks finished (after 1 restart)"]),
+        ],
+        {"max_restarts": 1, "backoff_s": 2.0},
+    ),
+    Row(
+        "no budget left: the run waits for the operator, who restarts it (no backoff, no budget)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (
+                done(1.2),
+                {
+                    "console": ["attempt 0 failed", "await the operator (as long as it stays)"],
+                    "coordinator": ["attempt 0 failed", "await the operator (900 s)"],
+                },
+            ),
+            (P.Tick(500.0), []),
+            (
+                P.RestartRequested("r pressed", 600.0),
+                [
+                    "restart as 1 in 0 s, 0 left: restart requested by the operator after attempt 0 failed",
+                    "start 1",
+                ],
+            ),
+        ],
+        {"backoff_s": 5.0},
+    ),
+    Row(
+        "no budget left: the operator's stop ends the run with the failed attempt's verdict",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (
+                done(1.2),
+                {
+                    "console": ["attempt 0 failed", "await the operator (as long as it stays)"],
+                    "coordinator": ["attempt 0 failed", "await the operator (900 s)"],
+                },
+            ),
+            (P.StopRequested("q", 130, 5.0), ["end failed"]),
+        ],
+    ),
+    Row(
+        "a waiting coordinator ends the run when nobody came",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (
+                done(1.2),
+                {
+                    "console": ["attempt 0 failed", "await the operator (as long as it stays)"],
+                    "coordinator": ["attempt 0 failed", "await the operator (900 s)"],
+                },
+            ),
+            (P.Tick(1.2 + 899.0), []),
+            (P.Tick(1.2 + 901.0), {"console": [], "coordinator": ["end failed"]}),
+        ],
+    ),
+    Row(
+        "headless: no operator to wait for, the failed run ends",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (done(1.2), ["attempt 0 failed", "end failed"]),
+        ],
+        {"operator_wait_s": None},
+    ),
+    Row(
+        "a hung rank stops every node",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (P.RankHung("b", "r2", "stopped", 3.0), ["stop: r2 on b is hung (stopped)"]),
+            (done(3.5), ["attempt 0 failed", "end failed"]),
+        ],
+        {"operator_wait_s": None},
+    ),
+    Row(
+        "a lost node: a console reconnects it for the next attempt; a coordinator cannot",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (P.NodeLost("b", "connection reset", 2.0), ["stop: lost the node b: connection reset"]),
+            (P.NodeLost("b", "connection reset", 2.0), []),
+            (
+                done(2.5, "a"),
+                {
+                    "console": [
+                        "attempt 0 failed",
+                        "restart as 1 in 0 s, 2 left: attempt 0 failed",
+                        "start 1",
+                    ],
+                    "coordinator": [
+                        "attempt 0 failed",
+                        "end failed: lost b: reconnecting a node needs the console (mscon attach)",
+                    ],
+                },
+            ),
+        ],
+        {"max_restarts": 3},
+    ),
+    Row(
+        "an agent that cannot start its processes is a failure; an error after they started is not",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (P.RankStarted("a", "r0", 0.1), []),
+            (P.AgentFailed("a", "disk full", 0.2), []),
+            (P.AgentFailed("b", "python not found", 0.3), ["stop: b: python not found"]),
+        ],
+    ),
+    Row(
+        "stop requested: every node stops; a second request forces",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (P.StopRequested("ctrl-c", 130, 1.0), ["stop: ctrl-c"]),
+            (exited("r1", 1.1, code=7), []),  # during our stop: not a new cause
+            (
+                P.StopRequested("ctrl-c again", 130, 1.2),
+                [
+                    "force",
+                    "attempt 0 interrupted",
+                    "end interrupted: ctrl-c (130)",
+                ],
+            ),
+        ],
+    ),
+    Row(
+        "stop requested, then every node confirms",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (P.StopRequested("stop", 141, 1.0), ["stop: stop"]),
+            (done(1.5), ["attempt 0 interrupted", "end interrupted: stop (141)"]),
+        ],
+    ),
+    Row(
+        "the operator's stop during a failure's stop: the run ends interrupted",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (P.StopRequested("stop", 130, 1.1), ["stop again"]),
+            (done(1.5), ["attempt 0 interrupted", "end interrupted: stop (130)"]),
+        ],
+        {"max_restarts": 2},
+    ),
+    Row(
+        "restart requested while running: the group restarts, the budget untouched",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (
+                P.RestartRequested("r", 1.0),
+                ["stop: r: the whole group restarts (a rank cannot rejoin a running collective)"],
+            ),
+            (done(1.5), ["attempt 0 restart requested", "restart as 1 in 2 s, 1 left: restart requested"]),
+            (P.RestartRequested("r again", 1.6), ["start 1"]),  # cuts the backoff short
+        ],
+        {"max_restarts": 1, "backoff_s": 2.0},
+    ),
+    Row(
+        "restart pressed while a failure stops: once stopped, the group goes again (no budget used)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (P.RestartRequested("r", 1.1), []),
+            (
+                done(1.5),
+                [
+                    "attempt 0 failed",
+                    "restart as 1 in 0 s, 0 left: restart requested by the operator after attempt 0 failed",
+                    "start 1",
+                ],
+            ),
+        ],
+        {"operator_wait_s": None},
+    ),
+    Row(
+        "stop during the backoff ends the run",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (done(1.5), ["attempt 0 failed", "restart as 1 in 9 s, 0 left: attempt 0 failed"]),
+            (P.StopRequested("stop", 130, 2.0), ["end interrupted: stop (130)"]),
+        ],
+        {"max_restarts": 1, "backoff_s": 9.0},
+    ),
+    Row(
+        "a node that does not confirm the stop in time is cut off",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (done(1.5, "a"), []),
+            (P.Tick(1.0 + 3.0 + CONFIRM - 0.1), []),
+            (
+                P.Tick(1.0 + 3.0 + CONFIRM + 0.1),
+                {
+                    "console": [
+                        "cut b",
+                        "attempt 0 failed",
+                        "restart as 1 in 0 s, 0 left: attempt 0 failed",
+                        "start 1",
+                    ],
+                    "coordinator": [
+                        "cut b",
+                        "attempt 0 failed",
+                        "end failed: lost b: reconnecting a node needs the console (mscon attach)",
+                    ],
+                },
+            ),
+        ],
+        {"max_restarts": 1, "grace_s": 3.0},
+    ),
+    Row(
+        "silent ranks are inspected once after the hang timeout (by the console; agents watch their own)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.Tick(9.0), []),
+            (P.Tick(10.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+            (P.Tick(30.0), []),
+        ],
+    ),
+]
+
+
+def run_row(row: Row, host: str) -> None:
+    cfg = P.PolicyConfig(nodes=NODES, workers=dict(WORKERS), **{**HOSTS[host], **row.settings})
+    policy = P.RunPolicy(cfg)
+    for i, (inputs, expected) in enumerate(row.steps):
+        want = expected[host] if isinstance(expected, dict) else expected
+        got = [
+            summary(a) for ev in (inputs if isinstance(inputs, list) else [inputs]) for a in policy.step(ev)
+        ]
+        assert got == want, f"{row.name!r}, {host}, step {i}"
+
+
+@pytest.mark.parametrize("host", sorted(HOSTS))
+@pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
+def test_policy_table(row: Row, host: str) -> None:
+    run_row(row, host)
+
+
+def test_progress_keeps_a_rank_from_being_inspected() -> None:
+    policy = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["console"]))
+    policy.step(P.Begin(0.0))
+    for ev in started(0.0):
+        policy.step(ev)
+    for name in ("r0", "r2", "r3"):
+        policy.progress(name, 9.0)
+    assert [summary(a) for a in policy.step(P.Tick(10.5))] == ["inspect a: r1"]
+
+
+def test_the_wire_means_the_same_to_both_hosts() -> None:
+    exit_msg = wire.ProcExited("b", "r2", 2, 99, None, "SIGKILL", 9, 5, False)
+    assert P.from_message("b", exit_msg, 1.0) == P.RankExited("b", "r2", True, False, False, "SIGKILL", 1.0)
+    sched = wire.ProcExited("a", "sched", wire.SCHEDULER_RANK, 98, 0, None, None, 5, False)
+    assert P.from_message("a", sched, 1.0) == P.RankExited(
+        "a", "sched", False, True, False, "exit code 0", 1.0
+    )
+    assert P.from_message("a", wire.AllExited("a", 5), 2.0) == P.NodeDone("a", 2.0)
+    assert P.from_message("a", wire.Ping(), 2.0) is None
+
+
+def test_watchdog_and_hang_rules() -> None:
+    assert P.watchdog_s(0.5) == P.WATCHDOG_FLOOR_S
+    assert P.watchdog_s(10.0) == 32.0
+    assert P.silent_too_long(0.0, 10.5, 10.0) and not P.silent_too_long(0.0, 9.5, 10.0)
+    assert not P.silent_too_long(0.0, 1e9, 0.0)  # 0: no hang timeout
+
+
+def test_nothing_after_the_end() -> None:
+    policy = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), operator_wait_s=None))
+    policy.step(P.Begin(0.0))
+    policy.step(P.StopRequested("stop", 130, 1.0))
+    assert [summary(a) for a in policy.step(P.StopRequested("again", 130, 1.1))][-1].startswith("end")
+    assert policy.phase is P.Phase.ENDED
+    assert policy.step(P.RestartRequested("r", 2.0)) == [] and policy.step(P.Tick(99.0)) == []
