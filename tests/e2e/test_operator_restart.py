@@ -1,0 +1,140 @@
+"""The moment the product is named for, in a real terminal (tmux): a rank dies, the operator reads
+the Failure panel while every process of the attempt is gone, presses r, and the group trains again
+from the trainer's latest checkpoint. No restart budget: the run waits for the operator."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, free_port, needs_mindspore, run_processes, wait_gone, write_inventory
+from mscon.agent import layout
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"
+)
+
+
+def _capture(session: str) -> str:
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
+    ).stdout
+
+
+def _wait(cond, timeout: float, what: str, session: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; screen:\n{_capture(session)}")
+
+
+def _keys(session: str, *keys: str) -> None:
+    subprocess.run(["tmux", "send-keys", "-t", session, *keys], check=True)
+
+
+@needs_mindspore
+@pytest.mark.mindspore
+def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path) -> None:
+    inv = write_inventory(
+        tmp_path / "inv.yaml",
+        {
+            "name": "operator-restart",
+            "device_target": "CPU",
+            "nodes": [{"host": "localhost", "name": "local", "transport": "local", "devices": 2}],
+            "scheduler": {"port": free_port()},
+            "job": {
+                "workdir": str(REPO),
+                "script": "trainer/train.py",
+                "args": [
+                    "--parallel-mode",
+                    "data_parallel",
+                    "--epochs",
+                    "400",
+                    "--steps-per-epoch",
+                    "20",
+                    "--checkpoint-every",
+                    "5",
+                ],
+                "env": {"GLOG_v": "3"},
+            },
+            "stop": {"grace_s": 3},
+        },
+    )
+    run_id = f"op-restart-{secrets.token_hex(3)}"
+    session = f"mscon-op-{secrets.token_hex(3)}"
+    done = tmp_path / "done"
+    logs = tmp_path / "runs"
+    env = " ".join(f"{k}={v}" for k, v in (("PYTHONPATH", os.environ.get("PYTHONPATH", "")),) if v)
+    cmd = (
+        f"cd {tmp_path} && env {env} TERM=xterm-256color {sys.executable} -m mscon.console.cli up {inv} "
+        f"--no-check --run-id {run_id} --logs-dir {logs} --json {tmp_path / 's.json'}; "
+        f"echo exit=$? > {done}; sleep 60"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "45", cmd], check=True)
+    try:
+        _wait(lambda: "Overview" in _capture(session), 60, "the console", session)
+
+        def ranks_past_a_checkpoint() -> list[psutil.Process]:
+            ranks = [p for p in run_processes(run_id) if "train.py" in " ".join(p.cmdline())]
+            return ranks if len(ranks) == 2 and _checkpointed(run_id) else []
+
+        ranks = _wait(ranks_past_a_checkpoint, 240, "two training ranks past their first checkpoint", session)
+        victim = min(ranks, key=lambda p: p.pid)
+        victim.kill()  # kill -9
+        _wait(
+            lambda: "awaiting operator" in _capture(session), 60, "the run to wait for the operator", session
+        )
+        # Every process of the failed attempt is gone, and the run still waits: this is when r matters.
+        assert wait_gone(ranks, 30) == []
+        _wait(lambda: run_processes(run_id) == [], 30, "the scheduler to go", session)
+        assert not done.exists() and "awaiting operator" in _capture(session)
+        _keys(session, "r")
+        _wait(lambda: "Restart the whole group?" in _capture(session), 20, "the restart question", session)
+        _keys(session, "y")
+        resumed = _wait(lambda: _resumed_step(run_id), 240, "attempt 1 to resume from a checkpoint", session)
+        assert resumed > 0
+        _wait(
+            lambda: len([p for p in run_processes(run_id) if "train.py" in " ".join(p.cmdline())]) == 2,
+            60,
+            "attempt 1's two ranks",
+            session,
+        )
+        _keys(session, "q")
+        _wait(lambda: "Quit mscon?" in _capture(session), 20, "the quit question", session)
+        _keys(session, "s")
+        _wait(done.exists, 90, "mscon to exit", session)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert done.read_text().strip() == "exit=130"
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert [(a["attempt"], a["outcome"]) for a in summary["attempts"]] == [
+        (0, "failed"),
+        (1, "interrupted"),
+    ]
+    assert summary["attempts"][0]["root_cause"]["signal"] == "SIGKILL"
+
+
+def _node_run_dir(run_id: str) -> Path:
+    return Path(layout.run_folder(None, run_id, "local"))  # a local node: the console's own home
+
+
+def _checkpointed(run_id: str) -> bool:
+    return any(Path(layout.checkpoint_folder(str(_node_run_dir(run_id)))).rglob("*.ckpt"))
+
+
+def _resumed_step(run_id: str) -> int:
+    log = Path(layout.log_path(_node_run_dir(run_id), 1, "r0"))
+    m = re.search(r"resumed from step (\d+)", log.read_text(errors="replace")) if log.exists() else None
+    return int(m.group(1)) if m else 0
