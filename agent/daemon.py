@@ -4,6 +4,8 @@ The run folder is made mode 0700 and the socket 0600, and every connection's pee
 checked as well: only the user the agent runs as gets in (root included only when it is that user).
 Each client has its own writer thread and a bounded queue, so a stalled console never stalls the
 agent; one that falls too far behind is dropped (it can attach again and replay what it missed).
+Both its threads end when it leaves, whether it said goodbye or not; a line over ``LINE_MAX`` is
+answered with an AgentError and the client closed, never buffered whole.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import socket
 import struct
 import threading
 
-from .journal import ERRORS, SOCKET
-from .streams import accept_forever, close_socket, read_lines
+from . import protocol as P
+from .layout import ERRORS, SOCKET
+from .streams import LineTooLong, accept_forever, close_socket, read_lines
 
 _CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
+# Bytes in one line from a client: an Attach is a few KiB, a RunCommand less; anything longer is a
+# broken or hostile client, and bounding it bounds what one client can make the agent hold.
+LINE_MAX = 1 << 20
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -32,9 +38,10 @@ def peer_uid(sock: socket.socket) -> int | None:
 class Client:
     """One console on the socket. Lines it sends go to ``inbox`` as ("client", self, line | None)."""
 
-    def __init__(self, sock: socket.socket, inbox: queue.Queue) -> None:
+    def __init__(self, sock: socket.socket, inbox: queue.Queue, node: str = "") -> None:
         self.sock = sock
         self.inbox = inbox
+        self.node = node  # this agent's node: it signs the errors the client gets from here
         self.out: queue.Queue = queue.Queue()
         self.attached = False  # its Attach was served: live messages go to it from now on
         self.read_only = True
@@ -67,22 +74,30 @@ class Client:
         self.close()
 
     def _read(self) -> None:
-        read_lines(self.sock.recv, lambda line: self.inbox.put(("client", self, line)))
-        self.close()
+        try:
+            read_lines(self.sock.recv, lambda line: self.inbox.put(("client", self, line)), LINE_MAX)
+        except LineTooLong:
+            error = P.AgentError(node=self.node, message="a line over %d bytes: connection closed" % LINE_MAX)
+            self.send_line(P.encode(error))
+            self.end()
+        else:
+            self.close()
         self.inbox.put(("client", self, None))
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self.out.put(None)  # wakes the writer, which ends with the client
         close_socket(self.sock)
 
 
 class SocketServer:
     """Listens on ``agent.sock`` in the current folder (the agent chdirs into its run folder)."""
 
-    def __init__(self, run_dir: str, inbox: queue.Queue) -> None:
+    def __init__(self, run_dir: str, inbox: queue.Queue, node: str = "") -> None:
         self.inbox = inbox
+        self.node = node
         os.chmod(run_dir, 0o700)
         os.chdir(run_dir)
         try:
@@ -102,15 +117,19 @@ class SocketServer:
         threading.Thread(target=self._accept, name="socket-accept", daemon=True).start()
 
     def _accept(self) -> None:
-        accept_forever(self.sock, self._admit)
+        accept_forever(self.sock, self._admit, "agent socket")
 
     def _admit(self, conn: socket.socket) -> None:
         if peer_uid(conn) != self.uid:
             conn.close()  # another user (the folder's mode should have stopped them already)
             return
-        self.inbox.put(("client_up", Client(conn, self.inbox), None))
+        self.inbox.put(("client_up", Client(conn, self.inbox, self.node), None))
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread: it ends
+        except OSError:
+            pass
         try:
             self.sock.close()
             os.unlink(self.path)

@@ -269,7 +269,7 @@ class DetachedRun:
         start = P.from_dict(P.Start, dict(self.msg.next_start, attempt=attempt, workdir_archive=None))
         assert isinstance(start, P.Start)
         self.agent.start(start)
-        self.agent._save_state()
+        self.agent._save_state(reason="")
 
     def _send_peers(self, msg: P.Message) -> None:
         for link in list(self.peers.values()):

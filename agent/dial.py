@@ -9,7 +9,7 @@ agent needs to be on the node beforehand: no shared file system is assumed.
 :func:`serve` speaks a small control protocol (JSON lines, ``{"id": N, "op": ...}``, each
 answered by ``{"id": N, ...}``) on that connection:
 
-* ``exists`` / ``put``: files under the node's mscon folder (``~/.cache/mscon``), for the agent
+* ``exists`` / ``put``: files under the node's mscon folder (``layout.py``), for the agent
   bundle and the workdir archive; paths are relative, plain names only, written atomically.
 * ``agent``: open a second connection, authenticate it, present the console's one-time token,
   and start the normal agent (the same boot as over SSH) with that socket as its stdin and
@@ -38,8 +38,12 @@ import sys
 import tarfile
 import threading
 
+try:
+    from .layout import WORK_DIR, cache_folder, plain
+except ImportError:  # exec'd by the Slurm boot, not imported: layout.py's source came first
+    pass
+
 PROTOCOL = "MSCON-DIAL 1"
-CACHE_DIR = ".cache/mscon"
 CHUNK = 1 << 20  # bytes per fetch chunk (base64 in one JSON line)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -60,15 +64,6 @@ def handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
     sock.sendall((mac(key, "node", words[0], nonce) + "\n").encode())
 
 
-def _plain(name):  # noqa: ANN001, ANN202
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and "/" not in name
-        and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
-    )
-
-
 class Dial:
     def __init__(self, sock, rfile, key) -> None:  # noqa: ANN001
         self.sock = sock
@@ -76,7 +71,7 @@ class Dial:
         self.key = key
         self.lock = threading.Lock()
         self.home = os.path.expanduser("~")
-        self.root = os.path.join(self.home, CACHE_DIR)
+        self.root = cache_folder(self.home)
         self.agent = None  # the agent's Popen
         self.agent_sock = None
         self.uploads = {}  # path -> (tmp path, file)
@@ -94,7 +89,7 @@ class Dial:
     def path(self, rel):  # noqa: ANN001, ANN201
         """``rel`` under the mscon folder; every component a plain name (else ValueError)."""
         parts = rel.split("/") if isinstance(rel, str) else [None]
-        if not all(_plain(p) for p in parts):
+        if not all(plain(p) for p in parts):
             raise ValueError("unsafe path %r" % (rel,))
         return os.path.join(self.root, *parts)
 
@@ -265,7 +260,7 @@ def _add_tree(tar, dir_fd, prefix, top=False) -> None:  # noqa: ANN001
     """Folders and regular files under ``dir_fd``, each opened relative to its parent without
     following links, so nothing outside the run folder is ever read."""
     for name in sorted(os.listdir(dir_fd)):
-        if (top and name == "work") or not _plain(name):
+        if (top and name == WORK_DIR) or not plain(name):
             continue  # the synced workdir is not a log
         arc = posixpath.join(prefix, name) if prefix else name
         try:

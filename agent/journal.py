@@ -1,7 +1,8 @@
 """What a node keeps of a run in its run folder, so a console can attach later and learn all of it.
 
 - ``journal.jsonl``: every lifecycle message the agent sent (process started and exited, hangs,
-  evidence, errors, the coordinator's decisions), one JSON line each, with its attempt. Logs are
+  evidence, errors, the coordinator's decisions: the classes marked ``journaled`` in
+  protocol.py), one JSON line each, with its attempt. Logs are
   not copied here: they are in ``attempt_N/<name>.log`` already and are replayed from there.
 - ``state.json``: the run as this node sees it now (attempt, status, pids, who is attached),
   rewritten atomically; ``mscon ls`` reads it even when no agent runs any more.
@@ -15,27 +16,19 @@ import json
 import os
 import time
 
+from .layout import STATE, journal_file, state_file
+from .policy import Status
 from .tail import _clean
-
-JOURNAL = "journal.jsonl"
-STATE = "state.json"
-SOCKET = "agent.sock"  # bound relative to the run folder: absolute paths may pass the 107-byte limit
-ERRORS = "agent.err"  # the daemon's stderr once no console holds it
-
-# The messages worth keeping: what a console needs to rebuild the run. Logs, metrics and telemetry
-# are not journaled (the log files hold the lines; the last metric of each rank is in state.json).
-JOURNALED = frozenset(
-    ["proc_started", "proc_exited", "proc_hung", "all_exited", "agent_error", "evidence", "coord"]
-)
 
 
 class RunStatus:
-    """state.json's ``status`` (plain strings: stdlib JSON on both sides)."""
+    """state.json's ``status`` (plain strings: stdlib JSON on both sides); a run's end in the
+    policy's words (policy.Status)."""
 
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
+    SUCCEEDED = Status.SUCCEEDED.value
+    FAILED = Status.FAILED.value
+    INTERRUPTED = Status.INTERRUPTED.value
     LOST = "lost"  # the agent died without recording an end (read by `mscon ls`, never written)
 
 
@@ -43,7 +36,7 @@ class Journal:
     """Append-only; each entry is flushed at once so a killed agent loses nothing it reported."""
 
     def __init__(self, run_dir: str) -> None:
-        self.path = os.path.join(run_dir, JOURNAL)
+        self.path = journal_file(run_dir)
         self.count = 0
         if os.path.exists(self.path):  # an agent restarted on the same run folder goes on counting
             with open(self.path, "rb") as f:
@@ -62,9 +55,8 @@ class Journal:
 
 
 def read_journal(run_dir: str, start: int = 0):  # noqa: ANN201 - a generator of (index, attempt, dict)
-    path = os.path.join(run_dir, JOURNAL)
     try:
-        f = open(path, encoding="utf-8")
+        f = open(journal_file(run_dir), encoding="utf-8")
     except OSError:
         return
     with f:
@@ -83,12 +75,12 @@ def write_state(run_dir: str, state: dict) -> None:
     tmp = os.path.join(run_dir, ".%s.tmp" % STATE)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(state, f, sort_keys=True)
-    os.replace(tmp, os.path.join(run_dir, STATE))
+    os.replace(tmp, state_file(run_dir))
 
 
 def read_state(run_dir: str) -> dict | None:
     try:
-        with open(os.path.join(run_dir, STATE), encoding="utf-8") as f:
+        with open(state_file(run_dir), encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, ValueError):
         return None
@@ -132,17 +124,3 @@ def log_lines(path: str, start: int, stop: int | None = None, checkpoint: tuple 
                 seq += 1
         if batch:
             yield batch
-
-
-def runs_root(cache: str | None) -> str:
-    """Where runs are kept: under the cache folder the console gave (the one its transport built
-    every run folder in, whatever $HOME says), else ~/.cache/mscon."""
-    return os.path.join(cache or os.path.join(os.path.expanduser("~"), ".cache", "mscon"), "runs")
-
-
-def run_folder(cache: str | None, run_id: str, node: str) -> str:
-    """The node's folder of a run, as the console's transport computes it (both names are plain)."""
-    for value in (run_id, node):
-        if not value or value in (".", "..") or "/" in value or "\0" in value:
-            raise ValueError("not a plain name: %r" % value)
-    return os.path.join(runs_root(cache), run_id, node)

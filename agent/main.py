@@ -14,6 +14,7 @@ that attaches later learns the whole run.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import queue
 import socket
@@ -25,11 +26,13 @@ from typing import TYPE_CHECKING
 from . import procs as procmod
 from . import protocol as P
 from .evidence import blame
-from .journal import JOURNALED, Journal, RunStatus, write_state
+from .journal import Journal, RunStatus, write_state
+from .layout import CACHE_DIR, attempt_folder
 from .mesh import MeshListener, probe_peer
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
 from .outbox import Outbox
+from .policy import DEFAULT_GRACE_S
 from .relay import hello
 from .streams import read_lines
 from .tail import FileTail, LineMetrics, extract_traceback, parse_metrics_line
@@ -42,9 +45,6 @@ if TYPE_CHECKING:
 # workdir archive (tarfile) and argparse cost tens of milliseconds at every agent start, and an
 # agent that only runs checks, lists runs or relays an attach needs none of them.
 
-# Streamed messages: what the outbox's budget counts, and what waits in the ranks' files while the
-# console is behind (lifecycle messages are never held back).
-_STREAMED = frozenset(["log", "metric", "metrics", "telemetry", "telemetry_batch"])
 _FINAL_WRITE_S = 30.0  # at exit, how long the last messages may take to reach a slow console
 _TAIL_KEEP = 200  # lines kept per process for the exit report
 _BATCH_MAX = 500  # lines per LogBatch message
@@ -70,6 +70,8 @@ class Watched:
         self.progress_ns = time.time_ns()  # last log line or metric read (start counts as progress)
         self.stopped_since: float | None = None  # monotonic time state T was first seen
         self.hung_reported = False
+        # A ProcHung waiting for its py-spy stack (taken by a thread): its exit is reported after it.
+        self.hung_pending: P.ProcHung | None = None
         self.drained = False  # its log read to the end after its exit (held back while the console is behind)
         self._parser: LineParser | None = None
 
@@ -92,6 +94,7 @@ class Agent:
         self.devices: DeviceSampler | None = None  # started with the first Start (it knows the target)
         self.all_exited_sent = False
         self.failed = False
+        self.stopping: procmod.GroupStop | None = None  # a stop under way, advanced by tick()
         self._last_flush = 0.0
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
@@ -107,7 +110,7 @@ class Agent:
     # ------------------------------------------------------------ I/O
 
     def send(self, msg: P.Message) -> None:
-        if self.journal is not None and msg.type in JOURNALED:
+        if self.journal is not None and msg.journaled:
             self.journal.add(self.start_cmd.attempt if self.start_cmd else 0, msg.to_dict())
         line = P.encode(msg)
         if self.detached is not None:
@@ -115,7 +118,7 @@ class Agent:
             self.detached.broadcast(line)  # consoles attached on the socket
         if not self.to_console:
             return
-        if not self.outbox.put(line, msg.type in _STREAMED):
+        if not self.outbox.put(line, msg.streamed):
             if self.detached is not None:
                 return  # the console went while detaching: the daemon goes on
             raise ConsoleGone()
@@ -148,7 +151,7 @@ class Agent:
                         self.to_console = False
                         self.detached.console_left()
                     else:
-                        self.stop("console closed the connection", self._grace())
+                        self.stop_and_wait("console closed the connection", self._grace())
                         self._final_state()
                         return 0
                 elif source == "console":
@@ -156,10 +159,12 @@ class Agent:
                     if not self.handle(line):
                         self._final_state()
                         return 0
+                elif source == "stack":
+                    self._hung_stack(obj, line)
                 elif source and self.detached is not None:
                     self._guarded(self.detached.handle, source, obj, line)
                 elif self._console_silent():
-                    self.stop(
+                    self.stop_and_wait(
                         "no word from the console for %gs (network partition?)" % self._watchdog(),
                         self._grace(),
                         report=False,
@@ -174,10 +179,10 @@ class Agent:
                         self.detached.close()
                     return 0
         except ConsoleGone:
-            self.stop("console output closed", self._grace(), report=False)
+            self.stop_and_wait("console output closed", self._grace(), report=False)
             return 0
         except KeyboardInterrupt:
-            self.stop("agent interrupted", self._grace(), report=False)
+            self.stop_and_wait("agent interrupted", self._grace(), report=False)
             return 130
 
     def _guarded(self, fn, *args) -> None:  # noqa: ANN001
@@ -204,7 +209,7 @@ class Agent:
         return limit > 0 and time.monotonic() - self.last_heard > limit
 
     def _grace(self) -> float:
-        return self.start_cmd.grace_s if self.start_cmd else 3.0
+        return self.start_cmd.grace_s if self.start_cmd else DEFAULT_GRACE_S
 
     def handle(self, line: str) -> bool:
         """Carry out one command; False when the agent should exit."""
@@ -218,7 +223,7 @@ class Agent:
         elif isinstance(msg, P.Stop):
             self.stop(msg.reason, msg.grace_s)
         elif isinstance(msg, P.Shutdown):
-            self.stop("shutdown", self._grace())
+            self.stop_and_wait("shutdown", self._grace())
             return False
         elif isinstance(msg, P.Inspect):
             for w in self.watched:
@@ -304,7 +309,7 @@ class Agent:
         elif procs and all(p.returncode == 0 for p in procs):
             status = RunStatus.SUCCEEDED
         else:
-            status = RunStatus.STOPPED
+            status = RunStatus.INTERRUPTED
         self._save_state(status=status)
 
     # ------------------------------------------------------------ commands
@@ -313,6 +318,9 @@ class Agent:
         if self.start_cmd is not None and any(w.proc.alive for w in self.watched):
             self.send(P.AgentError(node=self.node, message="start refused: processes still running"))
             return
+        if self.stopping is not None:  # none of its processes is alive (see above): its last sweep
+            self.stopping.step(time.monotonic())
+            self.stopping = None  # its deadlines must not apply to the new ranks
         self.start_cmd = cmd
         self.line_metrics = LineMetrics(cmd.metrics_pattern)
         if self.devices is None:
@@ -323,7 +331,7 @@ class Agent:
         self.watched = []
         self.all_exited_sent = False
         self.failed = False
-        log_dir = os.path.join(cmd.run_dir, "attempt_%d" % cmd.attempt)
+        log_dir = attempt_folder(cmd.run_dir, cmd.attempt)
         try:
             if os.path.isdir(log_dir) and os.listdir(log_dir):
                 # Never mix two runs' logs: a reused run id would make old lines look new.
@@ -352,9 +360,11 @@ class Agent:
             except OSError as exc:
                 self.send(P.AgentError(node=self.node, message="cannot start %s: %s" % (spec.name, exc)))
                 self.failed = True
-                self.stop("launch failed", cmd.grace_s)
-                self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
-                self.all_exited_sent = True
+                if any(w.proc.alive for w in self.watched):
+                    self.stop("launch failed", cmd.grace_s)  # tick() sends AllExited once they are gone
+                else:
+                    self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+                    self.all_exited_sent = True
                 return
             w = Watched(proc)
             self.watched.append(w)
@@ -370,9 +380,21 @@ class Agent:
             )
         self._save_state()
 
-    def stop(self, reason: str, grace_s: float, report: bool = True) -> None:
-        procs = [w.proc for w in self.watched]
-        if not any(p.alive for p in procs):
+    def stop(self, reason: str, grace_s: float) -> None:
+        """Stop every process of the node without waiting: TERM now, KILL at the grace deadline.
+        tick() advances the stop and reports each exit as it comes, so the loop keeps serving
+        (pings, other nodes' orders, log lines) while the ranks take their grace."""
+        if not any(w.proc.alive for w in self.watched):
+            return
+        if self.stopping is None:
+            self.stopping = procmod.GroupStop()
+        self.stopping.add([w.proc for w in self.watched], grace_s, time.monotonic())
+
+    def stop_and_wait(self, reason: str, grace_s: float, report: bool = True) -> None:
+        """Stop every process and block until they are gone: only as the agent leaves, when the
+        loop has nothing left to serve."""
+        self.stop(reason, grace_s)
+        if self.stopping is None:
             return
         by_proc = {id(w.proc): w for w in self.watched}
 
@@ -380,7 +402,8 @@ class Agent:
             if report:
                 self._report_exit(by_proc[id(p)])
 
-        procmod.stop_all(procs, grace_s, on_reap=on_reap)
+        stopping, self.stopping = self.stopping, None
+        stopping.wait(on_reap)
         if report:
             for w in self.watched:
                 if not w.proc.reported and not w.proc.alive:
@@ -389,10 +412,12 @@ class Agent:
     # ------------------------------------------------------------ supervision
 
     def tick(self) -> None:
-        if not self.watched or self.all_exited_sent:
-            return
         now = time.monotonic()
         exited = [w for w in self.watched if w.proc.poll()]
+        if self.stopping is not None and self.stopping.step(now):  # after the reaping above
+            self.stopping = None
+        if not self.watched or self.all_exited_sent:
+            return
         interval = self.start_cmd.flush_interval_s if self.start_cmd else 0.1
         if exited or now - self._last_flush >= interval:
             self._last_flush = now
@@ -402,7 +427,8 @@ class Agent:
                 elif not w.drained:  # exited while its lines were held back: they follow its report
                     w.drained = self._flush(w, final=True)
         for w in exited:
-            self._report_exit(w)
+            if w.hung_pending is None:  # else once its ProcHung has gone (_hung_stack)
+                self._report_exit(w)
             if w.proc.returncode != 0 and not w.proc.stop_sent and not self.failed:
                 # Root-cause candidate: stop the node-local siblings now, not after a round trip.
                 self.failed = True
@@ -499,25 +525,40 @@ class Agent:
                     self._report_hung(w, "no progress")
 
     def _report_hung(self, w: Watched, why: str) -> None:
+        """Report a rank that makes no progress, with its Python stack: py-spy takes up to 10 s,
+        so it runs in a thread and the report goes out when the stack comes in (_hung_stack)."""
+        if w.hung_pending is not None:
+            return  # a report is on its way already
         w.hung_reported = True
         pid = w.proc.popen.pid
         self._flush(w)
         spec = w.proc.spec
-        self.send(
-            P.ProcHung(
-                node=self.node,
-                name=spec.name,
-                rank=spec.rank,
-                pid=pid,
-                why=why,
-                state=procmod.describe_state(procmod.proc_state(pid)),
-                since_ns=w.progress_ns,
-                ts_ns=time.time_ns(),
-                wchan=procmod.wchan(pid),
-                stack=procmod.py_stack(pid),
-                tail=tuple(list(w.recent)[-20:]),
-            )
+        w.hung_pending = P.ProcHung(
+            node=self.node,
+            name=spec.name,
+            rank=spec.rank,
+            pid=pid,
+            why=why,
+            state=procmod.describe_state(procmod.proc_state(pid)),
+            since_ns=w.progress_ns,
+            ts_ns=time.time_ns(),
+            wchan=procmod.wchan(pid),
+            tail=tuple(list(w.recent)[-20:]),
         )
+
+        def take_stack() -> None:
+            self.inbox.put(("stack", w, procmod.py_stack(pid)))
+
+        threading.Thread(target=take_stack, name="py-spy", daemon=True).start()
+
+    def _hung_stack(self, w: Watched, stack: str) -> None:
+        """The stack for a pending ProcHung: send it, then the exit it held back, if any."""
+        msg, w.hung_pending = w.hung_pending, None
+        if msg is None or not any(w is x for x in self.watched):
+            return  # a later attempt replaced it
+        self.send(dataclasses.replace(msg, stack=stack))
+        if not w.proc.alive:
+            self._report_exit(w)
 
     def _flush_metrics(self, w: Watched, final: bool, parsed: list[P.Metric] | None = None) -> None:
         """Every metric of this flush (parsed from the log, or read from MSCON_METRICS) in one
@@ -704,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         "--attach", metavar="RUN_ID", help="relay to the detached run's agent (or read its files)"
     )
     parser.add_argument("--ls", action="store_true", help="list this node's runs as JSON lines")
-    parser.add_argument("--cache", help="the cache folder runs are kept in (default ~/.cache/mscon)")
+    parser.add_argument("--cache", help="the cache folder runs are kept in (default ~/%s)" % CACHE_DIR)
     args = parser.parse_args(argv)
     return serve(args.node, attach=args.attach, ls=args.ls, cache=args.cache)
 

@@ -6,6 +6,7 @@ One place builds them, for the live tail (main.py) and for the replay an attachi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from . import protocol as P
@@ -13,23 +14,17 @@ from .tail import NO_STEP, LineMetrics
 
 
 def from_record(node: str, name: str, rank: int, obj: dict) -> P.Metric:
-    """A Metric from one MSCON_METRICS JSON record (``tail.parse_metrics_line``)."""
+    """A Metric from one MSCON_METRICS JSON record (``tail.parse_metrics_line``): each optional
+    field of Metric from the record's key of the same name, None where it is missing or of
+    another type."""
     return P.Metric(
         node=node,
         name=name,
         rank=rank,
         step=obj["step"],
-        epoch=_opt_int(obj.get("epoch")),
-        loss=_opt_float(obj.get("loss")),
-        step_time_s=_opt_float(obj.get("step_time_s")),
-        samples_per_s=_opt_float(obj.get("samples_per_s")),
         ts=_opt_float(obj.get("ts")) or time.time(),
         source="metrics",
-        loss_scale=_opt_float(obj.get("loss_scale")),
-        overflow=obj["overflow"] if isinstance(obj.get("overflow"), bool) else None,
-        device_memory_bytes=_opt_int(obj.get("device_memory_bytes")),
-        checksum=_opt_str(obj.get("param_checksum")),
-        profile_dir=_opt_str(obj.get("profile_dir")),
+        **{field: read(obj.get(key)) for field, key, read in _RECORD_FIELDS},
     )
 
 
@@ -72,3 +67,19 @@ def _opt_int(v: object) -> int | None:
 
 def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def _opt_bool(v: object) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+# Metric's optional fields (default None), each with the record key it is read from and the reader
+# for its annotated type: a field added to Metric is read from the records without a change here
+# (one of a type not below fails at import, loudly).
+_READERS = {"float | None": _opt_float, "int | None": _opt_int, "str | None": _opt_str, "bool | None": _opt_bool}
+_RECORD_KEYS = {"checksum": "param_checksum"}  # the trainer's name for it
+_RECORD_FIELDS = tuple(
+    (f.name, _RECORD_KEYS.get(f.name, f.name), _READERS[str(f.type)])
+    for f in dataclasses.fields(P.Metric)
+    if f.default is None
+)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+from . import layout
 from .protocol import ProcSpec
 
 _UNLOADED = object()
@@ -119,8 +120,8 @@ def _new_session_dying_with_agent() -> None:
 
 
 def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> Proc:
-    log_path = os.path.join(log_dir, spec.name + ".log")
-    metrics_path = os.path.join(log_dir, spec.name + ".metrics.jsonl")
+    log_path = layout.log_file(log_dir, spec.name)
+    metrics_path = layout.metrics_file(log_dir, spec.name)
     env = dict(base_env)
     env.update(spec.env)
     env["MSCON_METRICS"] = metrics_path
@@ -143,37 +144,70 @@ def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> 
     return Proc(spec, popen, log_path, metrics_path)
 
 
-def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: ANN001
-    """TERM every live process group, wait against one shared deadline, KILL what is left.
+_KILL_WAIT_S = 5.0  # after the KILL, how long a stop waits for processes that do not go (D state)
 
-    Processes that forked away from their group (seen via psutil while they ran) are killed too,
-    so no descendant keeps holding a device after a stop.
+
+class GroupStop:
+    """One stop of a node's processes, advanced a step at a time so the agent's loop keeps serving
+    (pings, log lines, other nodes' orders) while ranks take their grace: TERM every live process
+    group at once, KILL what is left at the grace deadline, stop waiting ``_KILL_WAIT_S`` later.
+    Processes that forked away from their group (seen via psutil while they ran) are killed at the
+    end too, so no descendant keeps holding a device after a stop.
+
+    The caller reaps (``Proc.poll``) before each ``step``: every exit is seen, and reported, there.
     """
-    live = [p for p in procs if p.alive]
-    for p in live:
-        p.stop_sent = True
-        p.signal_group(signal.SIGTERM)
-        p.signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) process acts on its TERM only once continued
-    deadline = time.monotonic() + max(grace_s, 0.0)
-    while time.monotonic() < deadline:
-        for p in live:
-            if p.poll() and on_reap is not None:
-                on_reap(p)
-        if all(not p.alive for p in live):
-            break
-        time.sleep(0.02)
-    for p in live:
-        if p.alive:
-            p.signal_group(signal.SIGKILL)
-    for p in live:
-        if p.alive:
-            try:
-                p.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            if p.poll() and on_reap is not None:
-                on_reap(p)
-    sweep_descendants(procs)
+
+    def __init__(self) -> None:
+        self.procs: list[Proc] = []  # every process of the stop, to sweep their groups at the end
+        self.kill_at = float("inf")
+        self._killed = False
+
+    def add(self, procs: list[Proc], grace_s: float, now: float) -> None:
+        """TERM the live processes not yet stopping; a shorter grace brings the KILL forward."""
+        for p in procs:
+            if any(p is q for q in self.procs):
+                continue
+            self.procs.append(p)
+            if p.alive:
+                p.stop_sent = True
+                p.signal_group(signal.SIGTERM)
+                p.signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) process acts on TERM only once continued
+                self._killed = False
+        self.kill_at = min(self.kill_at, now + max(grace_s, 0.0))
+
+    def step(self, now: float) -> bool:
+        """KILL when the grace is over; True once every process has gone (or been given up on)
+        and the leftovers are swept: the stop is over."""
+        live = [p for p in self.procs if p.alive]
+        if live and now >= self.kill_at and not self._killed:
+            self._killed = True
+            for p in live:
+                p.signal_group(signal.SIGKILL)
+        if live and now < self.kill_at + _KILL_WAIT_S:
+            return False
+        sweep_descendants(self.procs)
+        return True
+
+    def wait(self, on_reap=None) -> None:  # noqa: ANN001
+        """Block until the stop is over, reaping as it goes: only for a caller with nothing else
+        to serve (an agent that is leaving)."""
+        while True:
+            for p in self.procs:
+                if p.poll() and on_reap is not None:
+                    on_reap(p)
+            if self.step(time.monotonic()):
+                return
+            time.sleep(0.02)
+
+
+def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: ANN001
+    """TERM every live process group, wait against one shared deadline, KILL what is left
+    (``GroupStop``, blocking)."""
+    if not any(p.alive for p in procs):
+        return
+    stop = GroupStop()
+    stop.add(procs, grace_s, time.monotonic())
+    stop.wait(on_reap)
 
 
 def sweep_descendants(procs: list[Proc]) -> None:

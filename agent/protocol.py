@@ -19,6 +19,34 @@ PROTOCOL_VERSION = 4
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
+SCHEDULER_NAME = "sched"
+
+
+def is_scheduler(rank: int | None) -> bool:
+    """Whether a process's rank is the scheduler's (None, no process at all, is not)."""
+    return rank == SCHEDULER_RANK
+
+
+def rank_name(rank: int) -> str:
+    """A process's name: "r3" for global rank 3, "sched" for the scheduler (logs, views, the wire)."""
+    return SCHEDULER_NAME if is_scheduler(rank) else "r%d" % rank
+
+
+def rank_of(name: str) -> int | None:
+    """The rank a process name stands for (``rank_name`` read back); None for a name mscon does
+    not give a process."""
+    if name == SCHEDULER_NAME:
+        return SCHEDULER_RANK
+    digits = name[1:]
+    if name[:1] == "r" and digits.isdigit() and digits.isascii() and rank_name(int(digits)) == name:
+        return int(digits)
+    return None
+
+
+def by_rank(name: str) -> tuple[int, str]:
+    """Sort key for process names: in rank order, the scheduler first (other names after)."""
+    rank = rank_of(name)
+    return (rank if rank is not None else 1 << 62, name)
 
 _REGISTRY: dict[str, type[Message]] = {}
 
@@ -34,6 +62,12 @@ class Message:
     type: ClassVar[str] = ""
     # A follower of a detached run reports it to its coordinator: what the run's policy needs.
     reported: ClassVar[bool] = False
+    # Kept in the node's journal (agent/journal.py): what a console needs to rebuild the run. Logs,
+    # metrics and telemetry are not (the log files hold the lines; state.json each rank's last metric).
+    journaled: ClassVar[bool] = False
+    # Bulk output of the ranks: counted against the outbox's budget, and left waiting in the ranks'
+    # files while the console is behind (lifecycle messages are never held back).
+    streamed: ClassVar[bool] = False
     # Fields kept off the coordinator link (log tails, stacks): the policy never reads them, and
     # the link is authenticated but not encrypted.
     off_link: ClassVar[tuple[str, ...]] = ()
@@ -137,7 +171,7 @@ class ProcSpec:
 
     @property
     def is_scheduler(self) -> bool:
-        return self.rank == SCHEDULER_RANK
+        return is_scheduler(self.rank)
 
 
 @dataclass(frozen=True)
@@ -149,8 +183,8 @@ class Start(Message):
     run_dir: str  # per run and node: logs and metrics land here and persist
     cwd: str  # where the ranks run
     procs: tuple[ProcSpec, ...]
+    grace_s: float  # TERM -> KILL; always said (inventory stop.grace_s), so the agent keeps no default
     workdir_archive: str | None = None  # a tar.gz the agent unpacks into cwd first
-    grace_s: float = 3.0
     flush_interval_s: float = 0.1
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
     watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
@@ -185,8 +219,8 @@ class Stop(Message):
     """Stop every process: TERM to each process group, one shared deadline, then KILL."""
 
     type: ClassVar[str] = "stop"
-    reason: str = ""
-    grace_s: float = 3.0
+    reason: str
+    grace_s: float
 
 
 @dataclass(frozen=True)
@@ -214,6 +248,7 @@ class Hello(Message):
 @dataclass(frozen=True)
 class ProcStarted(Message):
     type: ClassVar[str] = "proc_started"
+    journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     node: str
     name: str
@@ -228,6 +263,7 @@ class LogBatch(Message):
     """Consecutive whole lines of one process; ``seq`` numbers the first (0-based, per process)."""
 
     type: ClassVar[str] = "log"
+    streamed: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -239,6 +275,7 @@ class LogBatch(Message):
 @dataclass(frozen=True)
 class Metric(Message):
     type: ClassVar[str] = "metric"
+    streamed: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -259,6 +296,7 @@ class Metric(Message):
 @dataclass(frozen=True)
 class Telemetry(Message):
     type: ClassVar[str] = "telemetry"
+    streamed: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -273,6 +311,7 @@ class Telemetry(Message):
 @dataclass(frozen=True)
 class ProcExited(Message):
     type: ClassVar[str] = "proc_exited"
+    journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     off_link: ClassVar[tuple[str, ...]] = ("tail", "traceback")
     node: str
@@ -298,12 +337,20 @@ class ProcExited(Message):
             return 128 + self.signum
         return self.exitcode if self.exitcode is not None else 1
 
+    def describe(self, short: bool = False) -> str:
+        """How it ended, in words: "killed by SIGKILL" / "exit code 7" (``short``: "SIGKILL" /
+        "exit 7", for tables). Every view and the summary say it this way."""
+        if self.signal:
+            return self.signal if short else "killed by %s" % self.signal
+        return ("exit %s" if short else "exit code %s") % self.exitcode
+
 
 @dataclass(frozen=True)
 class AllExited(Message):
     """Every process of the node has exited and its logs are flushed."""
 
     type: ClassVar[str] = "all_exited"
+    journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     node: str
     ts_ns: int
@@ -312,6 +359,7 @@ class AllExited(Message):
 @dataclass(frozen=True)
 class AgentError(Message):
     type: ClassVar[str] = "agent_error"
+    journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     node: str
     message: str
@@ -322,6 +370,7 @@ class ProcHung(Message):
     """A process that makes no progress: stopped by a signal (state T), or silent when asked (Inspect)."""
 
     type: ClassVar[str] = "proc_hung"
+    journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     off_link: ClassVar[tuple[str, ...]] = ("stack", "tail", "wchan")
     node: str
@@ -342,6 +391,7 @@ class Evidence(Message):
     """A line in which MindSpore itself names ranks that stopped responding (scheduler, HCCL)."""
 
     type: ClassVar[str] = "evidence"
+    journaled: ClassVar[bool] = True
     node: str
     name: str  # the process whose log held the line (the witness)
     rank: int
@@ -465,6 +515,7 @@ class Coord(Message):
     """A decision of the coordinator of a detached run (``CoordKind``); journaled on node 0."""
 
     type: ClassVar[str] = "coord"
+    journaled: ClassVar[bool] = True
     node: str
     kind: str
     attempt: int
@@ -623,21 +674,21 @@ class MeshClose(Message):
 
 # ---------------------------------------------------------------- batches (scale)
 
-# Metric fields a MetricBatch item leaves out when they hold their default (most do, most steps).
-_METRIC_DEFAULTS = (
-    ("loss", None),
-    ("epoch", None),
-    ("step_time_s", None),
-    ("samples_per_s", None),
-    ("ts", 0.0),
-    ("source", "parsed"),
-    ("loss_scale", None),
-    ("overflow", None),
-    ("device_memory_bytes", None),
-    ("checksum", None),
-    ("profile_dir", None),
+# The layouts of the batch items, read off Metric and Telemetry so a field added there travels in
+# batches too. Node (and name and rank for metrics) go once per batch, not per item.
+_METRIC_PER_BATCH = ("node", "name", "rank")
+# Metric fields every MetricBatch item carries (step), and those it leaves out while they hold
+# their default (most do, most steps).
+_METRIC_REQUIRED = tuple(
+    f.name
+    for f in dataclasses.fields(Metric)
+    if f.default is dataclasses.MISSING and f.name not in _METRIC_PER_BATCH
 )
-_METRIC_ITEM_KEYS = frozenset(["step"] + [key for key, _ in _METRIC_DEFAULTS])
+_METRIC_DEFAULTS = tuple(
+    (f.name, f.default) for f in dataclasses.fields(Metric) if f.default is not dataclasses.MISSING
+)
+_METRIC_ITEM_KEYS = frozenset(_METRIC_REQUIRED + tuple(key for key, _ in _METRIC_DEFAULTS))
+_ITEM_NEEDS = frozenset(_METRIC_REQUIRED)
 
 
 @dataclass(frozen=True)
@@ -650,6 +701,7 @@ class MetricBatch(Message):
     """
 
     type: ClassVar[str] = "metrics"
+    streamed: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -670,7 +722,7 @@ class MetricBatch(Message):
             base["node"], base["name"], base["rank"] = self.node, self.name, self.rank
             built = []
             for d in items:
-                if not isinstance(d, dict) or "step" not in d or not _METRIC_ITEM_KEYS.issuperset(d):
+                if not (isinstance(d, dict) and d.keys() >= _ITEM_NEEDS and _METRIC_ITEM_KEYS.issuperset(d)):
                     raise ProtocolError("bad metrics item: %.120r" % (d,))
                 m = object.__new__(Metric)
                 m.__dict__.update(base)
@@ -681,7 +733,7 @@ class MetricBatch(Message):
     def to_dict(self) -> dict[str, Any]:
         items = []
         for m in self.metrics:
-            d: dict[str, Any] = {"step": m.step}
+            d: dict[str, Any] = {key: getattr(m, key) for key in _METRIC_REQUIRED}
             for key, default in _METRIC_DEFAULTS:
                 value = getattr(m, key)
                 if value != default:
@@ -690,16 +742,7 @@ class MetricBatch(Message):
         return {"type": self.type, "node": self.node, "name": self.name, "rank": self.rank, "metrics": items}
 
 
-_TELEMETRY_FIELDS = (
-    "name",
-    "rank",
-    "cpu_percent",
-    "rss_bytes",
-    "ts",
-    "device_util",
-    "device_mem_bytes",
-    "device_mem_total",
-)
+_TELEMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Telemetry) if f.name != "node")
 
 
 @dataclass(frozen=True)
@@ -711,6 +754,7 @@ class TelemetryBatch(Message):
     """
 
     type: ClassVar[str] = "telemetry_batch"
+    streamed: ClassVar[bool] = True
     node: str
     items: tuple = ()  # Telemetry each, with this batch's node
 

@@ -19,7 +19,8 @@ import threading
 import time
 
 from . import protocol as P
-from .journal import SOCKET, RunStatus, log_lines, read_journal, read_state, run_folder, runs_root
+from .journal import RunStatus, log_lines, read_journal, read_state
+from .layout import SOCKET, attempt_folder, log_file, metrics_file, run_folder, runs_root, socket_file
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
 from .tail import LineMetrics, parse_metrics_line
@@ -155,26 +156,27 @@ def replay(
             entries = index + 1
         name = msg.get("name")
         if (
-            msg.get("type") == "proc_started"
+            msg.get("type") == P.ProcStarted.type
             and isinstance(name, str)
             and name not in names.setdefault(att, [])
         ):
             names[att].append(name)
     send(P.JournalDone(node=node, entries=entries, attempt=attempt, live=live))
     for att in range(max(attach.log_attempt, 0), attempt + 1):
-        log_dir = os.path.join(run_dir, "attempt_%d" % att)
+        log_dir = attempt_folder(run_dir, att)
         for name in names.get(att, []):
-            if "/" in name or name.startswith("."):
-                continue
+            rank = P.rank_of(name)
+            if rank is None:
+                continue  # not a name mscon gives a process (so never a path either)
             start = int(attach.log_from.get(name, 0) or 0) if att == attach.log_attempt else 0
             stop = stops.get(name) if stops is not None and att == attempt else None
             seq = start
-            for batch in log_lines(os.path.join(log_dir, name + ".log"), start, stop):
+            for batch in log_lines(log_file(log_dir, name), start, stop):
                 send(
                     P.LogBatch(
                         node=node,
                         name=name,
-                        rank=_rank_of(name),
+                        rank=rank,
                         seq=seq,
                         lines=tuple(batch),
                         ts_ns=time.time_ns(),
@@ -183,16 +185,15 @@ def replay(
                 seq += len(batch)
             if att == attempt:
                 end = metric_ends.get(name) if metric_ends is not None else None
-                _replay_metrics(node, name, os.path.join(log_dir, name), stop, end, line_metrics, send)
+                _replay_metrics(node, name, rank, log_dir, stop, end, line_metrics, send)
 
 
-def _replay_metrics(node, name, base, stop, end, line_metrics, send) -> None:  # noqa: ANN001
+def _replay_metrics(node, name, rank, log_dir, stop, end, line_metrics, send) -> None:  # noqa: ANN001
     """The process's last metrics: from its MSCON_METRICS file (up to ``end`` bytes), else parsed
     from its log (up to line ``stop``) as the live agent parses them."""
     kept: collections.deque = collections.deque(maxlen=_METRICS_KEPT)
-    rank = _rank_of(name)
     try:
-        with open(base + ".metrics.jsonl", "rb") as f:
+        with open(metrics_file(log_dir, name), "rb") as f:
             data = f.read() if end is None else f.read(end)
     except OSError:
         data = None
@@ -203,19 +204,13 @@ def _replay_metrics(node, name, base, stop, end, line_metrics, send) -> None:  #
                 kept.append(metric_from_record(node, name, rank, obj))
     else:
         parser = LineParser(node, name, rank, line_metrics or LineMetrics())
-        for batch in log_lines(base + ".log", 0, stop):
+        for batch in log_lines(log_file(log_dir, name), 0, stop):
             for line in parser.line_metrics.candidates(batch):
                 metric = parser.parse(line)
                 if metric is not None:
                     kept.append(metric)
     if kept:
         send(P.MetricBatch(node=node, name=name, rank=rank, metrics=tuple(kept)))
-
-
-def _rank_of(name: str) -> int:
-    if name.startswith("r") and name[1:].isdigit():
-        return int(name[1:])
-    return P.SCHEDULER_RANK
 
 
 def offline(node: str, run_dir: str) -> int:
@@ -232,7 +227,7 @@ def offline(node: str, run_dir: str) -> int:
 def _alive(run_dir: str) -> bool:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(os.path.join(run_dir, SOCKET))
+        sock.connect(socket_file(run_dir))
     except OSError:
         return False
     finally:
@@ -248,7 +243,10 @@ def ls_main(node: str, cache: str | None = None) -> int:
     except OSError:
         run_ids = []
     for run_id in run_ids:
-        run_dir = os.path.join(root, run_id, node)
+        try:
+            run_dir = run_folder(cache, run_id, node)
+        except ValueError:
+            continue  # not a run folder mscon made
         state = read_state(run_dir)
         if state is None:
             continue

@@ -39,13 +39,14 @@ mscon's ``restarting`` line, and failure -> every rank of attempt 1 at its first
 step line of each rank after the ``restarting`` line); checked: each rank's first step of attempt 1
 is > 1 (it resumed from a checkpoint) and mscon exits 0.
 
-Run from anywhere (needs root for sshd, MindSpore in .venv); with the live source:
+Run from anywhere with a Python that has mscon, msrun and MindSpore (needs root for sshd; msrun
+from .venv when the running Python has none); with the live source:
 
     PYTHONPATH=.dev .venv/bin/python bench/failstop.py [--repeat 2]
 
 Every trial removes what it started: launcher process groups, any process carrying the trial's
-markers (a stopped victim is continued first), the node-side run folder
-(~/.cache/mscon/runs/<run id>) and msrun's log folder; also on exceptions, Ctrl-C and SIGTERM.
+markers (a stopped victim is continued first), the node-side run folder (agent/layout.py: under
+root's home) and msrun's log folder; also on exceptions, Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations
@@ -74,13 +75,13 @@ from launch import (  # bench/ is on sys.path when run as a script
     start_msrun_node,
     wait_idle,
 )
-from procstat import sshd_nodes
+from procstat import layout, node_runs, sshd_nodes, tool_env
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = REPO / ".venv" / "bin"
-PYTHON = VENV_BIN / "python"
+ENV = tool_env("msrun")  # the running Python's environment, else .venv's
+PYTHON = ENV.python
 SCRIPT = "trainer/train.py"
-NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
+NODE_RUNS = node_runs("root")  # where the sshd nodes' agents (user root) keep a run's files
 POLL_S = 0.01
 _RUN_SEQ = itertools.count(1)
 
@@ -509,7 +510,7 @@ def run_mscon(
         "--no-tui",
         str(inv),
         "--logs-dir",
-        str(tmp / "mscon-runs"),
+        str(tmp / layout.LOGS_DIR),
         "--run-id",
         run_id,
         "--json",
@@ -991,8 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rank out of range")
     if a.repeat < 1:
         p.error("--repeat must be >= 1")
-    if not (VENV_BIN / "msrun").exists():
-        p.error(f"need msrun in {VENV_BIN}")
+    if problem := ENV.problem("msrun"):
+        p.error(problem)
     train_args = [
         "--parallel-mode", "data_parallel", "--epochs", "1",
         "--steps-per-epoch", str(a.steps), "--step-sleep", str(a.step_sleep),

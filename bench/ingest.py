@@ -19,8 +19,9 @@ over the streaming window (first to last rank line received). "ranks ran" is the
 own run time from mscon's --json summary: if it is much shorter than the streaming window, the
 console, not the ranks, set the pace. CPU: seconds used by the console process and by the
 agent(s), sampled from /proc every 0.1 s. Runs wait for other jobs to leave the machine idle and are
-re-run when another job used it meanwhile (--retry-shared). Each run's node-side folder in
-~/.cache/mscon/runs (every rank's full log) is removed afterwards.
+re-run when another job used it meanwhile (--retry-shared). Each run's node-side folder
+(agent/layout.py: every rank's full log) is removed afterwards. mscon comes from the running
+Python's environment, else from .venv.
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ from typing import Any
 
 from procstat import (  # bench/ is on sys.path when run as a script
     foreign_cpu,
+    layout,
     ms_ports,
+    node_runs,
     sshd_nodes,
+    tool_env,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = REPO / ".venv" / "bin"
-PYTHON = VENV_BIN / "python"
+ENV = tool_env("mscon")  # the running Python's environment, else .venv's
+PYTHON = ENV.python
 SCRIPT = "bench/fake_rank.py"
-NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEV = False  # --dev: run the console from the working tree (PYTHONPATH=.dev), not the install
 IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
@@ -272,10 +275,10 @@ def run_once(
     if DEV:  # the working tree's source (.dev links to it), not the installed package
         cmd = [str(PYTHON), "-m", "mscon.console.cli", "run", "--no-tui", "-q", str(inv)]
     else:
-        cmd = [str(VENV_BIN / "mscon"), "run", "--no-tui", "-q", str(inv)]
+        cmd = [str(ENV.bin / "mscon"), "run", "--no-tui", "-q", str(inv)]
     run_id = f"bench-ingest-{run_dir.name}"
-    cmd += ["--json", str(summary), "--logs-dir", str(run_dir / "mscon-runs"), "--run-id", run_id]
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}")
+    cmd += ["--json", str(summary), "--logs-dir", str(run_dir / layout.LOGS_DIR), "--run-id", run_id]
+    env = dict(os.environ, PATH=f"{ENV.bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}")
     if DEV:
         env["PYTHONPATH"] = str(REPO / ".dev")
     with open(run_dir / "stderr.txt", "wb") as err, open(capture, "wb") as cap:
@@ -330,7 +333,7 @@ def run_once(
     shutil.rmtree(run_dir, ignore_errors=True)
     # The nodes (local or loopback sshd) share this machine's home: drop the node-side copy of the run
     # (every rank's full log, tens of MB here), which mscon never prunes.
-    shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
+    shutil.rmtree(node_runs(None if cluster is None else "root") / run_id, ignore_errors=True)
     return res
 
 
@@ -421,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     global DEV  # noqa: PLW0603
     DEV = a.dev
-    if not (VENV_BIN / "mscon").exists():
-        p.error(f"no mscon in {VENV_BIN}")
+    if problem := ENV.problem("mscon"):
+        p.error(problem)
     modes = (["local"] if not a.ssh_only else []) + (["ssh"] if a.ssh or a.ssh_only else [])
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-ingest-"))
     cluster = None

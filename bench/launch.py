@@ -17,11 +17,12 @@ Each launcher runs --repeat times, alternating which goes first. Run from anywhe
 
     .venv/bin/python bench/launch.py [--repeat 3] [--steps 5]
 
-Needs root (sshd) and MindSpore in .venv. Prints a table: median and min of launcher start,
-scheduler start, "all ranks at first step", last step -> exit and total wall, and the ratio
-mscon/msrun. The machine has 2 cores: each trial waits until other jobs leave it idle, and a trial
-during which another job ran MindSpore or used CPU is flagged and run again (--retry-shared).
-The node-side run folders mscon leaves in ~/.cache/mscon/runs are removed after each trial.
+Needs root (sshd), and mscon, msrun and MindSpore in the running Python (else in .venv). Prints a
+table: median and min of launcher start, scheduler start, "all ranks at first step", last step ->
+exit and total wall, and the ratio mscon/msrun. The machine has 2 cores: each trial waits until
+other jobs leave it idle, and a trial during which another job ran MindSpore or used CPU is flagged
+and run again (--retry-shared).
+The node-side run folders mscon leaves (agent/layout.py) are removed after each trial.
 """
 
 from __future__ import annotations
@@ -45,17 +46,20 @@ from typing import Any, BinaryIO
 
 from procstat import (  # bench/ is on sys.path when run as a script
     foreign_cpu,
+    layout,
     ms_ports,
+    node_runs,
     sshd_nodes,
+    tool_env,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = REPO / ".venv" / "bin"
-PYTHON = VENV_BIN / "python"
+ENV = tool_env("mscon", "msrun")  # the running Python's environment, else .venv's
+PYTHON = ENV.python
 SCRIPT = "trainer/train.py"
 IDLE_WINDOW_S = 8.0  # a trial starts once other jobs left the machine idle this long
 _RUN_SEQ = itertools.count(1)
-NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the agent keeps a run's files on a node
+NODE_RUNS = node_runs("root")  # where the sshd nodes' agents (user root) keep a run's files
 
 # "epoch: 1 step: 1, loss is 2.30" (the trainer's LossMonitor-style line); any step counts as "first".
 STEP_RE = re.compile(r"epoch:\s*\d+\s+step:\s*\d+,\s*loss is")
@@ -118,9 +122,9 @@ class Trial:
 
 
 def bench_env() -> dict[str, str]:
-    """Both launchers' environment: the venv's python first on PATH (msrun finds `python` there)."""
+    """Both launchers' environment: the tools' python first on PATH (msrun finds `python` there)."""
     env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
+    env["PATH"] = f"{ENV.bin}{os.pathsep}{env.get('PATH', os.defpath)}"
     env["GLOG_v"] = "3"
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -281,13 +285,13 @@ def run_mscon(
     inv = tmp / f"{run_id}.yaml"
     write_inventory(inv, cluster, ranks_per_node, port)
     cmd = [
-        str(VENV_BIN / "mscon"),
+        str(ENV.bin / "mscon"),
         "run",
         "--no-tui",
         "-q",
         str(inv),
         "--logs-dir",
-        str(tmp / "mscon-runs"),
+        str(tmp / layout.LOGS_DIR),
         "--run-id",
         run_id,
         "--",
@@ -377,7 +381,7 @@ def start_msrun_node(
     # msrun starts a scheduler wherever --master_addr is a local address, i.e. in EVERY process
     # here (the second one then fails to bind and msrun exits 1). The other nodes run msrun as it
     # runs on a second machine: same entry point, but the master address is not local.
-    launcher = [str(VENV_BIN / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
+    launcher = [str(ENV.bin / "msrun")] if node == 0 else [str(PYTHON), "-c", MSRUN_REMOTE]
     cmd = [
         *launcher,
         f"--worker_num={nodes * ranks_per_node}",
@@ -561,8 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("at most 4 MindSpore ranks at once on this machine")
     if a.repeat < 1:
         p.error("--repeat must be >= 1")
-    if not (VENV_BIN / "msrun").exists() or not (VENV_BIN / "mscon").exists():
-        p.error(f"need mscon and msrun in {VENV_BIN}")
+    if problem := ENV.problem("mscon", "msrun"):
+        p.error(problem)
     train_args = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", str(a.steps)]
     world = a.nodes * a.ranks_per_node
     print(f"launch benchmark: {a.nodes} nodes x {a.ranks_per_node} ranks (world {world}) on loopback")

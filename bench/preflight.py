@@ -21,9 +21,10 @@ Every login to a node runs the node user's shell start-up files; root's .bashrc 
 ``pyenv init`` (about 0.15 s of CPU per login). ``--light-login`` gives the test nodes' sessions an
 empty HOME (``SetEnv HOME=...`` in their sshd_config), as on a node whose login files are light.
 
-Needs root (sshd) and MindSpore in .venv. Prints median (min) seconds per mode and node count, the
-16-node / 1-node ratio, the checks' own share (agents up -> last result), the machine's CPU time and
-the mscon process's own CPU time per run, and the load average before and after.
+Needs root (sshd), and mscon and MindSpore in the running Python. Prints median (min) seconds per
+mode and node count, the 16-node / 1-node ratio, the checks' own share (agents up -> last result),
+the machine's CPU time and the mscon process's own CPU time per run, and the load average before
+and after.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from procstat import sshd_nodes  # bench/ is on sys.path when run as a script
+from procstat import sshd_nodes, tool_env  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
-PYTHON = REPO / ".venv" / "bin" / "python"
+PYTHON = tool_env().python  # the running Python: it runs mscon, and the nodes run its agents
 MODES = {
     "quick": ["--quick"],
     "full-ms": ["--no-collective", "--skip-check", "mindspore"],

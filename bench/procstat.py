@@ -1,15 +1,61 @@
-"""Helpers the benchmarks share: the sshd test-node module and a snapshot of /proc."""
+"""Helpers the benchmarks share: the environment they run mscon from, where its nodes keep runs,
+the sshd test-node module and a snapshot of /proc."""
 
 from __future__ import annotations
 
 import collections
 import os
+import pwd
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+try:
+    from mscon.agent import layout
+except ImportError:  # a Python without mscon (its tools come from .venv): the checkout's copy, stdlib only
+    sys.path.insert(0, str(REPO))
+    from agent import layout
+
+
+@dataclass(frozen=True)
+class ToolEnv:
+    """The environment a benchmark takes msrun, mscon and the ranks' Python from."""
+
+    bin: Path
+    python: Path
+
+    def missing(self, *tools: str) -> list[str]:
+        return [t for t in tools if not (self.bin / t).exists()]
+
+    def problem(self, *tools: str) -> str | None:
+        """What to tell the user when one of ``tools`` is not there; None when all are."""
+        if not self.missing(*tools):
+            return None
+        where = f"the running Python's environment ({Path(sys.executable).parent}) or {REPO / '.venv'}"
+        return f"need {' and '.join(tools)} in {where}"
+
+
+def tool_env(*tools: str) -> ToolEnv:
+    """The running Python's environment (``sys.executable``'s folder, not resolved: a venv's python
+    links out of it) when it holds every one of ``tools``; else the checkout's ``.venv`` when that
+    does; else the running one again (``missing`` says what it lacks)."""
+    own = Path(sys.executable).parent
+    venv = REPO / ".venv" / "bin"
+    if not ToolEnv(own, Path(sys.executable)).missing(*tools) or ToolEnv(venv, venv).missing(*tools):
+        return ToolEnv(own, Path(sys.executable))
+    return ToolEnv(venv, venv / "python")
+
+
+def node_runs(user: str | None = None) -> Path:
+    """Where mscon's agents on this machine keep run folders (``agent/layout.py``): under ``user``'s
+    passwd home for sshd nodes (sshd sets HOME from it), under this process's HOME for local nodes
+    (their agents inherit it)."""
+    home = pwd.getpwnam(user).pw_dir if user else str(Path.home())
+    return Path(layout.runs_root(layout.cache_folder(home)))
 
 
 def sshd_nodes() -> types.ModuleType:

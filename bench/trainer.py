@@ -24,7 +24,8 @@ copy in place), so an edit of trainer/*.py while the benchmark runs cannot break
 --max-wait-idle) until other processes use less than --idle-cores of CPU, and during each run it
 samples how much CPU other processes took ("foreign cores"); a run disturbed by more than
 --busy-cores is run again (--retries times at most, the least disturbed one is kept). On a shared
-box, read the figures with that column. Run from anywhere:
+box, read the figures with that column. mscon comes from the running Python's environment, else
+from .venv. Run from anywhere:
 
     .venv/bin/python bench/trainer.py [--repeat 3] [--ranks 1 2 4] [--models mlp lenet]
 
@@ -55,13 +56,14 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import psutil
+from procstat import layout, node_runs, tool_env  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = REPO / ".venv" / "bin"
-PYTHON = VENV_BIN / "python"
+ENV = tool_env("mscon")  # the running Python's environment, else .venv's
+PYTHON = ENV.python
 SCRIPT = "trainer/train.py"
 NODE = "bench-trainer"
-NODE_RUNS = Path.home() / ".cache" / "mscon" / "runs"  # where the local agent keeps a run's files
+NODE_RUNS = node_runs()  # where the local agent keeps a run's files
 STEP_RE = re.compile(r"^epoch:\s*(\d+)\s+step:\s*(\d+),\s*loss is")
 # Env a stand-alone run must not inherit (it would think it is in a cluster, or write metrics).
 CLUSTER_ENV = ("MS_ROLE", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT", "RANK_SIZE", "RANK_ID")
@@ -262,9 +264,9 @@ def run_scaling(model: str, ranks: int, a: argparse.Namespace, work: Path, tmp: 
     run_id = f"bench-trainer-{run_dir.name}"
     inv = run_dir / "inventory.yaml"
     write_inventory(inv, work, ranks, trainer_args(model, a.batch_size, a.steps, a.runner))
-    logs = run_dir / "mscon-runs"
+    logs = run_dir / layout.LOGS_DIR
     cmd = [
-        str(VENV_BIN / "mscon"),
+        str(ENV.bin / "mscon"),
         "run",
         "--no-tui",
         "-q",
@@ -274,7 +276,7 @@ def run_scaling(model: str, ranks: int, a: argparse.Namespace, work: Path, tmp: 
     ]
     cmd += ["--logs-dir", str(logs), "--run-id", run_id]
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV and k != "MSCON_METRICS"}
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
+    env["PATH"] = f"{ENV.bin}{os.pathsep}{env.get('PATH', os.defpath)}"
     with open(run_dir / "stdout.txt", "wb") as out, open(run_dir / "stderr.txt", "wb") as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
@@ -296,7 +298,7 @@ def run_scaling(model: str, ranks: int, a: argparse.Namespace, work: Path, tmp: 
     res.foreign = watch.foreign_cores
     per_rank = []
     for r in range(ranks):
-        found = sorted(logs.glob(f"{run_id}/*/attempt_*/r{r}.metrics.jsonl"))
+        found = sorted(logs.glob(layout.metrics_file(f"{run_id}/*/{layout.ATTEMPT_PREFIX}*", f"r{r}")))
         per_rank.append(read_metrics(found[-1]) if found else {})
     common = sorted(set.intersection(*(set(m) for m in per_rank))) if per_rank else []
     res.steps = len(common)
@@ -574,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--keep", action="store_true", help="keep the temporary folders (printed)")
     a = p.parse_args(argv)
-    if not (VENV_BIN / "mscon").exists():
-        p.error(f"no mscon in {VENV_BIN}")
+    if problem := ENV.problem("mscon"):
+        p.error(problem)
     if 1 not in a.ranks and not a.skip_scaling:
         p.error("--ranks must include 1 (the baseline for the efficiency)")
     if max(a.ranks) > MAX_RANKS:

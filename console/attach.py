@@ -66,7 +66,8 @@ from .runrecord import DetachRecord, write_record
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
 from .stragglers import StragglerPolicy, StragglerWatch
-from .supervisor import run_result, write_summary
+from .summary import summary_file, write_summary
+from .supervisor import run_result
 from .transport import make_transport
 
 E = TypeVar("E", bound=enum.Enum)
@@ -89,6 +90,9 @@ class AttachOptions:
     read_only: bool = False
     stop: bool = False  # mscon stop: attach, stop the run, wait for its end
     accept_new_host_keys: bool = False
+    # An operator at a live console: a run waiting for one (failed, no budget) is followed while
+    # it waits. Otherwise the attach reports the failure and leaves the run waiting.
+    interactive: bool = False
 
 
 class AttachRefused(Exception):
@@ -121,6 +125,7 @@ class Attacher:
         self._ended: JobState | None = None
         self._end_reason = ""
         self._leave: str | None = None
+        self._waiting: str | None = None  # the run waits for an operator: why
         self._stop_sent = False
         self.session: ClusterSession | None = None
 
@@ -179,7 +184,8 @@ class Attacher:
             self.state, self.run_id, self.logs_dir, status, code, reason, time.monotonic() - t0, self.bus
         )
         if self._ended is not None:
-            write_summary(self.logs_dir, result)
+            with contextlib.suppress(OSError):  # a full disk: the summary is still shown
+                write_summary(summary_file(self.logs_dir), result)
         self.emit(RunFinished(self.attempt_no, result))
         await self.bus.close()
         return result
@@ -214,6 +220,8 @@ class Attacher:
         while open_nodes and self._leave is None:
             if not self.options.follow and not replaying:
                 break
+            if self._waiting and not replaying and not self.options.interactive and not self._stop_sent:
+                break
             item = await self._inbox.get()
             if isinstance(item, tuple):
                 node, msg = item
@@ -226,6 +234,15 @@ class Attacher:
                 await self._command(item)
         if self._ended is not None:
             return self._verdict()
+        if self._waiting and self.options.follow:
+            root = self.state.root_cause()
+            return (
+                JobState.FAILED,
+                root.code if root is not None else exit_codes.INTERNAL,
+                f"{describe(root) if root is not None else self._waiting}; the run waits for an operator: "
+                f"mscon attach {self.run_id} (in a terminal), then r restarts the group; "
+                f"mscon stop {self.run_id} ends it",
+            )
         if self._leave is not None:
             return (
                 JobState.DETACHED,
@@ -328,12 +345,14 @@ class Attacher:
         elif msg.kind == CoordKind.RESTARTING:
             self.emit(Restarting(msg.attempt + 1, msg.reason, msg.backoff_s, msg.restarts_left))
         elif msg.kind == CoordKind.ATTEMPT_STARTED:
+            self._waiting = None
             if msg.attempt > self._attempt:
                 self._start_attempt(msg.attempt, msg.ts_ns)
         elif msg.kind == CoordKind.AWAITING_OPERATOR:
             root = self.state.root_cause()
             reason = f"{msg.reason}: {describe(root)}" if root is not None else msg.reason
             self.emit(AwaitingOperator(msg.attempt, reason, msg.wait_s or None))
+            self._waiting = reason
         elif msg.kind == CoordKind.RUN_ENDED:
             self._ended = _known(JobState, msg.outcome, JobState.FAILED)
             self._end_reason = msg.reason

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from mscon.agent import AGENT_FILES
+from mscon.agent.layout import AGENT_PREFIX, CACHE_DIR, LOGS_DIR
 
 AGENT_PACKAGE = "mscon_agent"  # the agent's import name on the nodes
 
@@ -88,6 +89,9 @@ def agent_stdin_header(python: str, agent_dir: str, node: str, mode: dict | None
     return python + "\n" + json.dumps(header, ensure_ascii=True, separators=(",", ":")) + "\n"
 
 
+# What a node whose deployed agent does not match the console is told to do.
+REMOVE_OLD_AGENTS = f"remove ~/{CACHE_DIR}/{AGENT_PREFIX}* on the node and retry"
+
 # Never synced: VCS data, virtual environments, caches, and mscon's own outputs.
 DEFAULT_EXCLUDES = (
     ".git",
@@ -99,7 +103,7 @@ DEFAULT_EXCLUDES = (
     ".pytest_cache",
     ".ruff_cache",
     ".mypy_cache",
-    "mscon-runs",
+    LOGS_DIR,
     "*.egg-info",
     "node_modules",
 )
@@ -112,7 +116,7 @@ class AgentBundle:
 
     @property
     def dirname(self) -> str:
-        return f"agent-{self.digest}"
+        return f"{AGENT_PREFIX}{self.digest}"
 
 
 def agent_bundle() -> AgentBundle:

@@ -5,6 +5,7 @@ Publishing never blocks and never raises. Each sink has its own bounded queue an
 - log batches and lifecycle events are kept, but a sink that falls ``hard_limit`` events behind,
   or whose handler raises, is detached with a Notice and the run goes on (mitmproxy's
   ``safecall`` idea). Logs are never lost for good: they are on the nodes and fetched at the end.
+  The traceback of a handler that raised goes to ``console.err`` in the run folder (``errors_to``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from mscon.agent.protocol import Metric, MetricBatch, Telemetry, TelemetryBatch
 
 from .events import AgentEvent, Event, Notice
 
 Handler = Callable[[Event], None | Awaitable[None]]
+CONSOLE_ERR = "console.err"  # in the run folder: the tracebacks of views (sinks) that raised
 
 
 def _droppable(ev: Event) -> bool:
@@ -29,8 +33,13 @@ def _droppable(ev: Event) -> bool:
 
 
 class Subscription:
-    def __init__(self, name: str, lag_limit: int, hard_limit: int) -> None:
+    def __init__(
+        self, name: str, lag_limit: int, hard_limit: int, busy: Callable[[], bool] | None = None
+    ) -> None:
         self.name = name
+        # True while the sink works through a bounded job of its own (a reporter draining stdout
+        # with its own stall rule): the bus's close then does not take it for a stuck sink.
+        self.busy = busy or (lambda: False)
         self._items: collections.deque[Event | None] = collections.deque()
         self._ready = asyncio.Event()
         self.lag_limit = lag_limit
@@ -69,25 +78,42 @@ class Subscription:
 
 
 class EventBus:
-    def __init__(self) -> None:
+    def __init__(self, logs_dir: Path | None = None) -> None:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._pumps: dict[Subscription, asyncio.Task[None]] = {}
         self.closed = False
         self.attempt = 0  # the supervisor keeps it current, for the bus's own notices
+        self.error_log: Path | None = None
+        if logs_dir is not None:
+            self.errors_to(logs_dir)
+
+    def errors_to(self, logs_dir: Path) -> None:
+        """Write the traceback of a sink that raises to ``logs_dir/console.err`` (the run folder)."""
+        self.error_log = logs_dir / CONSOLE_ERR
 
     def subscribe(
-        self, name: str = "subscriber", lag_limit: int = 10_000, hard_limit: int = 200_000
+        self,
+        name: str = "subscriber",
+        lag_limit: int = 10_000,
+        hard_limit: int = 200_000,
+        busy: Callable[[], bool] | None = None,
     ) -> Subscription:
-        sub = Subscription(name, lag_limit, hard_limit)
+        sub = Subscription(name, lag_limit, hard_limit, busy)
         self._subs.append(sub)
         return sub
 
     def add_sink(
-        self, name: str, handler: Handler, lag_limit: int = 10_000, hard_limit: int = 200_000
+        self,
+        name: str,
+        handler: Handler,
+        lag_limit: int = 10_000,
+        hard_limit: int = 200_000,
+        busy: Callable[[], bool] | None = None,
     ) -> Subscription:
-        """Run ``handler`` for every event in a task of its own; a handler that raises is detached."""
-        sub = self.subscribe(name, lag_limit, hard_limit)
+        """Run ``handler`` for every event in a task of its own; a handler that raises is detached.
+        ``busy``: see ``Subscription``."""
+        sub = self.subscribe(name, lag_limit, hard_limit, busy)
         task = asyncio.get_running_loop().create_task(self._pump(sub, handler), name=f"sink:{name}")
         self._pumps[sub] = task
         self._tasks.add(task)
@@ -102,8 +128,24 @@ class EventBus:
                     await result
             except Exception as exc:  # noqa: BLE001 - a broken view must not take the run with it
                 last = traceback.format_exception_only(exc)[-1].strip()
-                self._detach(sub, f"its handler raised {last}")
+                where = self._log_error(sub, event, exc)
+                self._detach(sub, f"its handler raised {last}{where}")
                 return
+
+    def _log_error(self, sub: Subscription, event: Event, exc: BaseException) -> str:
+        """Append the sink's traceback to console.err; a note saying where it went, or "" if nowhere."""
+        if self.error_log is None:
+            return ""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        what = f"the {sub.name} view raised on a {type(event).__name__} event (attempt {self.attempt})"
+        text = f"{stamp} {what}:\n" + "".join(traceback.format_exception(exc)) + "\n"
+        try:
+            self.error_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.error_log, "a", encoding="utf-8") as f:  # small, once per sink: not worth a thread
+                f.write(text)
+        except OSError:
+            return ""  # a full or read-only disk: the Notice still names the error
+        return f" (traceback in {self.error_log})"
 
     def _detach(self, sub: Subscription, why: str) -> None:
         if sub.detached is not None:
@@ -126,7 +168,7 @@ class EventBus:
     async def close(self, stall_s: float = 0.5, drain_s: float = 30.0) -> None:
         """End every subscription after what is queued and let the sinks drain: a sink that takes
         nothing off its queue for ``stall_s`` (stuck, not busy) is cancelled, and none gets more
-        than ``drain_s`` in all."""
+        than ``drain_s`` in all (a sink that says it is busy included)."""
         self.closed = True
         for sub in self._subs:
             sub.end()
@@ -135,7 +177,7 @@ class EventBus:
         while self._tasks and asyncio.get_running_loop().time() < deadline:
             await asyncio.wait(list(self._tasks), timeout=stall_s)
             for s, task in list(self._pumps.items()):
-                if not task.done() and s.taken == seen[s]:
+                if not task.done() and s.taken == seen[s] and not s.busy():
                     task.cancel()
             seen = {s: s.taken for s in self._subs}
         for task in list(self._tasks):

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .bundle import REMOVE_OLD_AGENTS
 from .events import CheckReported, CheckStatus
 
 ALL = "*"  # the node of a result that is about the cluster, not one node
@@ -294,7 +295,7 @@ def reach_result(node: str, error: str) -> CheckReported:
             "protocol",
             CheckStatus.FAIL,
             f"agent {mismatch.group(1)}, console {mismatch.group(2)}",
-            "remove ~/.cache/mscon/agent-* on the node and retry",
+            REMOVE_OLD_AGENTS,
             error,
         )
     for needle, value, remedy in _REACH:
@@ -311,7 +312,7 @@ def protocol_result(node: str, agent: int, console: int) -> CheckReported:
         "protocol",
         CheckStatus.FAIL,
         f"agent {agent}, console {console}",
-        "remove ~/.cache/mscon/agent-* on the node and retry",
+        REMOVE_OLD_AGENTS,
     )
 
 

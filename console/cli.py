@@ -25,6 +25,7 @@ from .inventory import Inventory, InventoryError, load_inventory_or_default
 from .preflight import Preflight, PreflightOptions, all_check_names, known_check
 from .recorder import EventRecorder
 from .reporter import HeadlessReporter
+from .summary import add_to_summary, summary_file
 from .supervisor import RunOptions, Supervisor
 
 
@@ -351,21 +352,12 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     result = await _supervise(sup, args, loop)
     if checks is not None and checks.finished is not None:
         record = preflight_record(checks.results, checks.finished)
-        for path in (sup.logs_dir / "summary.json", args.json):
-            _add_to_summary(path, record)
+        # The run's summary (summary.json, --json) also says what preflight found and skipped; where
+        # no summary was written, the run said why.
+        for path in (summary_file(sup.logs_dir), args.json):
+            if path is not None:
+                add_to_summary(path, preflight=record)
     return result.exit_code
-
-
-def _add_to_summary(path: Path | None, record: dict) -> None:
-    """The run's summary (summary.json, --json) also says what preflight found and what was skipped."""
-    if path is None:
-        return
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        doc["preflight"] = record
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    except (OSError, ValueError):
-        pass  # no summary was written (it says why elsewhere)
 
 
 def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:

@@ -143,7 +143,9 @@ class Failure:
     ts_ns: int  # when it stopped making progress or exited, on ``clock``
     clock: str  # whose clock ts_ns is: "agent on NODE" or "console"
     code: int  # what a shell would report for it (128 + signal, 124 for a hang, 4 for a lost node)
-    detail: str  # one line: "exit code 7", "killed by SIGKILL", "stopped (SIGSTOP), process state T"
+    # One line: for an exit ProcExited.describe() ("exit code 7", "killed by SIGKILL"), for a hang
+    # what the agent saw ("stopped by a signal: process state T (stopped)").
+    detail: str
     exitcode: int | None = None
     signal: str | None = None
     tail: tuple[str, ...] = ()

@@ -3,7 +3,8 @@
 ``load_inventory`` raises nothing but ``InventoryError``, whose ``str()`` is always one line:
 ``FILE:LINE:COL: FIELD: MESSAGE`` (``FILE: FIELD: MESSAGE`` where no position applies).
 
-Schema (``*`` = required; defaults in brackets):
+Schema (``*`` = required; a key left out takes its field's default in the dataclasses below,
+written there only; brackets say what a missing key means where that is not a plain value):
 
     name*            a label: [A-Za-z0-9_][A-Za-z0-9._-]*, at most 64 characters
     device_target*   GPU | Ascend | CPU
@@ -15,26 +16,26 @@ Schema (``*`` = required; defaults in brackets):
                      starting with '-' or '.'), at most 255 characters
       devices*       1..1024; the world size (their sum) is at most 65536
       name [host]    a label as above, at most 64 characters, unique ignoring case
-      transport      ssh | local [ssh]; a local node must be the only node
+      transport      ssh | local; a local node must be the only node
       user           a login name: [A-Za-z_][A-Za-z0-9._-]*[$]?, at most 32 characters
       port           1..65535
       python         an absolute path or a bare command name, without spaces or shell characters
       identity_file  a path (no control characters, not starting with '-')
       address        how other nodes reach this one: an IP literal or an RFC 1123 hostname
       env            NAME: value, NAME = [A-Za-z_][A-Za-z0-9_]*, values without NUL/control chars
-    scheduler        port [8118] 1..65535; host [the first node's address]: like address
+    scheduler        port 1..65535; host [the first node's address]: like address
     job*             workdir [the inventory's folder]: an existing directory, synced to the nodes
                      script*: a file inside workdir, given relative to it (symlinks resolved)
                      args, resume_args (appended from the second attempt on), exclude: lists
                      env: as a node's env; metrics: {pattern: a regex with named groups
                      step and loss, optionally epoch}
-    restart          max_restarts [0] 0..1000, backoff_s [2.0] 0..600
-    hang             timeout_s [120] 5..86400: seconds without output before a rank counts as hung
-    checks           shm_min_gib [1.0] 0..1024
+    restart          max_restarts 0..1000, backoff_s 0..600
+    hang             timeout_s 5..86400: seconds without output before a rank counts as hung
+    checks           shm_min_gib 0..1024
     ssh              known_hosts, config (paths, relative to the inventory's folder);
-                     connect_timeout_s [10] (0, 600]; keepalive_s [5] 1..300 (old name:
-                     keepalive_interval_s); max_parallel_connects [16] 1..1024
-    stop             grace_s [3] 0..600
+                     connect_timeout_s (0, 600]; keepalive_s 1..300 (old name:
+                     keepalive_interval_s); max_parallel_connects 1..1024
+    stop             grace_s 0..600
 
 YAML: the file must be a regular file of at most 1 MiB, UTF-8 without NUL bytes, one document
 nested at most 32 deep, with at most 100,000 values after expanding aliases (billion laughs).
@@ -59,6 +60,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import yaml
+from mscon.agent.policy import DEFAULT_GRACE_S
 
 _T = TypeVar("_T")
 
@@ -163,7 +165,7 @@ class SshSpec:
 
 @dataclass(frozen=True)
 class StopSpec:
-    grace_s: float = 3.0
+    grace_s: float = DEFAULT_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -836,13 +838,6 @@ _JOB_KEYS = {
     "exclude": False,
     "metrics": False,
 }
-_SSH_KEYS = {
-    "known_hosts": False,
-    "config": False,
-    "connect_timeout_s": False,
-    "keepalive_s": False,
-    "max_parallel_connects": False,
-}
 _NAME_WHAT = f"a name of letters, digits, '.', '_', '-' (not starting with '-' or '.', at most {MAX_NAME})"
 
 
@@ -861,57 +856,43 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
     else:
         nodes = _nodes(r, top["nodes"], defaults)
 
-    scheduler = SchedulerSpec()
-    if "scheduler" in top:
-        s = r.mapping(top["scheduler"], "scheduler", {"port": False, "host": False})
-        scheduler = SchedulerSpec(
-            port=r.integer(s["port"], "scheduler.port", 1, 65535) if "port" in s else 8118,
-            host=r.address(s["host"], "scheduler.host") if "host" in s else None,
-        )
-
+    # Each optional section: the keys given, read and checked; a key left out keeps the dataclass's
+    # default (the one place defaults are written).
+    scheduler = _section(
+        r,
+        top,
+        "scheduler",
+        SchedulerSpec,
+        {"port": lambda n, w: r.integer(n, w, 1, 65535), "host": r.address},
+    )
     job = _job(r, top["job"], path)
-
-    restart = RestartSpec()
-    if "restart" in top:
-        s = r.mapping(top["restart"], "restart", {"max_restarts": False, "backoff_s": False})
-        restart = RestartSpec(
-            max_restarts=_opt(s, "max_restarts", lambda n: r.integer(n, "restart.max_restarts", 0, 1000), 0),
-            backoff_s=_opt(s, "backoff_s", lambda n: r.number(n, "restart.backoff_s", 0, 600), 2.0),
-        )
-
-    hang = HangSpec()
-    if "hang" in top:
-        s = r.mapping(top["hang"], "hang", {"timeout_s": False})
-        hang = HangSpec(
-            timeout_s=_opt(s, "timeout_s", lambda n: r.number(n, "hang.timeout_s", 5, 86400), 120.0)
-        )
-
-    checks = ChecksSpec()
-    if "checks" in top:
-        s = r.mapping(top["checks"], "checks", {"shm_min_gib": False})
-        checks = ChecksSpec(
-            shm_min_gib=_opt(s, "shm_min_gib", lambda n: r.number(n, "checks.shm_min_gib", 0, 1024), 1.0)
-        )
-
-    ssh = SshSpec()
-    if "ssh" in top:
-        s = r.mapping(top["ssh"], "ssh", _SSH_KEYS, aliases={"keepalive_interval_s": "keepalive_s"})
-        ssh = SshSpec(
-            known_hosts=_opt(s, "known_hosts", lambda n: _file_path(r, path, n, "ssh.known_hosts"), None),
-            config=_opt(s, "config", lambda n: _file_path(r, path, n, "ssh.config"), None),
-            connect_timeout_s=_opt(
-                s, "connect_timeout_s", lambda n: r.number(n, "ssh.connect_timeout_s", 0, 600, True), 10.0
-            ),
-            keepalive_s=_opt(s, "keepalive_s", lambda n: r.number(n, "ssh.keepalive_s", 1, 300), 5.0),
-            max_parallel_connects=_opt(
-                s, "max_parallel_connects", lambda n: r.integer(n, "ssh.max_parallel_connects", 1, 1024), 16
-            ),
-        )
-
-    stop = StopSpec()
-    if "stop" in top:
-        s = r.mapping(top["stop"], "stop", {"grace_s": False})
-        stop = StopSpec(grace_s=_opt(s, "grace_s", lambda n: r.number(n, "stop.grace_s", 0, 600), 3.0))
+    restart = _section(
+        r,
+        top,
+        "restart",
+        RestartSpec,
+        {
+            "max_restarts": lambda n, w: r.integer(n, w, 0, 1000),
+            "backoff_s": lambda n, w: r.number(n, w, 0, 600),
+        },
+    )
+    hang = _section(r, top, "hang", HangSpec, {"timeout_s": lambda n, w: r.number(n, w, 5, 86400)})
+    checks = _section(r, top, "checks", ChecksSpec, {"shm_min_gib": lambda n, w: r.number(n, w, 0, 1024)})
+    ssh = _section(
+        r,
+        top,
+        "ssh",
+        SshSpec,
+        {
+            "known_hosts": lambda n, w: _file_path(r, path, n, w),
+            "config": lambda n, w: _file_path(r, path, n, w),
+            "connect_timeout_s": lambda n, w: r.number(n, w, 0, 600, True),
+            "keepalive_s": lambda n, w: r.number(n, w, 1, 300),
+            "max_parallel_connects": lambda n, w: r.integer(n, w, 1, 1024),
+        },
+        aliases={"keepalive_interval_s": "keepalive_s"},
+    )
+    stop = _section(r, top, "stop", StopSpec, {"grace_s": lambda n, w: r.number(n, w, 0, 600)})
 
     return Inventory(
         path=path,
@@ -929,8 +910,20 @@ def _build(r: _Reader, root: yaml.Node, path: Path) -> Inventory:
     )
 
 
-def _opt(m: dict[str, yaml.Node], key: str, conv: Callable[[yaml.Node], Any], default: Any) -> Any:
-    return conv(m[key]) if key in m else default
+def _section(
+    r: _Reader,
+    top: dict[str, yaml.Node],
+    key: str,
+    spec: type[_T],
+    read: dict[str, Callable[[yaml.Node, str], Any]],
+    aliases: dict[str, str] | None = None,
+) -> _T:
+    """The optional top-level section ``key`` as ``spec``: its keys are ``read``'s (each reader takes
+    the value's node and the field's name for messages); a key left out keeps ``spec``'s default."""
+    if key not in top:
+        return spec()
+    m = r.mapping(top[key], key, dict.fromkeys(read, False), aliases)
+    return spec(**{k: conv(m[k], f"{key}.{k}") for k, conv in read.items() if k in m})
 
 
 def _nodes(r: _Reader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tuple[NodeSpec, ...]:
@@ -969,7 +962,7 @@ def _nodes(r: _Reader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tuple
                 f"missing: the host {host!r} cannot be the node's name; add name: ({_NAME_WHAT})",
             )
         key = (host, fields.get("port"), fields.get("user"))
-        if key in seen_hosts and fields.get("transport", "ssh") == "ssh":
+        if key in seen_hosts and fields.get("transport", NodeSpec.transport) == "ssh":
             raise r.fail(
                 m["host"], f"{where}.host", f"duplicate host {host!r} (same port and user as another node)"
             )

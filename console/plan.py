@@ -10,7 +10,7 @@ import posixpath
 import sys
 from dataclasses import dataclass, replace
 
-from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec
+from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec, rank_name
 
 from .inventory import Inventory, NodeSpec
 
@@ -59,7 +59,7 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
         if index == 0:
             procs.append(
                 ProcSpec(
-                    name="sched",
+                    name=rank_name(SCHEDULER_RANK),
                     rank=SCHEDULER_RANK,
                     local_rank=-1,
                     argv=argv,
@@ -76,7 +76,7 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
                 "DEVICE_ID": str(local),
                 "LOCAL_RANK": str(local),
             }
-            procs.append(ProcSpec(name=f"r{rank}", rank=rank, local_rank=local, argv=argv, env=env))
+            procs.append(ProcSpec(name=rank_name(rank), rank=rank, local_rank=local, argv=argv, env=env))
         plans.append(NodePlan(node=node, python=python, procs=tuple(procs)))
         first_rank += node.devices
     return tuple(plans)

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from mscon.agent import checks as node_checks
+from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import (
     PROTOCOL_VERSION,
     CheckResult,
@@ -114,7 +115,7 @@ class PreflightOptions:
     checks_only: bool = False  # mscon check: the run ends after the checks
     shm_path: str | None = None  # MSCON_SHM_PATH: where shared memory is checked (a node's env wins)
     smoke_timeout_s: float = 300.0
-    smoke_logs_root: Path = Path("mscon-runs")  # a failed smoke test keeps its logs here
+    smoke_logs_root: Path = Path(LOGS_DIR)  # a failed smoke test keeps its logs here
 
 
 @dataclass(frozen=True, slots=True)

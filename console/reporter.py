@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mscon.agent.protocol import (
-    SCHEDULER_RANK,
+    SCHEDULER_NAME,
     AgentError,
     Evidence,
     LogBatch,
@@ -26,6 +25,8 @@ from mscon.agent.protocol import (
     MetricBatch,
     ProcExited,
     ProcHung,
+    is_scheduler,
+    rank_of,
 )
 
 from .events import (
@@ -47,7 +48,8 @@ from .events import (
     StragglerCleared,
     StragglerFlagged,
 )
-from .state import describe
+from .state import describe, who_is
+from .summary import write_summary
 
 _PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours
 _PENDING_LIMIT = 32 * 2**20  # bytes of rank output held for a stdout that does not keep up
@@ -240,8 +242,7 @@ class HeadlessReporter:
                 self.writer.write(text.encode("utf-8", "replace"))
         elif isinstance(msg, ProcExited):
             if not msg.ok and not msg.stopped_by_agent:
-                what = f"killed by {msg.signal}" if msg.signal else f"exit code {msg.exitcode}"
-                self.note(f"{_who(msg.name, msg.node)} failed: {what}")
+                self.note(f"{_who(msg.name, msg.node)} failed: {msg.describe()}")
         elif isinstance(msg, ProcHung):
             why = "stopped by a signal" if msg.why == "stopped" else "makes no progress"
             self.note(f"{_who(msg.name, msg.node)} {why} (process state {msg.state})")
@@ -274,13 +275,14 @@ class HeadlessReporter:
         except (OSError, ValueError):
             pass
         if self.json_path is not None:
-            self.json_path.parent.mkdir(parents=True, exist_ok=True)
-            self.json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+            try:
+                write_summary(self.json_path, result)
+            except OSError as exc:
+                self.note(f"cannot write {self.json_path}: {exc.strerror or exc}")
 
 
 def _who(name: str, node: str) -> str:
-    node = printable(node)
-    return f"{printable(name)} on {node}" if name != "sched" else f"the scheduler on {node}"
+    return printable(who_is(name, rank_of(name), node))
 
 
 def format_summary(result: RunResult) -> str:
@@ -318,7 +320,7 @@ def format_summary(result: RunResult) -> str:
             again = f", flagged {s.flagged} times" if s.flagged > 1 else ""
             lines.append(
                 f"  attempt {s.attempt}: {_who(s.name, s.node)}: {s.step_time_s:.3g} s/step, "
-                f"{ratio:.2f}x {s.median_s:.3g} s{again}{', then caught up' if s.cleared else ''}"
+                f"{ratio:.2f}x the others' {s.median_s:.3g} s{again}{', then caught up' if s.cleared else ''}"
             )
     for sink, n in result.dropped:
         lines.append(f"the {sink} view skipped {n} metric update(s) to keep up")
@@ -335,11 +337,11 @@ def _last_lines(rc: object) -> list[str]:
 def _rank_table(result: RunResult) -> list[str]:
     header = ("node", "rank", "status", "last step", "last loss", "wall s", "")
     rows = [header]
-    for r in sorted(result.ranks, key=lambda r: (r.rank == SCHEDULER_RANK, r.rank)):
+    for r in sorted(result.ranks, key=lambda r: (is_scheduler(r.rank), r.rank)):
         rows.append(
             (
                 printable(r.node),
-                "sched" if r.rank == SCHEDULER_RANK else str(r.rank),
+                SCHEDULER_NAME if is_scheduler(r.rank) else str(r.rank),
                 r.status,
                 "-" if r.last_step is None else str(r.last_step),
                 "-" if r.last_loss is None else f"{r.last_loss:.4f}",

@@ -7,9 +7,10 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import LogBatch, RunInfo
 
 from . import exit_codes
@@ -66,7 +67,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="inventory YAML (default: the one the run was started with, from the logs folder)",
     )
     p.add_argument(
-        "--logs-dir", metavar="DIR", type=Path, default=Path("mscon-runs"), help="where fetched logs go"
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
     )
     p.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
 
@@ -110,6 +111,7 @@ def attach_main(args: argparse.Namespace, command: str) -> int:
         read_only=command == "logs" or getattr(args, "read_only", False),
         stop=command == "stop",
         accept_new_host_keys=args.accept_new_host_keys,
+        interactive=_wants_tui(args, command),
     )
     attacher = Attacher(inv, options)
     try:
@@ -118,13 +120,15 @@ def attach_main(args: argparse.Namespace, command: str) -> int:
         return exit_codes.INTERRUPTED
 
 
+def _wants_tui(args: argparse.Namespace, command: str) -> bool:
+    return command == "attach" and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty()
+
+
 async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) -> int:
     loop = asyncio.get_running_loop()
-    tui = command == "attach" and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty()
-    if tui:
+    if attacher.options.interactive:
         from .tui.launch import run_live
 
-        args.straggler_factor, args.straggler_window = 1.3, 20
         return await run_live(attacher, args)
     for sig in (signal.SIGINT, signal.SIGTERM):
         # Leaving never stops the run: a second signal leaves at once.
@@ -135,15 +139,17 @@ async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) ->
 
     if command == "logs":
         printer = LogPrinter(set(args.rank or ()), output_closed)
-        attacher.bus.add_sink("logs", printer.handle, lag_limit=10**9, hard_limit=10**9)
+        attacher.bus.add_sink(
+            "logs", printer.handle, lag_limit=10**9, hard_limit=10**9, busy=lambda: printer.writer.draining
+        )
         result = await attacher.run()
-        printer.finish()
+        await printer.writer.wait_drained()
         if result.status.value in ("unreachable", "error"):
             print(f"mscon: {printable(result.reason)}", file=sys.stderr)
             return result.exit_code
         return exit_codes.OK
     reporter = HeadlessReporter(json_path=getattr(args, "json", None), on_output_closed=output_closed)
-    attacher.bus.add_sink("headless", reporter.handle)
+    attacher.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
     result = await attacher.run()
     return result.exit_code
 
@@ -156,7 +162,7 @@ class LogPrinter:
         self.writer = StdoutWriter(sys.stdout.fileno(), on_closed)
         self.ranks = ranks
 
-    def handle(self, event: Event) -> None:
+    def handle(self, event: Event) -> Awaitable[bool] | None:
         if isinstance(event, AgentEvent) and isinstance(event.msg, LogBatch):
             msg = event.msg
             if self.ranks and msg.rank not in self.ranks:
@@ -166,10 +172,8 @@ class LogPrinter:
                 b"".join(prefix + line.encode("utf-8", "replace") + b"\n" for line in msg.lines)
             )
         elif isinstance(event, RunFinished):
-            self.finish()
-
-    def finish(self) -> None:
-        self.writer.drain()
+            return self.writer.wait_drained()  # awaited by the bus, off the event loop
+        return None
 
 
 def ls_main(args: argparse.Namespace) -> int:

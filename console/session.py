@@ -27,7 +27,8 @@ from mscon.agent.protocol import (
 )
 
 from . import safepath
-from .bundle import WorkdirArchive, agent_bundle, workdir_archive
+from .aio import cancel_and_wait, cancels, raise_if_cancelled_since, wait_or_cancel
+from .bundle import REMOVE_OLD_AGENTS, WorkdirArchive, agent_bundle, workdir_archive
 from .events import Event, LogsFetched, NodeState, NodeUpdate, Notice
 from .inventory import Inventory, NodeSpec
 from .plan import NodePlan
@@ -166,7 +167,7 @@ class ClusterSession:
         if hello.protocol != PROTOCOL_VERSION:
             raise ProtocolMismatch(
                 f"{link.name}: the agent speaks protocol {hello.protocol}, this console {PROTOCOL_VERSION}; "
-                "remove ~/.cache/mscon/agent-* on the node and retry"
+                + REMOVE_OLD_AGENTS
             )
         link.hello = hello
         self._state(link.name, NodeState.READY, f"agent pid {hello.pid} on {hello.hostname}")
@@ -255,10 +256,12 @@ class ClusterSession:
         if not await self.send(node, msg):
             link.waiters.pop(reply.type, None)
             return "the node's agent is not connected"
+        before = cancels()
         try:
             answer = await asyncio.wait_for(fut, wait_s)
-        except (TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):  # CancelledError: the channel ended (_read)
             link.waiters.pop(reply.type, None)
+            raise_if_cancelled_since(before)  # but never swallow our caller's own cancellation
             return f"no answer from the agent in {wait_s:g} s"
         assert isinstance(answer, reply)
         return answer
@@ -286,9 +289,7 @@ class ClusterSession:
             with contextlib.suppress(Exception):
                 await link.channel.close(wait_s=grace_s)
         if link.reader is not None:
-            link.reader.cancel()
-            with contextlib.suppress(BaseException):
-                await link.reader
+            await cancel_and_wait(link.reader)
 
     async def release(self) -> None:
         """Let every (detached) agent go: our channels close, the agents and their ranks run on."""
@@ -299,8 +300,7 @@ class ClusterSession:
                 with contextlib.suppress(Exception):
                     await link.channel.release()
             if link.reader is not None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(link.reader, 5.0)
+                await wait_or_cancel(link.reader, 5.0)
 
         await asyncio.gather(*(one(link) for link in self.links.values()))
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 
 from mscon.agent.evidence import KIND_STRENGTH
 from mscon.agent.protocol import (
-    SCHEDULER_RANK,
     AgentError,
     AllExited,
     Evidence,
@@ -23,6 +22,9 @@ from mscon.agent.protocol import (
     ProcStarted,
     Telemetry,
     TelemetryBatch,
+    by_rank,
+    is_scheduler,
+    rank_name,
 )
 
 from .events import (
@@ -90,7 +92,7 @@ class RankView:
 
     @property
     def is_scheduler(self) -> bool:
-        return self.rank == SCHEDULER_RANK
+        return is_scheduler(self.rank)
 
 
 @dataclass(slots=True)
@@ -156,7 +158,7 @@ class ClusterState:
             self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns))
             self.job = JobState.RUNNING
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
-            self._workers = sum(1 for r in ev.ranks if r.rank != SCHEDULER_RANK)
+            self._workers = sum(1 for r in ev.ranks if not is_scheduler(r.rank))
             self._ok_exits = 0
             self.flagged = {}
         elif isinstance(ev, Stopping):
@@ -363,7 +365,6 @@ class ClusterState:
         else:
             r.state = RankState.FAILED
             if att is not None:
-                what = f"killed by {msg.signal}" if msg.signal else f"exit code {msg.exitcode}"
                 att.failures.append(
                     Failure(
                         kind=FailureKind.SIGNAL if msg.signal else FailureKind.EXIT,
@@ -373,7 +374,7 @@ class ClusterState:
                         ts_ns=msg.ts_ns,
                         clock=f"agent on {msg.node}",
                         code=msg.shell_code,
-                        detail=what,
+                        detail=msg.describe(),
                         exitcode=msg.exitcode,
                         signal=msg.signal,
                         tail=msg.tail,
@@ -412,7 +413,7 @@ class ClusterState:
         if att.root is not None:
             return att.root
         failures = att.failures + att.lost_nodes
-        workers = [f for f in failures if f.rank is None or f.rank != SCHEDULER_RANK]
+        workers = [f for f in failures if not is_scheduler(f.rank)]  # lost nodes (rank None) too
         named = self._named(att, strong=True) or ([] if workers else self._named(att, strong=False))
         if named:
             accused = [f for f in workers if f.rank in named]
@@ -435,11 +436,11 @@ class ClusterState:
         found.sort(key=lambda ev: -KIND_STRENGTH.get(ev.kind, 0))
         out: list[int] = []
         for ev in found:
-            out.extend(r for r in ev.ranks if r not in out and f"r{r}" in self.ranks)
+            out.extend(r for r in ev.ranks if r not in out and rank_name(r) in self.ranks)
         return out
 
     def _named_failure(self, att: AttemptView, rank: int) -> Failure:
-        r = self.ranks[f"r{rank}"]
+        r = self.ranks[rank_name(rank)]
         line = named_line(att, rank)
         return Failure(
             kind=FailureKind.NAMED,
@@ -462,15 +463,15 @@ class ClusterState:
             e = r.exited
             wall = (e.ts_ns - r.started_ns) / 1e9 if e is not None and r.started_ns is not None else None
             if r.state is RankState.HUNG:
-                status = "hung" + (f", then {e.signal or f'exit {e.exitcode}'}" if e is not None else "")
+                status = "hung" + (f", then {e.describe(short=True)}" if e is not None else "")
             elif e is None:
                 status = "never started" if r.started_ns is None else r.state.value
             elif e.ok:
                 status = "ok"
             elif e.stopped_by_agent:
-                status = f"stopped ({e.signal or f'exit {e.exitcode}'})"
+                status = f"stopped ({e.describe(short=True)})"
             else:
-                status = e.signal or f"exit {e.exitcode}"
+                status = e.describe(short=True)
             if root is not None and root.name == r.name:
                 role = "root cause"
             elif root is not None and r.state in (RankState.STOPPED, RankState.FAILED, RankState.LOST):
@@ -512,9 +513,9 @@ class ClusterState:
         return tuple(out)
 
 
-def _straggler_order(key: tuple[int, str]) -> tuple[int, int, str]:
+def _straggler_order(key: tuple[int, str]) -> tuple[int, tuple[int, str]]:
     attempt, name = key
-    return attempt, int(name[1:]) if name[1:].isdigit() else -1, name
+    return attempt, by_rank(name)
 
 
 def _telemetry(r: RankView, msg: Telemetry) -> None:
@@ -539,6 +540,11 @@ def _with_evidence(f: Failure, line: str | None) -> Failure:
     return replace(f, evidence=line)
 
 
+def who_is(name: str, rank: int | None, node: str) -> str:
+    """A process in words: "r3 on node2", "the scheduler on node1"."""
+    return f"the scheduler on {node}" if is_scheduler(rank) else f"{name} on {node}"
+
+
 def describe(f: Failure | None) -> str:
     """The verdict in one line: who failed first, and how."""
     if f is None:
@@ -547,7 +553,7 @@ def describe(f: Failure | None) -> str:
         return f.detail
     if f.kind is FailureKind.AGENT:
         return f"{f.node} could not start its processes: {f.detail}"
-    who = f"the scheduler on {f.node}" if f.rank == SCHEDULER_RANK else f"{f.name} on {f.node}"
+    who = who_is(f.name, f.rank, f.node)
     if f.kind in (FailureKind.STOPPED, FailureKind.HUNG, FailureKind.NAMED):
         return f"{who} hung first ({f.detail})"
     return f"{who} failed first ({f.detail})"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TypeVar
 
+from mscon.agent import layout
 from mscon.agent import policy as policy_mod
 from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
 from mscon.agent.protocol import (
@@ -89,7 +90,7 @@ class RunOptions:
     script: str | None = None  # overrides the inventory's job.script (relative to workdir)
     args: tuple[str, ...] | None = None
     run_id: str | None = None
-    logs_root: Path = Path("mscon-runs")
+    logs_root: Path = Path(layout.LOGS_DIR)
     accept_new_host_keys: bool = False
     max_restarts: int | None = None  # overrides restart.max_restarts
     preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
@@ -416,7 +417,7 @@ class Supervisor:
             # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
             if self._checkpoints() and "--checkpoint-dir" not in argv:
                 assert self.session is not None
-                argv += ("--checkpoint-dir", f"{self.session.run_dir(node)}/checkpoints")
+                argv += ("--checkpoint-dir", layout.checkpoint_folder(self.session.run_dir(node)))
             if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
                 argv += ("--resume",)
         elif number > 0:
@@ -600,7 +601,7 @@ class Supervisor:
         procs = tuple(replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs)
         link = session.links[name]
         run_dir = session.run_dir(name)
-        cwd = f"{run_dir}/work" if link.transport.syncs_workdir else str(self.inv.job.workdir)
+        cwd = layout.work_folder(run_dir) if link.transport.syncs_workdir else str(self.inv.job.workdir)
         return Start(
             run_id=self.run_id,
             node=name,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
+import pwd
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from mscon.agent import layout
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -46,6 +49,21 @@ def sshd_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
         cluster.stop()
 
 
+SSH_USER = "root"  # the only user the sshd nodes accept
+
+
+def node_home(user: str | None = SSH_USER) -> Path:
+    """The home a node's agent keeps its runs under (``agent/layout.py``). An sshd node's agent
+    runs in ``user``'s passwd home (sshd sets HOME from it, whatever this process's HOME is); a
+    local node's (``user`` None) in this process's HOME, which mscon and its local agent inherit."""
+    return Path(pwd.getpwnam(user).pw_dir) if user else Path.home()
+
+
+def node_run_dir(run_id: str, node: str, user: str | None = SSH_USER) -> Path:
+    """A node's folder of a run (logs under ``layout.log_path(it, attempt, name)``)."""
+    return Path(layout.run_folder(layout.cache_folder(str(node_home(user))), run_id, node))
+
+
 def free_port() -> int:
     import socket
 
@@ -74,7 +92,7 @@ def ssh_inventory(
             "name": "loopback",
             "device_target": "CPU",
             "defaults": {
-                "user": "root",
+                "user": SSH_USER,
                 "port": cluster.port,
                 "identity_file": str(cluster.client_key),
                 "python": sys.executable,
@@ -94,7 +112,7 @@ def use_ssh_config_aliases(inv: Path, cluster: SshdCluster) -> Path:
     config = inv.with_name("ssh_config")
     config.write_text(
         "".join(
-            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User root\n"
+            f"Host {n.name}-alias\n  HostName {n.host}\n  Port {n.port}\n  User {SSH_USER}\n"
             f"  IdentityFile {cluster.client_key}\n"
             for n in cluster.nodes
         )
@@ -187,10 +205,13 @@ def agent_processes(node_names: list[str], roots: list[int] | None = None) -> li
 def kill_run(run_id: str) -> None:
     """Kill what a detached run left (its daemon agents chdir into their run folders, and their
     ranks die with them): a failed test must not leave a run training for hours."""
-    root = str(Path.home() / ".cache" / "mscon" / "runs" / run_id)
+    roots = tuple(
+        posixpath.join(layout.runs_root(layout.cache_folder(str(node_home(user)))), run_id, "")
+        for user in (SSH_USER, None)
+    )
     for p in agent_processes([]):
         try:
-            if p.cwd().startswith(root):
+            if p.cwd().startswith(roots):
                 p.kill()
         except psutil.Error:
             continue

@@ -7,13 +7,13 @@ import os
 import posixpath
 from pathlib import Path
 
+from mscon.agent import layout
 from mscon.agent.protocol import Message, ProtocolError, decode, encode
 
 from ..bundle import AgentBundle, WorkdirArchive
 from ..inventory import NodeSpec
 from ..safepath import UnsafePath, label, remote_within, within
 
-CACHE_DIR = ".cache/mscon"  # relative to the node user's home
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
 
 
@@ -91,14 +91,12 @@ class NodeTransport(abc.ABC):
 
     @property
     def cache_root(self) -> str:
-        return posixpath.join(self.home, CACHE_DIR)
+        return layout.cache_folder(self.home)
 
     def run_dir(self, run_id: str) -> str:
         """The node's folder for this run; both must be plain names (``UnsafePath`` otherwise)."""
-        # Both run id and node name: several nodes may share one home directory.
-        return remote_within(
-            self.cache_root, "runs", label(run_id, "run id"), label(self.node.name, "node name")
-        )
+        parts = layout.run_parts(label(run_id, "run id"), label(self.node.name, "node name"))
+        return remote_within(self.cache_root, *parts)
 
     def _fetch_dest(self, local: str, logs_root: str | None) -> Path:
         """Where fetched logs go: refused (``UnsafePath``) before anything is written if it could

@@ -13,6 +13,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from mscon.agent import layout
+
 from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv, agent_stdin_header
 from ..safepath import is_plain_name, within
 from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
@@ -143,7 +145,7 @@ def _copy_tree(src_fd: int, dest: Path, top: bool = False) -> None:
         entries = list(it)
     for entry in entries:
         name = entry.name
-        if (top and name == "work") or not is_plain_name(name):
+        if (top and name == layout.WORK_DIR) or not is_plain_name(name):
             continue  # the synced workdir is not a log; odd names are not copied
         try:
             st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)

@@ -43,6 +43,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mscon.agent import layout
+
 from ..bundle import AGENT_BOOT, AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_stdin_header
 from ..inventory import Inventory, NodeSpec
 from ..safepath import UnsafePath, is_plain_name, remote_within, within
@@ -92,7 +94,10 @@ def _mac(key: bytes, *parts: str) -> str:
 
 
 def _dial_source() -> bytes:
-    return resources.files("mscon.agent").joinpath("dial.py").read_bytes()
+    """dial.py with layout.py's source ahead of it: the dial runs from source, with no package to
+    import the layout from."""
+    agent = resources.files("mscon.agent")
+    return agent.joinpath("layout.py").read_bytes() + b"\n" + agent.joinpath("dial.py").read_bytes()
 
 
 def _set_keepalive(writer: asyncio.StreamWriter, interval_s: float) -> None:
@@ -551,7 +556,7 @@ class SlurmTransport(NodeTransport):
         return root
 
     async def upload_workdir(self, archive: WorkdirArchive) -> str:
-        rel = posixpath.join("sync", archive.filename)
+        rel = posixpath.join(layout.SYNC_DIR, archive.filename)
         if not await self._exists(rel):
             await self._put(rel, archive.data)
         return remote_within(self.cache_root, rel)
@@ -603,7 +608,7 @@ def _extract(fileobj: Any, dest: Path) -> None:
     with tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
         for member in tar:
             parts = member.name.split("/")
-            if not all(is_plain_name(p) for p in parts) or parts[0] == "work":
+            if not all(is_plain_name(p) for p in parts) or parts[0] == layout.WORK_DIR:
                 continue
             target = within(dest, *parts)
             if member.isdir():

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
+from mscon.agent import layout
 
 from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_command, agent_stdin_header
-from ..inventory import Inventory, NodeSpec
+from ..inventory import Inventory, NodeSpec, SshSpec
 from ..safepath import is_plain_name, remote_within, within
 from .base import AgentChannel, NodeTransport, NodeUnreachable
 
@@ -96,7 +97,8 @@ class SshTransport(NodeTransport):
 
     def _keepalive_s(self) -> float:
         ssh = self.inv.ssh
-        return float(getattr(ssh, "keepalive_s", None) or getattr(ssh, "keepalive_interval_s", 5.0))
+        old_name = getattr(ssh, "keepalive_interval_s", SshSpec.keepalive_s)
+        return float(getattr(ssh, "keepalive_s", None) or old_name)
 
     def _connect_kwargs(self) -> dict:
         kw: dict = {
@@ -300,7 +302,7 @@ class SshTransport(NodeTransport):
 
     async def upload_workdir(self, archive: WorkdirArchive) -> str:
         _, sftp = self._require()
-        folder = remote_within(self.cache_root, "sync")
+        folder = remote_within(self.cache_root, layout.SYNC_DIR)
         remote = remote_within(folder, archive.filename)
         try:
             if not await sftp.exists(remote):
@@ -367,7 +369,7 @@ class SshTransport(NodeTransport):
                     name = name.decode("utf-8")
                 except UnicodeDecodeError:
                     continue
-            if (top and name == "work") or not is_plain_name(name):
+            if (top and name == layout.WORK_DIR) or not is_plain_name(name):
                 continue  # the synced workdir is not a log; "..", "a/b" and odd names never are
             kind = entry.attrs.type
             if kind == asyncssh.FILEXFER_TYPE_DIRECTORY:

@@ -20,7 +20,6 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 
 from ..commands import DetachRun, RestartGroup, StopJob
-from ..stragglers import StragglerPolicy
 from .commands import MsconCommands, PaletteCommand
 from .feed import Changes, Feed
 from .linestore import LineStore
@@ -30,6 +29,7 @@ from .screens.modals import ConfirmScreen, HelpScreen, QuitChoice, QuitScreen, k
 from .screens.rank import RankScreen
 from .source import Source
 from .terminal import DRIVER
+from .textual_compat import app_driver
 
 FLUSH_S = 0.25  # the longest an event waits for a flush (the timer's period)
 MIN_GAP_S = 0.033  # the shortest pause between two flushes
@@ -66,7 +66,6 @@ class MsconApp(App[int]):
         *,
         pane_limit: int = PANE_LIMIT,
         flush_s: float = FLUSH_S,
-        policy: StragglerPolicy | None = None,
         spool_dir: Path | None = None,
         exit_when_done: bool = False,
         on_paint: Callable[[Changes, float, float], None] | None = None,
@@ -75,7 +74,7 @@ class MsconApp(App[int]):
         super().__init__(driver_class=DRIVER)
         self.source = source
         self.store = LineStore(spool_dir)
-        self.feed = Feed(source, self.store, policy)
+        self.feed = Feed(source, self.store)
         self.model = ViewModel(source, self.feed, self.store, pane_limit)
         self.flush_s = flush_s
         self.exit_when_done = exit_when_done  # quit once the run has ended (after "stop and quit")
@@ -123,11 +122,12 @@ class MsconApp(App[int]):
             return
         self._flushing = True
         try:
-            await self._flush()
+            await self._flush_feed()
         finally:
             self._flushing = False
 
-    async def _flush(self) -> None:
+    # Not ``_flush``: Textual's App has a private ``_flush(stderr)`` (print capture) this would replace.
+    async def _flush_feed(self) -> None:
         if not self._frozen and self.main_screen.ready:
             # The app's own objects (modules, widgets, styles) live as long as it does: kept out of
             # the collector's full passes, which otherwise stall a paint by 50-150 ms at 1,024 ranks.
@@ -170,7 +170,7 @@ class MsconApp(App[int]):
             self._finished()
 
     def _repaint_if_dropped(self) -> None:
-        driver = self._driver
+        driver = app_driver(self)
         if getattr(driver, "needs_repaint", False) and driver is not None and driver.backlog() == 0:  # type: ignore[attr-defined]
             driver.needs_repaint = False  # type: ignore[attr-defined]
             self.refresh(repaint=True, layout=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from ..attach import Attacher
 from ..events import Event
 from ..recorder import EventRecorder, read_events
 from ..reporter import format_summary
-from ..stragglers import StragglerPolicy
+from ..summary import write_summary
 from ..supervisor import Supervisor
 from .run import run_console
 from .source import LiveSource, ReplaySource
@@ -29,9 +28,8 @@ async def run_live(sup: Supervisor | Attacher, args: argparse.Namespace) -> int:
         recorder = EventRecorder(args.events)
         sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
     source = LiveSource(sup)
-    policy = StragglerPolicy(factor=args.straggler_factor, window=args.straggler_window)
     try:
-        code = await run_console(source, policy=policy)
+        code = await run_console(source)  # stragglers: the engine's (RunOptions.straggler_*)
     finally:
         if recorder is not None:
             recorder.close()
@@ -40,8 +38,10 @@ async def run_live(sup: Supervisor | Attacher, args: argparse.Namespace) -> int:
         sys.stderr.write(format_summary(result))
         json_path = getattr(args, "json", None)
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+            try:
+                write_summary(json_path, result)
+            except OSError as exc:
+                sys.stderr.write(f"mscon: cannot write {json_path}: {exc.strerror or exc}\n")
     return code
 
 

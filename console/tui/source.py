@@ -25,8 +25,19 @@ from mscon.agent.protocol import (
 from ..attach import Attacher
 from ..bus import Subscription
 from ..commands import Command, StopJob
-from ..events import AgentEvent, AttemptEnded, AttemptStarted, Event, NodeUpdate, RunFinished, RunResult
+from ..events import (
+    AgentEvent,
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    NodeUpdate,
+    RunFinished,
+    RunResult,
+    StragglerCleared,
+    StragglerFlagged,
+)
 from ..state import ClusterState
+from ..stragglers import StragglerPolicy, StragglerWatch
 from ..supervisor import Supervisor
 
 Handler = Callable[[Event], None]
@@ -145,11 +156,21 @@ class ReplaySource(Source):
     """A recording (``mscon run --events``) fed into a ClusterState at ``speed`` x real time
     (0: as fast as possible), in recorded order; gaps longer than ``max_gap_s`` are shortened."""
 
-    def __init__(self, events: Sequence[Event], speed: float = 1.0, max_gap_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        events: Sequence[Event],
+        speed: float = 1.0,
+        max_gap_s: float = 2.0,
+        policy: StragglerPolicy | None = None,
+    ) -> None:
         super().__init__()
         self.events = list(events)
         self.speed = speed
         self.max_gap_s = max_gap_s
+        # A recording with no straggler events (made before the engine derived them) gets them
+        # derived here, as the engine would have with ``policy`` (its verdicts do not depend on time).
+        recorded = any(isinstance(ev, StragglerFlagged | StragglerCleared) for ev in self.events)
+        self.stragglers = None if recorded else StragglerWatch(policy or StragglerPolicy(), self.state)
         self.position = 0
         self._clock_ns: int | None = None  # the recording's time at the last event replayed
 
@@ -173,4 +194,10 @@ class ReplaySource(Source):
             if isinstance(ev, RunFinished):
                 self.result = ev.result
             handler(ev)
+            if self.stragglers is not None and isinstance(ev, AgentEvent):
+                msg = ev.msg
+                if isinstance(msg, Metric | MetricBatch):
+                    for derived in self.stragglers.observe(ev.attempt, msg):
+                        self.state.apply(derived)
+                        handler(derived)
         return self.result.exit_code if self.result is not None else 0

@@ -14,6 +14,8 @@ from typing import Any
 
 from textual.driver import Driver
 
+from .textual_compat import writer_queue
+
 if sys.platform != "win32":
     from textual.drivers.linux_driver import LinuxDriver
 
@@ -25,19 +27,19 @@ if sys.platform != "win32":
             self._closing = False
 
         def write(self, data: str) -> None:
-            writer = self._writer_thread
-            if writer is None or self._closing:
+            frames = writer_queue(self)
+            if frames is None or self._closing:
                 super().write(data)
                 return
             try:
-                writer._queue.put_nowait(data)
+                frames.put_nowait(data)
             except queue.Full:
                 self.dropped_frames += 1
                 self.needs_repaint = True
 
         def backlog(self) -> int:
-            writer = self._writer_thread
-            return writer._queue.qsize() if writer is not None else 0
+            frames = writer_queue(self)
+            return frames.qsize() if frames is not None else 0
 
         def stop_application_mode(self) -> None:
             self._closing = True  # restoring the terminal must not lose a byte

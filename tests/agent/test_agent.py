@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 from conftest import FAKE_RANK, wait_gone
+from mscon.agent import layout
 from mscon.agent import protocol as P
 
 
@@ -88,7 +89,7 @@ def test_streams_sequenced_logs_and_reports_exits(tmp_path: Path) -> None:
             x for m in a.received if isinstance(m, P.MetricBatch) and m.name == rank for x in m.metrics
         ]
         assert [m.step for m in metrics] == list(range(1, 51))
-    assert (tmp_path / "run" / "attempt_0" / "r1.log").read_text().count("loss is") == 50
+    assert Path(layout.log_path(tmp_path / "run", 0, "r1")).read_text().count("loss is") == 50
 
 
 def test_a_killed_rank_is_reported_and_its_siblings_stopped(tmp_path: Path) -> None:
@@ -162,6 +163,6 @@ def test_a_console_that_stops_reading_never_stalls_the_agent(tmp_path: Path) -> 
         streamed = [line for b in batches for line in b.lines]
         starts = [sum(len(x.lines) for x in batches[:i]) for i in range(len(batches))]
         assert [b.seq for b in batches] == starts  # contiguous: none lost, none twice
-        assert streamed == (tmp_path / "run" / "attempt_0" / f"{rank}.log").read_text().splitlines()
+        assert streamed == Path(layout.log_path(tmp_path / "run", 0, rank)).read_text().splitlines()
     a.send(P.Shutdown())
     assert a.proc.wait(timeout=10) == 0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mscon.agent import coord
+from mscon.agent import coord, layout
 from mscon.agent import protocol as P
 from mscon.agent.journal import Journal, log_lines, read_journal, write_state
 from mscon.agent.tail import FileTail
@@ -62,7 +62,7 @@ def test_journal_appends_counts_on_and_survives_a_torn_line(tmp_path: Path) -> N
     again = Journal(str(tmp_path))  # an agent on the same folder goes on counting
     assert again.add(1, {"type": "all_exited"}) == 2
     again.close()
-    with open(tmp_path / "journal.jsonl", "a") as f:
+    with open(layout.journal_file(str(tmp_path)), "a") as f:
         f.write('{"i": 3, "a": 1, "m": {"type"')  # killed mid-write
     entries = list(read_journal(str(tmp_path)))
     assert [(i, a, m["type"]) for i, a, m in entries] == [
@@ -163,11 +163,17 @@ def _agent_env() -> dict[str, str]:
     return dict(os.environ)  # the test's python has mscon installed: `-m mscon.agent` runs the agent
 
 
+def _run_dir(home: Path, run_id: str) -> Path:
+    """Node n0's folder of ``run_id`` for an agent whose HOME is ``home`` (attempt 0's folder made)."""
+    run_dir = Path(layout.run_folder(layout.cache_folder(str(home)), run_id, "n0"))
+    Path(layout.attempt_folder(run_dir, 0)).mkdir(parents=True)
+    return run_dir
+
+
 def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    run_dir = home / ".cache/mscon/runs/run-x/n0"
-    (run_dir / "attempt_0").mkdir(parents=True)
-    (run_dir / "attempt_0/r0.log").write_text("a\nb\nc\n")
+    run_dir = _run_dir(home, "run-x")
+    Path(layout.log_path(run_dir, 0, "r0")).write_text("a\nb\nc\n")
     j = Journal(str(run_dir))
     j.add(0, P.ProcStarted(node="n0", name="r0", rank=0, pid=1, ts_ns=1, log_path="x").to_dict())
     j.add(0, P.Coord(node="n0", kind=P.CoordKind.RUN_ENDED, attempt=0, outcome="succeeded").to_dict())
@@ -195,7 +201,7 @@ def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
             "--attach",
             "run-x",
             "--cache",
-            str(home / ".cache/mscon"),
+            layout.cache_folder(str(home)),
         ],
         input=P.encode(P.Attach(log_from={"r0": 1}, log_attempt=0)),
         capture_output=True,
@@ -223,14 +229,13 @@ def test_relay_reads_an_ended_run_from_its_files(tmp_path: Path) -> None:
 
 def test_replay_brings_the_last_metrics_for_the_charts(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    run_dir = home / ".cache/mscon/runs/run-m/n0"
-    (run_dir / "attempt_0").mkdir(parents=True)
+    run_dir = _run_dir(home, "run-m")
     # r0 prints LossMonitor lines (parsed), r1 writes MSCON_METRICS records (read as they are).
-    (run_dir / "attempt_0/r0.log").write_text(
+    Path(layout.log_path(run_dir, 0, "r0")).write_text(
         "".join(f"epoch: 1 step: {i}, loss is {1 / i:.4f}\n" for i in range(1, 601))
     )
-    (run_dir / "attempt_0/r1.log").write_text("hello\n")
-    (run_dir / "attempt_0/r1.metrics.jsonl").write_text(
+    Path(layout.log_path(run_dir, 0, "r1")).write_text("hello\n")
+    Path(layout.metrics_path(run_dir, 0, "r1")).write_text(
         "".join(json.dumps({"step": i, "loss": 2.0 / i, "ts": 1.0}) + "\n" for i in range(1, 11))
     )
     j = Journal(str(run_dir))

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +31,13 @@ from conftest import (
     mscon,
     mscon_popen,
     needs_mindspore,
+    node_run_dir,
     run_processes,
     ssh_inventory,
     use_ssh_config_aliases,
     wait_gone,
 )
+from mscon.agent import layout
 from sshd_nodes import SshdCluster
 
 FAKE = "bench/fake_rank.py"
@@ -87,6 +90,50 @@ def _wait(pred, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+class _Output:
+    """A console's stdout and stderr, read as they come (a thread each), so a test can wait on what
+    it has printed so far."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+            for stream, lines in ((proc.stdout, self.out), (proc.stderr, self.err))
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, lines: list[str]) -> None:  # noqa: ANN001
+        for line in stream:
+            lines.append(line)
+
+    def finish(self, timeout: float) -> tuple[str, str]:
+        """Wait for the console to exit and its output to end; both outputs, whole."""
+        self.proc.wait(timeout)
+        for t in self._threads:
+            t.join(timeout)
+        return "".join(self.out), "".join(self.err)
+
+
+def _log_has(run_id: str, node: str, name: str, text: str = "") -> bool:
+    """The node's log of ``name`` (attempt 0) holds a line containing ``text`` (any line for "")."""
+    try:
+        with open(layout.log_path(node_run_dir(run_id, node), 0, name), encoding="utf-8") as f:
+            return any(text in line for line in f)
+    except OSError:
+        return False
+
+
+def _node_state(run_id: str, node: str) -> dict:
+    try:
+        return json.loads(Path(layout.state_file(str(node_run_dir(run_id, node)))).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 @needs_mindspore
 def test_detached_run_trains_on_and_attach_shows_every_line_once(
     tmp_path: Path, sshd_cluster: SshdCluster
@@ -95,29 +142,34 @@ def test_detached_run_trains_on_and_attach_shows_every_line_once(
     prints some lines and leaves (Ctrl-C), a second attach follows the run to its end. Every
     rank's log line is printed exactly once, in order, across the three consoles, and matches the
     fetched log."""
+    # --step-sleep: 400 steps take 8 s or more, however idle the machine, so the first console
+    # leaves while the run trains on and the second one has steps left to print.
     args = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--steps-per-epoch", "400"]
+    args += ["--step-sleep", "0.02"]
     inv = _inventory(tmp_path, sshd_cluster, args, script=str(TRAINER.relative_to(TRAINER.parents[1])))
     run_id = _run_id("detach-train")
     _detach(tmp_path, inv, run_id)
     # The console is gone; the ranks (and their agents, now daemons) are not.
     _wait(lambda: len(run_processes(run_id)) >= 3, 30, "the ranks")
-    first = mscon_popen("attach", run_id, "--no-tui", cwd=tmp_path)
-    _wait(lambda: (tmp_path / "mscon-runs" / run_id / "detached.json").exists(), 5, "the record")
-    node_log = Path.home() / ".cache/mscon/runs" / run_id / "node1" / "attempt_0" / "r0.log"
-    _wait(lambda: node_log.exists() and "loss" in node_log.read_text(), 90, "training steps")
-    time.sleep(2)  # some loss lines go through this console
-    first.send_signal(signal.SIGINT)
-    out1, err1 = first.communicate(timeout=30)
-    assert first.returncode == 0, err1
+    first = _Output(mscon_popen("attach", run_id, "--no-tui", cwd=tmp_path))
+    _wait(lambda: (tmp_path / layout.LOGS_DIR / run_id / "detached.json").exists(), 30, "the record")
+    _wait(
+        lambda: sum("loss" in line for line in _rank_lines("".join(first.out), 0)) >= 5,
+        120,
+        "training steps printed by the first console",
+    )
+    first.proc.send_signal(signal.SIGINT)
+    out1, err1 = first.finish(30)
+    assert first.proc.returncode == 0, err1
     assert "the run goes on" in err1
     assert run_processes(run_id), "leaving an attached run must not stop it"
     second = mscon("attach", run_id, "--no-tui", cwd=tmp_path, timeout=240)
     assert second.code == 0, second.err
     assert "succeeded" in second.err
-    logs = tmp_path / "mscon-runs" / run_id
+    logs = tmp_path / layout.LOGS_DIR / run_id
     for rank, node in ((0, "node1"), (1, "node2")):
         printed = _rank_lines(out1, rank) + _rank_lines(second.out, rank)
-        fetched = (logs / node / "attempt_0" / f"r{rank}.log").read_text().splitlines()
+        fetched = Path(layout.log_path(logs / node, 0, f"r{rank}")).read_text().splitlines()
         assert printed == fetched, f"r{rank}: {len(printed)} printed vs {len(fetched)} in the log"
     assert any("loss" in line for line in _rank_lines(out1, 0)), "the first attach printed no step"
     assert any("loss" in line for line in _rank_lines(second.out, 0)), "the second attach printed no step"
@@ -135,11 +187,9 @@ def test_killed_rank_is_stopped_by_the_coordinator_and_attach_names_it(
     inv = _inventory(tmp_path, sshd_cluster, args, script=str(TRAINER.relative_to(TRAINER.parents[1])))
     run_id = _run_id("detach-kill")
     _detach(tmp_path, inv, run_id)
-    node_log = Path.home() / ".cache/mscon/runs" / run_id / "node2" / "attempt_0" / "r1.log"
-    _wait(lambda: node_log.exists() and "loss" in node_log.read_text(), 120, "training steps")
-    victim = next(
-        p for p in run_processes(run_id) if p.environ()["MSCON_METRICS"].endswith("/r1.metrics.jsonl")
-    )
+    _wait(lambda: _log_has(run_id, "node2", "r1", "loss"), 120, "training steps")
+    r1_metrics = "/r1" + layout.METRICS_SUFFIX
+    victim = next(p for p in run_processes(run_id) if p.environ()["MSCON_METRICS"].endswith(r1_metrics))
     others = [p for p in run_processes(run_id) if p.pid != victim.pid]
     assert others, "r0 and the scheduler run on node1"
     victim.kill()
@@ -154,7 +204,14 @@ def test_killed_rank_is_stopped_by_the_coordinator_and_attach_names_it(
     assert "r1 on node2" in done.err and "SIGKILL" in done.err
     roles = {r["name"]: r["role"] for r in s["ranks"]}
     assert roles["r1"] == "root cause" and roles["r0"] == "victim"
-    assert (tmp_path / "mscon-runs" / run_id / "node2" / "attempt_0" / "r1.log").is_file()
+    # No restart budget: the run waits for an operator (mscon attach in a terminal, then r); a
+    # headless attach reports the failure and leaves it waiting, and mscon stop ends it.
+    assert "the run waits for an operator" in done.err and f"mscon stop {run_id}" in done.err
+    assert _run_agents(run_id) != []
+    stopped = mscon("stop", run_id, "--json", tmp_path / "stop.json", cwd=tmp_path, timeout=60)
+    assert stopped.code == 137, stopped.err
+    assert json.loads((tmp_path / "stop.json").read_text())["root_cause"]["name"] == "r1"
+    assert Path(layout.log_path(tmp_path / layout.LOGS_DIR / run_id / "node2", 0, "r1")).is_file()
     # The run is over: its agents (daemons, no longer under sshd's sessions) have exited too.
     _wait(lambda: _run_agents(run_id) == [], 10, "the run's agents to exit")
     print(f"survivors stopped {stopped_in:.2f} s after the kill, with no console")
@@ -188,17 +245,18 @@ def test_detached_failure_restarts_the_group_per_policy(tmp_path: Path, sshd_clu
     run_id = _run_id("detach-restart")
     _detach(tmp_path, inv, run_id)
     _wait(
-        lambda: (Path.home() / ".cache/mscon/runs" / run_id / "node2" / "attempt_1").is_dir(),
+        lambda: Path(layout.attempt_folder(node_run_dir(run_id, "node2"), 1)).is_dir(),
         30,
         "the coordinator's restart on node1",
     )
-    _wait(lambda: run_processes(run_id) == [] and _status(run_id) != "running", 40, "the end of the run")
+    _wait(lambda: run_processes(run_id) == [] and _waits_for_operator(run_id), 40, "the budget used up")
     done = mscon("attach", run_id, "--no-tui", "--json", tmp_path / "s.json", cwd=tmp_path, timeout=60)
     assert done.code == 5, done.err
     s = json.loads((tmp_path / "s.json").read_text())
     assert [a["attempt"] for a in s["attempts"]] == [0, 1]
     assert all(a["outcome"] == "failed" for a in s["attempts"])
     assert s["root_cause"]["name"] == "r0"
+    _end_waiting_run(tmp_path, run_id, 5)
 
 
 def test_detach_with_nodes_named_by_ssh_config_aliases(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
@@ -210,18 +268,32 @@ def test_detach_with_nodes_named_by_ssh_config_aliases(tmp_path: Path, sshd_clus
     run_id = _run_id("detach-alias")
     _detach(tmp_path, inv, run_id)
     # r0 would print for 150 s: only node1's coordinator, told by node2's agent, stops it.
-    _wait(lambda: run_processes(run_id) == [] and _status(run_id) != "running", 30, "the end of the run")
-    assert _status(run_id) == "failed"
+    _wait(lambda: run_processes(run_id) == [] and _waits_for_operator(run_id), 30, "the failure")
     done = mscon("attach", run_id, "--no-tui", "--json", tmp_path / "s.json", cwd=tmp_path, timeout=60)
     assert done.code == 7, done.err
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["root_cause"]["name"] == "r1" and s["root_cause"]["node"] == "node2", s["root_cause"]
     assert {r["name"]: r["role"] for r in s["ranks"]}["r0"] == "victim"
+    _end_waiting_run(tmp_path, run_id, 7)
+    assert _status(run_id) == "failed"
+
+
+def _waits_for_operator(run_id: str) -> bool:
+    """A detached run with no restart left waits for an operator (agent/policy.py) before it ends."""
+    state = _node_state(run_id, "node1")
+    return state.get("status") == "running" and "waiting for an operator" in str(state.get("reason", ""))
+
+
+def _end_waiting_run(tmp_path: Path, run_id: str, code: int) -> None:
+    """mscon stop ends a waiting run with its failed attempt's verdict; its agents then exit."""
+    stopped = mscon("stop", run_id, cwd=tmp_path, timeout=60)
+    assert stopped.code == code, stopped.err
+    _wait(lambda: _run_agents(run_id) == [], 15, "the run's agents to exit")
 
 
 def _run_agents(run_id: str) -> list[psutil.Process]:
     """Agents whose working folder is one of this run's node folders (a detached agent chdirs there)."""
-    root = str(Path.home() / ".cache/mscon/runs" / run_id)
+    root = str(node_run_dir(run_id, "node1").parent) + "/"
     found = []
     for p in agent_processes(["node1", "node2"]):
         try:
@@ -233,11 +305,7 @@ def _run_agents(run_id: str) -> list[psutil.Process]:
 
 
 def _status(run_id: str) -> str:
-    try:
-        state = json.loads((Path.home() / ".cache/mscon/runs" / run_id / "node1" / "state.json").read_text())
-    except (OSError, ValueError):
-        return "?"
-    return str(state.get("status"))
+    return str(_node_state(run_id, "node1").get("status", "?"))
 
 
 def test_ls_logs_follow_second_attach_and_stop(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
@@ -249,14 +317,18 @@ def test_ls_logs_follow_second_attach_and_stop(tmp_path: Path, sshd_cluster: Ssh
     assert listed.code == 0, listed.err
     row = next(line for line in listed.out.splitlines() if line.startswith(run_id))
     assert row.split()[1] == "running" and "node1,node2" in row
-    time.sleep(1.0)
+    _wait(lambda: _log_has(run_id, "node2", "r1"), 20, "r1's first line")
     logs = mscon("logs", run_id, inv, "--rank", "1", cwd=tmp_path, timeout=60)
     assert logs.code == 0, logs.err
     lines = logs.out.splitlines()
     assert lines and all(line.startswith("[node2 r1] ") for line in lines)
     follower = mscon_popen("logs", run_id, inv, "-f", cwd=tmp_path)
     steering = mscon_popen("attach", run_id, "--no-tui", cwd=tmp_path)
-    time.sleep(3.0)
+    _wait(
+        lambda: all(_node_state(run_id, n).get("attached") for n in ("node1", "node2")),
+        30,
+        "the steering console to hold the run",
+    )
     second = mscon("attach", run_id, "--no-tui", cwd=tmp_path, timeout=60)
     assert second.code == 2
     assert "already attached by" in second.err and "one console steers a run at a time" in second.err
@@ -267,7 +339,7 @@ def test_ls_logs_follow_second_attach_and_stop(tmp_path: Path, sshd_cluster: Ssh
     stopped = mscon("stop", run_id, inv, "--json", tmp_path / "s.json", cwd=tmp_path, timeout=60)
     assert stopped.code == 130, stopped.err
     assert json.loads((tmp_path / "s.json").read_text())["status"] == "interrupted"
-    assert (tmp_path / "mscon-runs" / run_id / "node1" / "attempt_0" / "r0.log").is_file()
+    assert Path(layout.log_path(tmp_path / layout.LOGS_DIR / run_id / "node1", 0, "r0")).is_file()
     out, err = follower.communicate(timeout=30)
     assert follower.returncode == 0, err
     followed = [line for line in out.splitlines() if line.startswith("[node1 r0] ")]
@@ -275,7 +347,7 @@ def test_ls_logs_follow_second_attach_and_stop(tmp_path: Path, sshd_cluster: Ssh
     assert run_processes(run_id) == []
     listed = mscon("ls", inv, cwd=tmp_path, timeout=60)
     row = next(line for line in listed.out.splitlines() if line.startswith(run_id))
-    assert row.split()[1] == "stopped"
+    assert row.split()[1] == "interrupted"
 
 
 def _other_user() -> str | None:
@@ -300,8 +372,8 @@ def test_agent_socket_is_refused_to_another_user(tmp_path: Path, sshd_cluster: S
     run_id = _run_id("detach-user")
     _detach(tmp_path, inv, run_id)
     try:
-        run_dir = Path.home() / ".cache/mscon/runs" / run_id / "node1"
-        sock = run_dir / "agent.sock"
+        run_dir = node_run_dir(run_id, "node1")
+        sock = Path(layout.socket_file(str(run_dir)))
         _wait(sock.exists, 10, "the socket")
         assert run_dir.stat().st_mode & 0o777 == 0o700
         assert sock.stat().st_mode & 0o777 == 0o600

@@ -31,6 +31,7 @@ import psutil
 import pytest
 import yaml
 from conftest import mscon, mscon_popen, needs_mindspore, run_processes, ssh_inventory, wait_gone
+from mscon.agent import layout
 from netns_node import NetnsNode, netns_unavailable_reason, start_netns_node
 from sshd_nodes import SSHD, SshdCluster, descendants, pid_alive, write_known_hosts
 
@@ -162,13 +163,13 @@ def _ranks(run_id: str, expect: int, timeout: float = 30) -> dict[str, psutil.Pr
                 path = Path(p.environ()["MSCON_METRICS"])
             except (psutil.Error, KeyError):
                 continue
-            name = path.name.removesuffix(".metrics.jsonl")
+            name = path.name.removesuffix(layout.METRICS_SUFFIX)
             if re.fullmatch(r"r\d+", name):
                 try:
                     p.agent_pid = p.ppid()
                 except psutil.Error:
                     continue
-                p.node = path.parent.parent.name  # .../<run id>/<node>/attempt_N/rN.metrics.jsonl
+                p.node = path.parent.parent.name  # the run folder (.../<run id>/<node>) of its attempt folder
                 found[name] = p
         if len(found) >= expect or time.monotonic() > deadline:
             assert len(found) == expect, f"expected {expect} ranks of {run_id}, found {sorted(found)}"
@@ -642,9 +643,10 @@ def test_closed_stdout_ends_the_run_cleanly(tmp_path: Path, sshd_cluster: SshdCl
     assert run_processes(run_id) == []
     assert _under_sshd_eventually_empty(sshd_cluster)
     fetched = sorted(
-        p.relative_to(runs / run_id).as_posix() for p in (runs / run_id).glob("node*/attempt_0/r*.log")
+        p.relative_to(runs / run_id).as_posix()
+        for p in (runs / run_id).glob(layout.log_path("node*", 0, "r*"))
     )
-    assert fetched == [f"node{n}/attempt_0/r{r}.log" for n, r in ((1, 0), (1, 1), (2, 2), (2, 3))]
+    assert fetched == [layout.log_path(f"node{n}", 0, f"r{r}") for n, r in ((1, 0), (1, 1), (2, 2), (2, 3))]
 
 
 def _under_sshd_eventually_empty(cluster: SshdCluster, timeout: float = 10) -> bool:
@@ -791,10 +793,10 @@ def test_max_restarts_resumes_from_checkpoint(
     logs = tmp_path / "runs" / run_id / "node1"
     for attempt in (0, 1):
         for name in ("r0", "r1", "sched"):
-            assert (logs / f"attempt_{attempt}" / f"{name}.log").is_file(), (attempt, name)
-    first_try = (logs / "attempt_0" / "r1.log").read_text()
+            assert Path(layout.log_path(logs, attempt, name)).is_file(), (attempt, name)
+    first_try = Path(layout.log_path(logs, 0, "r1")).read_text()
     assert "--die-at-step 10: rank 1 kills itself" in first_try
-    second_try = (logs / "attempt_1" / "r0.log").read_text()
+    second_try = Path(layout.log_path(logs, 1, "r0")).read_text()
     steps = [int(x) for x in re.findall(r"^epoch: 1 step: (\d+), loss is", second_try, re.M)]
     assert steps == list(range(9, 17)), steps  # after the step-8 checkpoint, to the end
     assert "resumed from step 8" in second_try

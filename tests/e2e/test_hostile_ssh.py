@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import asyncssh
 import pytest
+from mscon.agent import layout
 from mscon.agent.protocol import Hello
 from mscon.console.bundle import agent_bundle, agent_command
 from mscon.console.inventory import NodeSpec, SshSpec
@@ -244,18 +245,20 @@ async def test_fetch_does_not_follow_links_out_of_the_run_dir(tmp_path: Path, cl
     run_id = f"hostile-{secrets.token_hex(4)}"
     run = Path(t.run_dir(run_id))  # the sshd node is this machine: write its run folder directly
     try:
-        (run / "attempt_0").mkdir(parents=True)
-        (run / "attempt_0" / "r0.log").write_text("step 1\n")
-        (run / "attempt_0" / "leak.log").symlink_to(secret)
-        (run / "attempt_0" / "dirlink").symlink_to(outside)
+        attempt = Path(layout.attempt_folder(run, 0))
+        attempt.mkdir(parents=True)
+        Path(layout.log_file(attempt, "r0")).write_text("step 1\n")
+        (attempt / "leak.log").symlink_to(secret)
+        (attempt / "dirlink").symlink_to(outside)
         (run / "escape").symlink_to("../../..")
-        (run / "work").mkdir()
-        (run / "work" / "train.py").write_text("synced, not a log\n")
+        work = Path(layout.work_folder(str(run)))
+        work.mkdir()
+        (work / "train.py").write_text("synced, not a log\n")
         logs = tmp_path / "logs"
         await t.fetch_run_dir(str(run), str(logs / "node1"), logs_root=str(logs))
         got = sorted(str(p.relative_to(logs)) for p in logs.rglob("*"))
-        assert got == ["node1", "node1/attempt_0", "node1/attempt_0/r0.log"]
-        assert (logs / "node1" / "attempt_0" / "r0.log").read_text() == "step 1\n"
+        assert got == ["node1", layout.attempt_folder("node1", 0), layout.log_path("node1", 0, "r0")]
+        assert Path(layout.log_path(logs / "node1", 0, "r0")).read_text() == "step 1\n"
         with pytest.raises(ValueError, match="would not stay inside"):
             await t.fetch_run_dir(str(run), str(tmp_path / "elsewhere"), logs_root=str(logs))
         with pytest.raises(ValueError, match="is not a run folder"):
@@ -276,10 +279,10 @@ async def test_hostile_node_name_is_refused_before_anything_is_written(
         logs = tmp_path / "a" / "b" / "logs"
         with pytest.raises(ValueError):
             await t.fetch_run_dir(
-                f"{t.home}/.cache/mscon/runs/r1/x", str(logs / "../../x"), logs_root=str(logs)
+                layout.run_folder(t.cache_root, "r1", "x"), str(logs / "../../x"), logs_root=str(logs)
             )
         with pytest.raises(ValueError):
-            await t.fetch_run_dir(f"{t.home}/.cache/mscon/runs/r1/x", str(logs / "../../x"))
+            await t.fetch_run_dir(layout.run_folder(t.cache_root, "r1", "x"), str(logs / "../../x"))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["sshd"]
     finally:
         await t.close()

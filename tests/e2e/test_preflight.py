@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import local_inventory, mscon, needs_mindspore, ssh_inventory, write_inventory
+from mscon.agent import layout
 from sshd_nodes import SshdCluster, SshdNode, require_sshd, start_sshd_cluster
 
 FAKE = "bench/fake_rank.py"
@@ -123,7 +124,7 @@ def test_check_two_ssh_nodes_passes_with_a_real_allreduce(tmp_path: Path, cluste
     sizes = [part.split(" GB/s")[0].rsplit(" ", 1)[0] for part in busbw["detail"].split("; ")]
     assert sizes == ["1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB"], busbw["detail"]
     assert "hardware" not in busbw["detail"]  # the untested-on-devices note is for GPU/Ascend only
-    assert not list(tmp_path.glob("mscon-runs/*-smoke"))  # a passing smoke test keeps no logs
+    assert not list(tmp_path.glob(f"{layout.LOGS_DIR}/*-smoke"))  # a passing smoke test keeps no logs
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert kinds.count("checks_finished") == 1 and kinds.count("check") == len(found)
     print(f"\nmscon check, 2 sshd nodes x 1 rank, with the AllReduce: {wall:.1f} s")

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO, free_port, mscon, needs_mindspore, run_processes, wait_gone, write_inventory
+from mscon.agent import layout
 from mscon.console.transport.slurm import DIAL_BOOT, ENV_CONSOLE_ADDRESS
 from slurm_cluster import (
     SlurmCluster,
@@ -164,9 +165,9 @@ def test_nodes_and_devices_come_from_the_allocation(tmp_path: Path, alloc: Alloc
     workers = sorted((r["node"], r["rank"], r["last_step"]) for r in s["ranks"] if r["rank"] >= 0)
     assert workers == [(node, 0, 15), (node, 1, 15)]
     logs = Path(s["logs_dir"])
-    assert "training finished" in (logs / node / "attempt_0" / "r1.log").read_text()
-    assert (logs / node / "attempt_0" / "sched.log").is_file()
-    assert not (logs / node / "work").exists()  # the synced workdir is not fetched
+    assert "training finished" in Path(layout.log_path(logs / node, 0, "r1")).read_text()
+    assert Path(layout.log_path(logs / node, 0, "sched")).is_file()
+    assert not (logs / node / layout.WORK_DIR).exists()  # the synced workdir is not fetched
     assert alloc.our_steps() == []
     assert alloc.cluster.jobs() and any(j.startswith(alloc.job_id + " ") for j in alloc.cluster.jobs())
     print(f"2 fake ranks through srun: {took:.2f} s, mscon run end to end")
@@ -339,10 +340,10 @@ def test_sbatch_example_leaves_summary_and_logs_in_the_job_folder(
     m = re.search(r"Submitted batch job (\d+)", r.stdout)
     assert r.returncode == 0 and m, (r.stdout, r.stderr, *(p.read_text() for p in tmp_path.glob("*.out")))
     job = m.group(1)
-    folder = tmp_path / "mscon-runs" / f"slurm-{job}"
+    folder = tmp_path / layout.LOGS_DIR / f"slurm-{job}"
     s = json.loads((folder / "summary.json").read_text())
     assert s["status"] == "succeeded" and s["run_id"] == f"slurm-{job}"
-    assert (folder / slurm.node / "attempt_0" / "r1.log").read_text().count("loss is") == 12
+    assert Path(layout.log_path(folder / slurm.node, 0, "r1")).read_text().count("loss is") == 12
     out = (tmp_path / f"slurm-{job}.out").read_text()
     assert f"[{slurm.node} r0] epoch: 1 step: 12," in out
 
@@ -369,9 +370,9 @@ def test_allocation_of_two_ranks_trains_the_real_trainer(tmp_path: Path, alloc: 
         r = next(r for r in s["ranks"] if r["rank"] == rank)
         assert r["status"] == "ok" and r["last_step"] == 20
         assert r["last_loss"] < float(losses[0])  # it learns
-    logs = Path(s["logs_dir"]) / node / "attempt_0"
-    assert "training finished" in (logs / "r0.log").read_text()
-    assert (logs / "r1.metrics.jsonl").read_text().count("\n") == 20
+    logs = layout.attempt_folder(Path(s["logs_dir"]) / node, 0)
+    assert "training finished" in Path(layout.log_file(logs, "r0")).read_text()
+    assert Path(layout.metrics_file(logs, "r1")).read_text().count("\n") == 20
     assert alloc.our_steps() == []
     print(f"2 MindSpore ranks through srun: {took:.1f} s, mscon run end to end")
 
@@ -397,7 +398,7 @@ def test_killed_rank_stops_the_job_and_leaves_no_step(tmp_path: Path, alloc: All
     try:
         _wait_for_line(proc, "r1] epoch: 1 step: 5,")
         procs = run_processes(run_id)
-        victim = [p for p in procs if p.environ()["MSCON_METRICS"].endswith("/r1.metrics.jsonl")]
+        victim = [p for p in procs if p.environ()["MSCON_METRICS"].endswith("/r1" + layout.METRICS_SUFFIX)]
         assert len(procs) == 3 and len(victim) == 1
         others = [p for p in procs if p.pid != victim[0].pid]
         victim[0].send_signal(signal.SIGKILL)
@@ -411,7 +412,7 @@ def test_killed_rank_stops_the_job_and_leaves_no_step(tmp_path: Path, alloc: All
     assert proc.returncode == 137, err[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["root_cause"]["name"] == "r1" and s["root_cause"]["signal"] == "SIGKILL"
-    assert "step: 5," in (Path(s["logs_dir"]) / alloc.cluster.node / "attempt_0" / "r1.log").read_text()
+    assert "step: 5," in Path(layout.log_path(Path(s["logs_dir"]) / alloc.cluster.node, 0, "r1")).read_text()
     assert alloc.our_steps() == []
     print(f"other ranks gone {took:.2f} s after kill -9 of r1")
 
@@ -479,7 +480,7 @@ def _two_node_run(tmp_path: Path, alloc2: Alloc, script: str, args: list[str]) -
     workers = sorted((r["node"], r["rank"], r["status"]) for r in s["ranks"] if r["rank"] >= 0)
     assert workers == [(nodes[0], 0, "ok"), (nodes[1], 1, "ok")]
     for node in nodes:  # each node's logs came back over its own channel
-        assert (Path(s["logs_dir"]) / node / "attempt_0" / f"r{nodes.index(node)}.log").is_file()
+        assert Path(layout.log_path(Path(s["logs_dir"]) / node, 0, f"r{nodes.index(node)}")).is_file()
     assert alloc2.our_steps() == []
     return s, done.out
 

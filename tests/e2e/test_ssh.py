@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import re
 import secrets
 import shutil
@@ -21,11 +19,13 @@ from conftest import (
     mscon,
     mscon_popen,
     needs_mindspore,
+    node_home,
     run_processes,
     ssh_inventory,
     use_ssh_config_aliases,
     wait_gone,
 )
+from mscon.agent import layout
 from sshd_nodes import SshdCluster
 
 pytestmark = pytest.mark.ssh
@@ -71,10 +71,10 @@ def test_two_nodes_train_real_mindspore(tmp_path: Path, sshd_cluster: SshdCluste
         assert r["status"] == "ok" and r["last_step"] == 20
         assert r["last_loss"] < first_loss[rank]  # it learns
     logs = Path(s["logs_dir"])
-    assert "training finished" in (logs / "node1" / "attempt_0" / "r0.log").read_text()
-    assert "training finished" in (logs / "node2" / "attempt_0" / "r3.log").read_text()
-    assert (logs / "node1" / "attempt_0" / "sched.log").is_file()
-    assert (logs / "node2" / "attempt_0" / "r2.metrics.jsonl").read_text().count("\n") == 20
+    assert "training finished" in Path(layout.log_path(logs / "node1", 0, "r0")).read_text()
+    assert "training finished" in Path(layout.log_path(logs / "node2", 0, "r3")).read_text()
+    assert Path(layout.log_path(logs / "node1", 0, "sched")).is_file()
+    assert Path(layout.metrics_path(logs / "node2", 0, "r2")).read_text().count("\n") == 20
 
 
 @pytest.mark.mindspore
@@ -100,7 +100,7 @@ def test_kill9_one_rank_stops_every_rank_within_5s(
     request.addfinalizer(proc.kill)
     _wait_for_line(proc, "[node2 r3] epoch: 1 step: 5,")
     procs = run_processes(run_id)
-    victim = [p for p in procs if p.environ()["MSCON_METRICS"].endswith("/r3.metrics.jsonl")]
+    victim = [p for p in procs if p.environ()["MSCON_METRICS"].endswith("/r3" + layout.METRICS_SUFFIX)]
     assert len(procs) == 5 and len(victim) == 1  # scheduler + 4 ranks
     others = [p for p in procs if p.pid != victim[0].pid]
     victim[0].send_signal(signal.SIGKILL)
@@ -115,8 +115,8 @@ def test_kill9_one_rank_stops_every_rank_within_5s(
     assert s["root_cause"]["signal"] == "SIGKILL"
     assert "r3 on node2 failed first (killed by SIGKILL)" in err
     fetched = Path(s["logs_dir"])  # logs come back after a failure too, from both nodes
-    assert "step: 5," in (fetched / "node2" / "attempt_0" / "r3.log").read_text()
-    assert (fetched / "node1" / "attempt_0" / "r0.log").is_file()
+    assert "step: 5," in Path(layout.log_path(fetched / "node2", 0, "r3")).read_text()
+    assert Path(layout.log_path(fetched / "node1", 0, "r0")).is_file()
     print(f"all ranks gone {took:.2f} s after kill -9")
 
 
@@ -152,8 +152,8 @@ def test_fake_ranks_and_agent_reuse(tmp_path: Path, sshd_cluster: SshdCluster) -
     first = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert first.code == 0, first.err
     # The node user's home as sshd sets it (from passwd), not this process's $HOME.
-    node_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
-    markers = list((node_home / ".cache" / "mscon").glob("agent-*/mscon_agent/.complete"))
+    cache = Path(layout.cache_folder(str(node_home())))
+    markers = list(cache.glob(f"{layout.AGENT_PREFIX}*/mscon_agent/.complete"))
     assert markers
     stamp = {m: m.stat().st_mtime_ns for m in markers}
     second = mscon("run", "--no-tui", inv, cwd=tmp_path)
@@ -216,7 +216,7 @@ def test_console_stop_or_crash_leaves_no_process(
     assert wait_gone(ranks + agents, 10) == []
     assert run_processes(run_id) == []
     if how == "sigint":  # a clean stop still fetched every node's logs
-        fetched = list((tmp_path / "mscon-runs" / run_id).glob("node*/attempt_0/r*.log"))
+        fetched = list((tmp_path / layout.LOGS_DIR / run_id).glob(layout.log_path("node*", 0, "r*")))
         assert len(fetched) == 4
 
 

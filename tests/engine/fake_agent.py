@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from mscon.agent import layout
 from mscon.agent.protocol import (
     PROTOCOL_VERSION,
     AgentError,
@@ -387,7 +388,7 @@ class FakeChannel(AgentChannel):
                     rank=spec.rank,
                     pid=proc.pid,
                     ts_ns=self._start_ns,
-                    log_path=f"{cmd.run_dir}/attempt_{cmd.attempt}/{spec.name}.log",
+                    log_path=layout.log_path(cmd.run_dir, cmd.attempt, spec.name),
                 )
             )
         for name, proc in self.procs.items():

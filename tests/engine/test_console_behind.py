@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from conftest import kill_run, local_inventory, run_processes, wait_gone
+from mscon.agent import layout
 
 FAKE = "bench/fake_rank.py"
 
@@ -61,7 +62,7 @@ def test_a_suspended_console_does_not_stall_its_agents(tmp_path: Path) -> None:
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["root_cause"]["name"] == "r1" and s["root_cause"]["exitcode"] == 7
     for rank in ("r0", "r1"):
-        log = tmp_path / "mscon-runs" / run_id / "local" / "attempt_0" / f"{rank}.log"
+        log = Path(layout.log_path(tmp_path / layout.LOGS_DIR / run_id / "local", 0, rank))
         printed = [
             line.removeprefix(f"[local {rank}] ")
             for line in (tmp_path / "out.txt").read_text().splitlines()

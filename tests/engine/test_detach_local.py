@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kill_run, local_inventory, mscon, run_processes, wait_gone
+from mscon.agent import layout
 
 FAKE = "bench/fake_rank.py"
 
@@ -33,7 +34,7 @@ def test_detach_then_attach_prints_every_line_once(tmp_path: Path, run_id: str) 
     assert second.code == 0, second.err
     for r in range(2):
         printed = re.findall(rf"^\[local r{r}\] (.*)$", first.out + second.out, re.M)
-        log = tmp_path / "mscon-runs" / run_id / "local" / "attempt_0" / f"r{r}.log"
+        log = Path(layout.log_path(tmp_path / layout.LOGS_DIR / run_id / "local", 0, f"r{r}"))
         assert printed == log.read_text().splitlines()
         steps = [int(s) for s in re.findall(r"step: (\d+),", "\n".join(printed))]
         assert steps == list(range(1, 81))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import agent_processes, local_inventory, mscon, mscon_popen, run_processes, wait_gone
+from mscon.agent import layout
 
 FAKE = "bench/fake_rank.py"
 
@@ -34,8 +35,8 @@ def test_success_streams_every_line_and_keeps_logs(tmp_path: Path) -> None:
     assert s["status"] == "succeeded" and s["exit_code"] == 0 and s["root_cause"] is None
     workers = [r for r in s["ranks"] if r["rank"] >= 0]
     assert len(workers) == 4 and all(r["status"] == "ok" and r["last_step"] == 30 for r in workers)
-    # Logs are fetched into ./<logs-dir>/<run id>/<node>/attempt_0/
-    log = Path(s["logs_dir"]) / "local" / "attempt_0" / "r3.log"
+    # Logs are fetched into ./<logs-dir>/<run id>/<node>/, laid out as on the node
+    log = Path(layout.log_path(Path(s["logs_dir"]) / "local", 0, "r3"))
     assert log.read_text().count("loss is") == 30
     assert (Path(s["logs_dir"]) / "summary.json").is_file()
 

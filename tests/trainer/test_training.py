@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, TRAINER, local_inventory, mscon, needs_mindspore
+from mscon.agent import layout
 
 pytestmark = [pytest.mark.mindspore, needs_mindspore]
 TRAIN = "trainer/train.py"
 
 
 def _metrics(logs: Path, rank: int) -> list[dict]:
-    path = logs / "local" / "attempt_0" / f"r{rank}.metrics.jsonl"
+    path = Path(layout.metrics_path(logs / "local", 0, f"r{rank}"))
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import kill_run, run_processes, wait_gone
+from mscon.agent import layout
 from mscon.console.attach import Attacher, AttachOptions
 from mscon.console.commands import StopJob
 from mscon.console.events import JobState
@@ -78,4 +79,4 @@ async def _detach_attach_stop(app: MsconApp, source: LiveSource, run_id: str, tm
     assert source3.result is not None and source3.result.status is JobState.INTERRUPTED
     assert [a.outcome.value for a in source3.result.attempts] == ["restart requested", "interrupted"]
     assert wait_gone(run_processes(run_id), 10) == []
-    assert (tmp_path / "runs" / run_id / "local" / "attempt_1" / "r0.log").is_file()
+    assert Path(layout.log_path(tmp_path / "runs" / run_id / "local", 1, "r0")).is_file()

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import Hello
 from mscon.console.bundle import (
     AGENT_BOOT,
@@ -39,7 +40,7 @@ def test_workdir_archive_excludes_and_is_reproducible(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("x = 1\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text("y = 2\n")
-    for junk in (".git", ".venv", "__pycache__", "mscon-runs"):
+    for junk in (".git", ".venv", "__pycache__", LOGS_DIR):
         (tmp_path / junk).mkdir()
         (tmp_path / junk / "f").write_text("junk")
     (tmp_path / "big.ckpt").write_text("weights")

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from mscon.agent import layout
 from mscon.console.inventory import NodeSpec, SshSpec
 from mscon.console.safepath import UnsafePath, is_plain_name, label, remote_within, within
 from mscon.console.transport.local import LocalTransport
@@ -81,7 +82,9 @@ def _ssh(name: str) -> SshTransport:
 
 def test_run_dir_checks_run_id_and_node_name(tmp_path: Path) -> None:
     t = _local("node-1", tmp_path)
-    assert t.run_dir("r1") == f"{tmp_path}/.cache/mscon/runs/r1/node-1"
+    # where the agent looks for it too (relay, ls), with the cache folder the console names
+    assert t.run_dir("r1") == layout.run_folder(t.cache_root, "r1", "node-1")
+    assert t.cache_root == layout.cache_folder(str(tmp_path))
     for bad in ("../r", "", "a/b", "..", "x\ny"):
         with pytest.raises(ValueError, match="run id"):
             t.run_dir(bad)
@@ -98,9 +101,9 @@ async def test_hostile_node_name_fetches_nothing(tmp_path: Path) -> None:
     """A node named ``../../x`` (built in Python: the loader refuses it) is refused before any write."""
     home, logs = tmp_path / "home", tmp_path / "a" / "b" / "logs"
     logs.mkdir(parents=True)
-    run = home / ".cache/mscon/runs/r1/x"
-    (run / "attempt_0").mkdir(parents=True)
-    (run / "attempt_0" / "r0.log").write_text("hello\n")
+    run = Path(layout.run_folder(layout.cache_folder(str(home)), "r1", "x"))
+    Path(layout.attempt_folder(run, 0)).mkdir(parents=True)
+    Path(layout.log_path(run, 0, "r0")).write_text("hello\n")
     before = _tree(tmp_path)
     for transport in (_local("../../x", home), _ssh("../../x")):
         with pytest.raises(ValueError):
@@ -130,17 +133,20 @@ async def test_local_fetch_does_not_follow_links_out_of_the_run_dir(tmp_path: Pa
     (outside / "big.bin").write_text("nor me\n")
     t = _local("node1", home)
     run = Path(t.run_dir("r1"))
-    (run / "attempt_0").mkdir(parents=True)
-    (run / "attempt_0" / "r0.log").write_text("step 1\n")
-    (run / "attempt_0" / "leak.log").symlink_to(secret)
-    (run / "attempt_0" / "dirlink").symlink_to(outside)
+    attempt = Path(layout.attempt_folder(run, 0))
+    attempt.mkdir(parents=True)
+    Path(layout.log_file(attempt, "r0")).write_text("step 1\n")
+    (attempt / "leak.log").symlink_to(secret)
+    (attempt / "dirlink").symlink_to(outside)
     (run / "escape").symlink_to(tmp_path)
-    (run / "work").mkdir()
-    (run / "work" / "train.py").write_text("synced, not a log\n")
-    os.mkfifo(run / "attempt_0" / "pipe")  # would block a naive copy
+    work = Path(layout.work_folder(str(run)))
+    work.mkdir()
+    (work / "train.py").write_text("synced, not a log\n")
+    os.mkfifo(attempt / "pipe")  # would block a naive copy
     await t.fetch_run_dir(str(run), str(logs / "node1"), logs_root=str(logs))
-    assert _tree(logs / "node1") == ["attempt_0", "attempt_0/r0.log"]
-    assert (logs / "node1" / "attempt_0" / "r0.log").read_text() == "step 1\n"
+    log = layout.log_path("", 0, "r0")  # relative to the run folder
+    assert _tree(logs / "node1") == [layout.attempt_name(0), log]
+    assert (logs / "node1" / log).read_text() == "step 1\n"
     # A missing run folder (the node never started) is not an error.
     await t.fetch_run_dir(t.run_dir("r2"), str(logs / "node1-r2"), logs_root=str(logs))
     assert not (logs / "node1-r2").exists()

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from mscon.agent import dial
+from mscon.agent import dial, layout
 from mscon.console.inventory import load_inventory
 from mscon.console.transport import slurm as st
 
@@ -113,19 +113,21 @@ def test_put_is_atomic_and_fetch_never_follows_links(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / "sync" / "a.tar.gz").exists()  # not before the last part
     d.put("sync/a.tar.gz", b"34", last=True)
     assert (tmp_path / "cache" / "sync" / "a.tar.gz").read_bytes() == b"1234"
-    run = tmp_path / "cache" / "runs" / "r" / "n"
-    (run / "attempt_0").mkdir(parents=True)
-    (run / "attempt_0" / "r0.log").write_text("hello\n")
-    (run / "work").mkdir()
-    (run / "work" / "secret.py").write_text("no")
+    run = Path(layout.run_folder(d.root, "r", "n"))
+    attempt = Path(layout.attempt_folder(run, 0))
+    attempt.mkdir(parents=True)
+    Path(layout.log_file(attempt, "r0")).write_text("hello\n")
+    work = Path(layout.work_folder(str(run)))
+    work.mkdir()
+    (work / "secret.py").write_text("no")
     (tmp_path / "outside").write_text("outside")
-    (run / "attempt_0" / "link.log").symlink_to(tmp_path / "outside")
+    (attempt / "link.log").symlink_to(tmp_path / "outside")
     (run / "escape").symlink_to(tmp_path)
     d.fetch(1, str(run))
     data = b"".join(base64.b64decode(m["chunk"]) for m in sent)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         names = sorted(m.name for m in tar.getmembers())
-    assert names == ["attempt_0", "attempt_0/r0.log"]
+    assert names == [layout.attempt_name(0), layout.log_path("", 0, "r0")]
 
 
 def test_extract_writes_plain_files_only(tmp_path: Path) -> None:
@@ -203,5 +205,5 @@ def test_a_run_through_a_stand_in_srun(tmp_path: Path) -> None:
     argv = (tmp_path / "argv").read_text()
     assert argv.startswith("--overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpu-bind=none")
     assert sys.executable not in argv and "fake-slurm" not in argv and "fakenode" not in argv
-    fetched = list((tmp_path / "mscon-runs").glob("*/fakenode/attempt_0/r1.log"))
+    fetched = list((tmp_path / layout.LOGS_DIR).glob(layout.log_path("*/fakenode", 0, "r1")))
     assert len(fetched) == 1 and "training finished" in fetched[0].read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from mscon.agent.protocol import by_rank
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -78,7 +79,7 @@ class DevicesView(Vertical):
         if self.table_mode:
             order = "descending" if table.sort_reverse else "ascending"
             head.append(f"; sorted by {table.sort_column.value} ({order}; o: next column, click a header)")
-        stragglers = sorted(model.feed.stragglers, key=lambda n: int(n[1:]) if n[1:].isdigit() else 0)
+        stragglers = sorted(model.feed.stragglers, key=by_rank)
         if stragglers:
             head.append(f"; stragglers: {', '.join(stragglers[:8])}", style="yellow")
         head.append("; enter: open a rank")

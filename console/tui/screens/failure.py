@@ -53,13 +53,8 @@ def failure_text(model: ViewModel) -> Text:
 
 
 def _how(f: Failure) -> str:
-    if f.kind is FailureKind.SIGNAL:
-        return f"killed by {f.signal}"
-    if f.kind is FailureKind.EXIT:
-        return f"exit code {f.exitcode}"
-    if f.kind in (FailureKind.HUNG, FailureKind.STOPPED):
-        return f"hung: {f.detail}"
-    return f.detail
+    # An exit's detail is ProcExited.describe() ("killed by SIGKILL", "exit code 7").
+    return f"hung: {f.detail}" if f.kind in (FailureKind.HUNG, FailureKind.STOPPED) else f.detail
 
 
 def _body(f: Failure) -> tuple[list[str], str]:

@@ -1,0 +1,136 @@
+"""Where a run's files are: the one place that names the folders and files of mscon on a node.
+
+::
+
+    <home>/.cache/mscon/                 cache_folder(home): the node user's mscon folder
+      agent-<digest>/mscon_agent/        the deployed agent (digest: console/bundle.py)
+      sync/<archive>.tar.gz              synced workdirs (SSH, Slurm)
+      runs/<run id>/<node>/              run_folder(): this node's part of one run
+        journal.jsonl  state.json        what a later attach and `mscon ls` read (journal.py)
+        agent.sock  agent.err            a detached agent's socket and stderr
+        work/                            the synced workdir, unpacked (never fetched back)
+        checkpoints/                     the trainer's checkpoints
+        attempt_<N>/<name>.log           each process's output (name: "r<rank>" or "sched")
+        attempt_<N>/<name>.metrics.jsonl its MSCON_METRICS file
+
+``<home>`` is the home the node's agent runs in (the SSH server's passwd home of the node user;
+the console's own for local nodes). The console fetches a run folder, less ``work/``, to
+``<logs dir>/<run id>/<node>/`` (``LOGS_DIR`` by default): the same names inside.
+
+Stdlib only, Python 3.8 syntax (runs on the nodes). Plain string joins (``posixpath``): the
+console builds node paths with these too. The Slurm transport sends this file's source ahead
+of ``dial.py``'s, so it imports nothing of the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+CACHE_DIR = ".cache/mscon"  # under the node user's home
+AGENT_PREFIX = "agent-"  # + the bundle's digest
+RUNS_DIR = "runs"
+SYNC_DIR = "sync"
+WORK_DIR = "work"
+CHECKPOINT_DIR = "checkpoints"
+ATTEMPT_PREFIX = "attempt_"  # + the attempt number
+LOG_SUFFIX = ".log"  # a process's output: <name>.log
+METRICS_SUFFIX = ".metrics.jsonl"  # its MSCON_METRICS file
+JOURNAL = "journal.jsonl"
+STATE = "state.json"
+SOCKET = "agent.sock"  # bound relative to the run folder: absolute paths may pass the 107-byte limit
+ERRORS = "agent.err"  # the daemon's stderr once no console holds it
+LOGS_DIR = "mscon-runs"  # the console's default folder for fetched run folders (relative to its cwd)
+
+
+def plain(name: object) -> bool:
+    """One path component: a non-empty string, not ``.``/``..``, no ``/``, NUL or control character."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+    )
+
+
+def cache_folder(home: str) -> str:
+    """The mscon folder under a node user's ``home``."""
+    return posixpath.join(home, CACHE_DIR)
+
+
+def own_cache_folder() -> str:
+    """The mscon folder of whoever runs this code ($HOME, else the passwd home)."""
+    return cache_folder(os.path.expanduser("~"))
+
+
+def runs_root(cache: str | None = None) -> str:
+    """Where runs are kept: under ``cache`` (the folder the console's transport built every run
+    folder in, whatever $HOME says), else under :func:`own_cache_folder`."""
+    return posixpath.join(cache or own_cache_folder(), RUNS_DIR)
+
+
+def run_parts(run_id: str, node: str) -> tuple:
+    """A run folder's path components under the cache folder (both names must be plain:
+    ValueError otherwise). Both run id and node name: several nodes may share one home folder."""
+    for value in (run_id, node):
+        if not plain(value):
+            raise ValueError("not a plain name: %r" % (value,))
+    return (RUNS_DIR, run_id, node)
+
+
+def run_folder(cache: str | None, run_id: str, node: str) -> str:
+    """The node's folder of a run (``cache`` as for :func:`runs_root`)."""
+    return posixpath.join(runs_root(cache), *run_parts(run_id, node)[1:])
+
+
+def attempt_name(attempt: int) -> str:
+    return "%s%d" % (ATTEMPT_PREFIX, attempt)
+
+
+def attempt_folder(run_dir: str | os.PathLike, attempt: int) -> str:
+    """Where attempt ``attempt``'s process logs and metrics go (a node's or a fetched run folder)."""
+    return posixpath.join(run_dir, attempt_name(attempt))
+
+
+def log_file(attempt_dir: str | os.PathLike, name: str) -> str:
+    """Process ``name``'s output (``"r3"``, ``"sched"``) in an attempt folder."""
+    return posixpath.join(attempt_dir, name + LOG_SUFFIX)
+
+
+def metrics_file(attempt_dir: str | os.PathLike, name: str) -> str:
+    """Process ``name``'s MSCON_METRICS file in an attempt folder."""
+    return posixpath.join(attempt_dir, name + METRICS_SUFFIX)
+
+
+def log_path(run_dir: str | os.PathLike, attempt: int, name: str) -> str:
+    """Process ``name``'s log of attempt ``attempt`` in a run folder (a node's or a fetched one)."""
+    return log_file(attempt_folder(run_dir, attempt), name)
+
+
+def metrics_path(run_dir: str | os.PathLike, attempt: int, name: str) -> str:
+    return metrics_file(attempt_folder(run_dir, attempt), name)
+
+
+def work_folder(run_dir: str) -> str:
+    """Where a synced workdir is unpacked and the processes run."""
+    return posixpath.join(run_dir, WORK_DIR)
+
+
+def checkpoint_folder(run_dir: str) -> str:
+    return posixpath.join(run_dir, CHECKPOINT_DIR)
+
+
+def journal_file(run_dir: str) -> str:
+    return posixpath.join(run_dir, JOURNAL)
+
+
+def state_file(run_dir: str) -> str:
+    return posixpath.join(run_dir, STATE)
+
+
+def socket_file(run_dir: str) -> str:
+    return posixpath.join(run_dir, SOCKET)
+
+
+def errors_file(run_dir: str) -> str:
+    return posixpath.join(run_dir, ERRORS)

@@ -1,0 +1,436 @@
+"""The coordinator link under attack, with real sockets: the address it binds, the handshake's one
+deadline, the cap on handshakes in progress, running out of file descriptors, lines reflected,
+replayed, garbled or too long; and a detached run of two real agents that 1,025 connections which
+never authenticate leave untouched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from detached_agents import DetachedAgent, wait_until
+from mscon.agent import coord
+from mscon.agent import protocol as P
+
+SECRET = "s3cret"
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[coord.CoordServer, queue.Queue]]:
+    inbox: queue.Queue = queue.Queue()
+    srv = coord.CoordServer(SECRET, ["node2", "node3"], inbox, host="127.0.0.1")
+    yield srv, inbox
+    srv.close()
+
+
+def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
+    deadline = time.monotonic() + timeout
+    while True:
+        item = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+        if item[0] == kind:
+            return item
+
+
+def _connect(port: int, host: str = "127.0.0.1") -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.settimeout(5)
+    return sock
+
+
+def _nonce(sock: socket.socket) -> dict:
+    """The coordinator's first line: it speaks first, to anyone."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        assert chunk, "closed before the nonce"
+        line += chunk
+    return json.loads(line)
+
+
+def _closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """The other end closed: end of file (or a reset) is readable within ``wait_s``, after
+    whatever it sent before."""
+    poll = select.poll()  # not select(): the flood's descriptors go past 1,024
+    poll.register(sock, select.POLLIN)
+    while poll.poll(wait_s * 1000):
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+    return False
+
+
+def test_the_coordinator_listens_on_the_address_it_is_given_only() -> None:
+    inbox: queue.Queue = queue.Queue()
+    bound = coord.CoordServer(SECRET, ["node2"], inbox, host="127.0.0.1")
+    anywhere = coord.CoordServer(SECRET, ["node2"], inbox)  # no address given: every interface
+    try:
+        assert bound.sock.getsockname()[0] == "127.0.0.1"
+        with pytest.raises(ConnectionRefusedError):  # 127.0.0.2 is this machine too, another address
+            socket.create_connection(("127.0.0.2", bound.port), timeout=5)
+        _connect(anywhere.port, "127.0.0.2").close()
+        link = coord.dial("127.0.0.1", bound.port, SECRET, "node2", queue.Queue())
+        assert _next(inbox, "peer_up")[1].node == "node2"
+        link.close()
+    finally:
+        bound.close()
+        anywhere.close()
+
+
+def test_a_handshake_has_one_deadline_however_slowly_the_peer_drips(
+    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coord, "HANDSHAKE_S", 1.0)
+    srv, inbox = server
+    sock = _connect(srv.port)
+    t0 = time.monotonic()
+    _nonce(sock)
+    # One byte of a plausible hello every 0.2 s: each read gets data well within any per-read timeout.
+    hello = b'{"node": "node2", "nonce": "' + b"0" * 200
+    closed = False
+    for byte in hello:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        if closed or _closed_by_peer(sock, 0.2):
+            break
+    took = time.monotonic() - t0
+    assert took < 2.0, f"the dripping connection was held {took:.1f}s"
+    assert took >= 0.9
+    sock.close()
+    assert inbox.empty()
+
+
+def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
+    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coord, "PENDING_MAX", 4)
+    srv, inbox = server
+    threads = threading.active_count()
+    silent = []
+    for _ in range(10):
+        sock = _connect(srv.port)
+        _nonce(sock)  # taken by the coordinator, in this order
+        silent.append(sock)
+    assert threading.active_count() == threads, "a thread per connection that has not authenticated"
+    wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
+    assert not any(_closed_by_peer(s) for s in silent[6:]), "the four newest wait for their deadline"
+    # A follower gets in all the same (it pushes the oldest silent one out).
+    link = coord.dial("127.0.0.1", srv.port, SECRET, "node2", queue.Queue())
+    _, up, _ = _next(inbox, "peer_up")
+    assert link.send({"type": "ping"})
+    assert _next(inbox, "peer")[2] == {"type": "ping"}
+    assert up.send({"type": "stop"})
+    link.close()
+    for sock in silent:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param(b"not json\n", id="not-json"),
+        pytest.param(b"[1, 2]\n", id="a-list"),
+        pytest.param(b"[" * 3000 + b"\n", id="deep"),  # nesting past the recursion limit
+        pytest.param(b'{"node": "node2", "nonce": "n", "mac": "\\u00e9"}\n', id="non-ascii-mac"),
+        pytest.param(b'{"node": ["node2"], "nonce": 1, "mac": null}\n', id="wrong-types"),
+        pytest.param(b'{"node": "node2"}\n', id="missing-fields"),
+        pytest.param(b"x" * 5000, id="over-the-bound"),  # never ended by a newline
+    ],
+)
+def test_garbage_before_the_handshake_is_closed_at_once(
+    server: tuple[coord.CoordServer, queue.Queue], garbage: bytes
+) -> None:
+    srv, inbox = server
+    sock = _connect(srv.port)
+    _nonce(sock)
+    t0 = time.monotonic()
+    sock.sendall(garbage)
+    assert _closed_by_peer(sock, 5.0)
+    assert time.monotonic() - t0 < 2.0, "closed at once, not at the handshake's deadline"
+    sock.close()
+    link = coord.dial("127.0.0.1", srv.port, SECRET, "node3", queue.Queue())
+    assert _next(inbox, "peer_up")[1].node == "node3"
+    link.close()
+
+
+# ------------------------------------------------------------------ a man in the middle
+
+
+class Middle:
+    """A man in the middle between one follower and the coordinator: passes bytes both ways,
+    keeps the lines of each direction, and injects bytes either way."""
+
+    def __init__(self, coordinator_port: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = coordinator_port
+        self.lines: dict[str, list[bytes]] = {"up": [], "down": []}  # up: follower -> coordinator
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.follower, _ = self.listener.accept()
+        self.coordinator = socket.create_connection(("127.0.0.1", self.target))
+        threading.Thread(target=self._pump, args=(self.follower, self.coordinator, "up"), daemon=True).start()
+        self._pump(self.coordinator, self.follower, "down")
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = src.recv(65536)
+                if not chunk:
+                    break
+                dst.sendall(chunk)
+            except OSError:
+                break
+            pending += chunk
+            *done, pending = pending.split(b"\n")
+            self.lines[way] += [line + b"\n" for line in done]
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def to_follower(self, data: bytes) -> None:
+        self.follower.sendall(data)
+
+    def to_coordinator(self, data: bytes) -> None:
+        self.coordinator.sendall(data)
+
+    def close(self) -> None:
+        for s in (self.listener, getattr(self, "follower", None), getattr(self, "coordinator", None)):
+            if s is not None:
+                s.close()
+
+
+@pytest.fixture
+def middle(server: tuple[coord.CoordServer, queue.Queue]) -> Iterator[tuple]:
+    """(middle, the coordinator's inbox, its end of the link, the follower's inbox, its end)."""
+    srv, inbox = server
+    mitm = Middle(srv.port)
+    f_inbox: queue.Queue = queue.Queue()
+    link = coord.dial("127.0.0.1", mitm.port, SECRET, "node2", f_inbox)
+    _, up, _ = _next(inbox, "peer_up")
+    yield mitm, inbox, up, f_inbox, link
+    link.close()
+    mitm.close()
+
+
+def _from(inbox: queue.Queue, link: coord.PeerLink, timeout: float = 5.0) -> dict | None:
+    """The next message (None: the end) of one link, skipping the others'."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kind, source, msg = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+        if kind == "peer" and source is link:
+            return msg
+
+
+def _signed_lines(mitm: Middle, way: str, count: int) -> list[bytes]:
+    """The signed lines seen going ``way``, once ``count`` are there (the handshake's are skipped)."""
+    wait_until(lambda: len([x for x in mitm.lines[way] if b'"s"' in x]) >= count, 5, f"{count} {way} lines")
+    return [x for x in mitm.lines[way] if b'"s"' in x]
+
+
+def test_a_line_reflected_to_the_follower_is_refused(middle: tuple) -> None:
+    mitm, inbox, up, f_inbox, link = middle
+    assert link.send({"type": "status", "ok": [], "all_exited": False})
+    assert _next(inbox, "peer")[2]["type"] == "status"
+    # The follower's first line (sequence 0) is exactly what the follower expects next from the
+    # coordinator, but for its direction: sent back to it, it must not pass.
+    (line,) = _signed_lines(mitm, "up", 1)
+    mitm.to_follower(line)
+    assert _next(f_inbox, "peer")[2] is None, "the reflected line was taken as the coordinator's"
+
+
+def test_a_line_reflected_to_the_coordinator_is_refused(middle: tuple) -> None:
+    mitm, inbox, up, f_inbox, link = middle
+    assert up.send({"type": "ping"})
+    assert _next(f_inbox, "peer")[2] == {"type": "ping"}
+    (line,) = _signed_lines(mitm, "down", 1)
+    mitm.to_coordinator(line)
+    assert _next(inbox, "peer")[2] is None, "the reflected line was taken as the follower's"
+
+
+def test_a_replayed_line_is_refused_and_the_link_ends(middle: tuple) -> None:
+    mitm, inbox, up, f_inbox, link = middle
+    assert link.send({"type": "proc_exited", "name": "r1", "exitcode": 1})
+    assert _next(inbox, "peer")[2]["type"] == "proc_exited"
+    (line,) = _signed_lines(mitm, "up", 1)
+    mitm.to_coordinator(line)  # the same line again: its sequence number is spent
+    assert _next(inbox, "peer")[2] is None
+
+
+@pytest.mark.parametrize("way", ["to_coordinator", "to_follower"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param(b"garbage\n", id="not-json"),
+        pytest.param(b"[1]\n", id="a-list"),
+        pytest.param(b"[" * 5000 + b"\n", id="deep"),
+        pytest.param(b'{"s": 0, "m": "{}", "t": "\\u00e9"}\n', id="non-ascii-tag"),
+        pytest.param(b'{"s": "0", "m": 1, "t": 2}\n', id="wrong-types"),
+        pytest.param(b"oversized", id="over-the-bound"),  # a line over LINE_MAX, no newline
+    ],
+)
+def test_garbage_or_an_oversized_line_ends_that_link_only(
+    middle: tuple, server: tuple[coord.CoordServer, queue.Queue], way: str, garbage: bytes
+) -> None:
+    if garbage == b"oversized":
+        garbage = b"y" * (coord.LINE_MAX + 65536)
+    mitm, inbox, up, f_inbox, link = middle
+    srv, _ = server
+    other_inbox: queue.Queue = queue.Queue()
+    other = coord.dial("127.0.0.1", srv.port, SECRET, "node3", other_inbox)
+    _, other_up, _ = _next(inbox, "peer_up")
+    with contextlib.suppress(OSError):  # the end that refuses may close before all is sent
+        getattr(mitm, way)(garbage)
+    if way == "to_coordinator":
+        assert _from(inbox, up) is None
+    else:
+        assert _from(f_inbox, link) is None
+    # The run's other link goes on, both ways.
+    assert other.send({"type": "ping"})
+    assert _from(inbox, other_up) == {"type": "ping"}
+    assert other_up.send({"type": "stop"})
+    assert _from(other_inbox, other) == {"type": "stop"}
+    other.close()
+
+
+# ------------------------------------------------------------------ out of file descriptors
+
+_CHILD = """
+import queue, resource, sys, threading
+from mscon.agent import coord
+coord.HANDSHAKE_S = 2.0
+inbox = queue.Queue()
+server = coord.CoordServer("s3cret", ["node2"], inbox, host="127.0.0.1")
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(server.port, flush=True)
+while True:
+    kind, link, msg = inbox.get()
+    if kind == "peer" and msg is not None:
+        link.send({"echo": msg, "threads": threading.active_count()})
+"""
+
+
+def test_out_of_descriptors_the_coordinator_backs_off_and_a_follower_still_gets_in() -> None:
+    """A coordinator whose process may hold 32 descriptors, 60 connections that never authenticate:
+    accepting fails with EMFILE, the listener waits and accepts again as the handshakes' deadline
+    frees descriptors, and a follower that dials meanwhile gets in."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    silent: list[socket.socket] = []
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        port = int(child.stdout.readline())
+        for _ in range(60):  # all accepted by the kernel: they wait in the listen queue
+            silent.append(_connect(port))
+        inbox: queue.Queue = queue.Queue()
+        link = coord.dial("127.0.0.1", port, SECRET, "node2", inbox, timeout_s=15)
+        assert link.send({"type": "ping"})
+        _, _, answer = _next(inbox, "peer", 5)
+        assert answer["echo"] == {"type": "ping"}
+        assert answer["threads"] <= 3, "main, the port's loop, the link's reader"
+        link.close()
+        assert child.poll() is None
+    finally:
+        for sock in silent:
+            sock.close()
+        child.kill()
+    err = child.stderr.read().decode()
+    assert "out of file descriptors" in err
+    assert "accepting again" in err
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ a detached run under attack
+
+
+def _raise_own_nofile(at_least: int) -> tuple[int, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < at_least:
+        if hard != resource.RLIM_INFINITY and hard < at_least:
+            pytest.skip(f"needs {at_least} descriptors in the test process (hard limit {hard})")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (at_least, hard))
+    return soft, hard
+
+
+def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate(tmp_path: Path) -> None:
+    """Node 0's agent at a soft nofile of 1,024, 1,025 connections to its coordinator port, each
+    dripping a byte a second: the follower still dials in, both ranks run on, the agent holds no
+    more threads than before nor more descriptors than the cap, and the link carries the policy."""
+    old = _raise_own_nofile(1025 + 512)
+    n0 = DetachedAgent("n0", nofile=1024, handshake_s=3.0)
+    n1 = DetachedAgent("n1")
+    silent: list[socket.socket] = []
+    stop_drip = threading.Event()
+    try:
+        r0 = n0.start(tmp_path / "n0", 0)
+        n1.start(tmp_path / "n1", 1)
+        port = n0.detach(role=P.Role.COORDINATOR, nodes=("n0", "n1")).coordinator_port
+        assert port
+        threads, fds = n0.threads(), n0.ps.num_fds()
+        for i in range(1025):
+            try:
+                silent.append(_connect(port))
+            except OSError as e:
+                import subprocess as sp
+                print("FAILED AT", i, e, "n0 rc", n0.proc.poll(), "n1 rc", n1.proc.poll(), sp.run(["ss", "-ltnp"], capture_output=True, text=True).stdout)
+                print(sp.run(["nstat", "-az"], capture_output=True, text=True).stdout)
+                raise
+
+        def drip() -> None:
+            while not stop_drip.wait(1.0):  # the attack's pace, not a synchronisation
+                for sock in silent:
+                    with contextlib.suppress(OSError):
+                        sock.send(b"{")
+
+        threading.Thread(target=drip, daemon=True).start()
+        # The follower detaches (dials in) while the flood holds the port.
+        joined = n1.detach(role=P.Role.FOLLOWER, coordinator_host="127.0.0.1", coordinator_port=port)
+        assert joined.error == ""
+        peak_threads, peak_fds = 0, 0
+        lines_before = sum(len(m.lines) for m in n0.seen if isinstance(m, P.LogBatch))
+        t_end = time.monotonic() + 6.0  # past the 5 s watchdog: a starved link would be declared lost
+        while time.monotonic() < t_end:
+            peak_threads = max(peak_threads, n0.threads())
+            peak_fds = max(peak_fds, n0.ps.num_fds())
+            time.sleep(0.1)  # sampling pace
+        n0.drain()
+        n1.drain()
+        assert peak_threads <= threads + 1, f"{threads} threads before the flood, {peak_threads} during it"
+        assert peak_fds <= fds + coord.PENDING_MAX + 4, f"{fds} descriptors before, {peak_fds} during"
+        lines_during = sum(len(m.lines) for m in n0.seen if isinstance(m, P.LogBatch)) - lines_before
+        assert lines_during >= 30, f"r0 printed {lines_during} lines in 6 s at 20 a second"
+        assert not [m for m in n0.seen + n1.seen if isinstance(m, (P.Coord, P.ProcExited, P.AgentError))]
+        assert sum(_closed_by_peer(s) for s in silent) == len(silent), "every silent connection closed"
+        # The link carries the policy both ways: r0 fails, the coordinator stops r1 on n1, n1
+        # reports its end back, and the coordinator closes the attempt.
+        os.kill(r0.pid, signal.SIGKILL)
+        stopped = n1.until(lambda m: isinstance(m, P.ProcExited) and m.name == "r1")
+        assert isinstance(stopped, P.ProcExited) and stopped.stopped_by_agent
+        n0.until(lambda m: isinstance(m, P.Coord) and m.kind == P.CoordKind.ATTEMPT_ENDED)
+    finally:
+        stop_drip.set()
+        for sock in silent:
+            sock.close()
+        n0.kill()
+        n1.kill()
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+        print("N0 STDERR", n0.stderr.decode()[-3000:], [m for m in n0.seen if not isinstance(m, P.LogBatch)][-10:])
+    assert b"Traceback" not in n0.stderr
+    assert b"out of file descriptors" not in n0.stderr
