@@ -76,7 +76,12 @@ def _opt_bool(v: object) -> bool | None:
 # Metric's optional fields (default None), each with the record key it is read from and the reader
 # for its annotated type: a field added to Metric is read from the records without a change here
 # (one of a type not below fails at import, loudly).
-_READERS = {"float | None": _opt_float, "int | None": _opt_int, "str | None": _opt_str, "bool | None": _opt_bool}
+_READERS = {
+    "float | None": _opt_float,
+    "int | None": _opt_int,
+    "str | None": _opt_str,
+    "bool | None": _opt_bool,
+}
 _RECORD_KEYS = {"checksum": "param_checksum"}  # the trainer's name for it
 _RECORD_FIELDS = tuple(
     (f.name, _RECORD_KEYS.get(f.name, f.name), _READERS[str(f.type)])

@@ -421,7 +421,6 @@ def writer_cost_us(work: Path, tmp: Path, n: int = 20_000) -> float:
                 "samples_per_s": 5470.1,
                 "loss_scale": 1.0,
                 "overflow": False,
-                "overflow_count": 0,
                 "device_memory_bytes": None,
             }
         )

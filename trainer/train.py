@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
                 "samples_per_s": micro_batch * args.grad_accum / dt if dt > 0 else None,
                 "loss_scale": runner.loss_scale,
                 "overflow": overflow,
-                "overflow_count": runner.overflows,
                 "device_memory_bytes": device_memory(ms),
             }
             if replicas and (step % args.checksum_every == 0 or step == total_steps):
