@@ -2,7 +2,7 @@
 
 The tools (nvidia-smi, npu-smi) can take a second or hang on a sick driver, so a thread of its own
 samples them and the agent's loop only reads the latest figures. Parsing is the preflight's
-(checks.py), so the two never disagree about a tool's format. Stdlib only.
+(checks/smi.py), so the two never disagree about a tool's format. Stdlib only.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 
-from . import checks
+from .checks.smi import GPU_QUERY, parse_gpus, parse_npu_smi
+from .checks.tools import find_tool, run_cmd
 
 _MIB = 2**20
 
@@ -26,27 +27,27 @@ def sample(target: str, timeout_s: float = 5.0) -> dict:
     """Device index -> DeviceSample, from nvidia-smi (GPU) or npu-smi (Ascend); {} elsewhere."""
     env = dict(os.environ)  # the node's own PATH finds the tools
     if target == "GPU":
-        tool = checks.find_tool("nvidia-smi", env)
+        tool = find_tool("nvidia-smi", env)
         if tool is None:
             return {}
-        ran = checks.run_cmd([tool, checks.GPU_QUERY, "--format=csv,noheader,nounits"], timeout_s)
+        ran = run_cmd([tool, GPU_QUERY, "--format=csv,noheader,nounits"], timeout_s)
         if ran.rc != 0:
             return {}
         out = {}
-        for g in checks.parse_gpus(ran.out):
+        for g in parse_gpus(ran.out):
             used = g.mem_used * _MIB if g.mem_used is not None else None
             total = g.mem_total * _MIB if g.mem_total is not None else None
             util = float(g.util) if g.util is not None else None
             out[g.index] = DeviceSample(util, used, total)
         return out
     if target == "Ascend":
-        tool = checks.find_tool("npu-smi", env)
+        tool = find_tool("npu-smi", env)
         if tool is None:
             return {}
-        ran = checks.run_cmd([tool, "info"], timeout_s)
+        ran = run_cmd([tool, "info"], timeout_s)
         if ran.rc != 0:
             return {}
-        _, chips, _ = checks.parse_npu_smi(ran.out)
+        _, chips, _ = parse_npu_smi(ran.out)
         out = {}
         for i, chip in enumerate(chips):  # chips come in logical device order
             used = chip.hbm_used * _MIB if chip.hbm_used is not None else None

@@ -112,7 +112,7 @@ DEFAULT_EXCLUDES = (
 @dataclass(frozen=True, slots=True)
 class AgentBundle:
     digest: str
-    files: dict[str, bytes]  # file name -> content
+    files: dict[str, bytes]  # path inside the package, "/"-separated ("checks/gpu.py") -> content
 
     @property
     def dirname(self) -> str:
@@ -121,7 +121,7 @@ class AgentBundle:
 
 def agent_bundle() -> AgentBundle:
     pkg = resources.files("mscon.agent")
-    files = {name: pkg.joinpath(name).read_bytes() for name in AGENT_FILES}
+    files = {name: pkg.joinpath(*name.split("/")).read_bytes() for name in AGENT_FILES}
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name] + b"\0")

@@ -19,7 +19,7 @@ from .events import CheckReported, CheckStatus
 ALL = "*"  # the node of a result that is about the cluster, not one node
 CLOCK_WARN_S = 1.0  # beyond this, failures on different nodes may be ordered wrongly
 SMOKE_TAG = "MSCON_SMOKE "
-# Checks computed here (their names for --skip-check), besides the nodes' own (agent/checks.py).
+# Checks computed here (their names for --skip-check), besides the nodes' own (agent/checks/).
 CONSOLE_CHECKS = ("ssh", "protocol", "clock", "mesh", "sched", "config", "collective")
 # MindSpore's parallel modes; the trainer's config.py owns the hints (imported in the lint run).
 PARALLEL_MODES = ("stand_alone", "data_parallel", "semi_auto_parallel", "auto_parallel", "hybrid_parallel")

@@ -3,7 +3,7 @@ quick ones before ``mscon run``).
 
 It runs inside the Supervisor, over its ClusterSession (``RunOptions.preflight``): after the agents
 are up and the scheduler's address is known, before the first attempt. The nodes run their own
-checks (``agent/checks.py``) on request; the console adds what only it can see (``checks_console``):
+checks (``agent/checks/``) on request; the console adds what only it can see (``checks_console``):
 one MindSpore version and driver everywhere, the clocks' skew, a TCP mesh between the nodes that
 includes the scheduler's address, the agents' protocol, the job's arguments through the trainer's
 own checks, and (``mscon check``) a real AllReduce over every rank, launched like a job. Each result

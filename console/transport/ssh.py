@@ -292,9 +292,13 @@ class SshTransport(NodeTransport):
         try:
             if await sftp.exists(marker):
                 return root  # same content hash: already deployed
-            await sftp.makedirs(pkg, exist_ok=True)
-            for name, data in bundle.files.items():
-                await self._put_atomic(remote_within(pkg, name), data)
+            # Each file's path checked part by part (sub-packages: "checks/gpu.py"), then every
+            # folder made once, parents first, before any file goes up.
+            files = {remote_within(pkg, name): data for name, data in bundle.files.items()}
+            for folder in sorted({pkg, *(posixpath.dirname(path) for path in files)}):
+                await sftp.makedirs(folder, exist_ok=True)
+            for path, data in files.items():
+                await self._put_atomic(path, data)
             await self._put_atomic(marker, bundle.digest.encode())
         except (OSError, asyncssh.Error) as exc:
             raise NodeUnreachable(f"{self._where}: cannot deploy the agent: {exc}") from None

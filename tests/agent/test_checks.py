@@ -1,4 +1,4 @@
-"""The node preflight checks (agent/checks.py), each fail and warn path driven for real where this
+"""The node preflight checks (agent/checks/), each fail and warn path driven for real where this
 machine allows: a 16 MiB tmpfs, a port held open here, a Python without MindSpore, a fake MindSpore
 first on PYTHONPATH, interface names that do not exist, leftovers in os.environ, and fake device
 tools (nvidia-smi, npu-smi, hccn_tool) on PATH replaying the outputs under tests/agent/data/."""
@@ -20,13 +20,21 @@ from typing import Any
 
 import pytest
 from mscon.agent import checks as C
+from mscon.agent.checks import env as env_checks
+from mscon.agent.checks import ifname as ifname_checks
+from mscon.agent.checks import limits as limits_checks
+from mscon.agent.checks import ports as port_checks
+from mscon.agent.checks import python_env, registry
+from mscon.agent.checks import tools as node_tools
+from mscon.agent.checks.params import Params
+from mscon.agent.checks.smi import parse_npu_smi
 
 DATA = Path(__file__).resolve().parent / "data"
 STATUSES = {"ok", "warn", "fail", "n/a"}
 ENV_VARS = (
-    *C.LEFTOVER_VARS,
-    *C.IFNAME_VARS,
-    *(v for v, _ in C.TIMEOUT_ORDER),
+    *env_checks.LEFTOVER_VARS,
+    *ifname_checks.IFNAME_VARS,
+    *(v for v, _ in env_checks.TIMEOUT_ORDER),
     "CUDA_VISIBLE_DEVICES",
     "ASCEND_RT_VISIBLE_DEVICES",
     "NCCL_P2P_DISABLE",
@@ -43,7 +51,7 @@ def clean_node_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in list(os.environ):
         if var.startswith("NCCL_") and var.endswith("_DISABLE"):
             monkeypatch.delenv(var)
-    monkeypatch.setattr(C, "_FALLBACK_DIRS", ())  # only the fake tools on PATH count
+    monkeypatch.setattr(node_tools, "_FALLBACK_DIRS", ())  # only the fake tools on PATH count
 
 
 def run(names: str | list[str], **params: object) -> dict[str, dict]:
@@ -148,6 +156,20 @@ def test_api_names_order_and_unknown_checks() -> None:
     results = C.run_node_checks(["clock", "nonsense", "clock", "shm"], {"shm_min_gib": 0})
     assert [r["name"] for r in results] == ["clock", "nonsense", "shm"]  # asked order, once each
     assert results[1]["status"] == "warn" and "unknown check" in results[1]["value"]
+    assert set(registry.CHECKS) == set(C.NODE_CHECKS)  # every name the console may ask has a check
+
+
+def test_the_agent_loads_no_check_until_asked() -> None:
+    """The agent imports the mesh test (and device telemetry the tools' parsers) at start; the
+    check families load on the first RunChecks only."""
+    code = (
+        "import sys, mscon.agent.main, mscon.agent.devices; "
+        "print(sorted(m for m in sys.modules if m.startswith('mscon.agent.checks.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = {m.rsplit(".", 1)[1] for m in json.loads(done.stdout.replace("'", '"'))}
+    assert loaded == {"mesh", "smi", "tools", "results"}, loaded
 
 
 def test_never_raises_on_bad_params_or_a_crashing_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,10 +183,10 @@ def test_never_raises_on_bad_params_or_a_crashing_check(monkeypatch: pytest.Monk
     assert C.run_node_checks(C.QUICK_CHECKS, bad)
     assert C.run_node_checks(["clock"], None)  # type: ignore[arg-type]
 
-    def boom(p: C.Params) -> list[dict]:
+    def boom(p: Params) -> list[dict]:
         raise RuntimeError("kaput")
 
-    monkeypatch.setitem(C._CHECKS, "shm", boom)
+    monkeypatch.setitem(registry.CHECKS, "shm", boom)
     got = run(["shm", "clock"])
     assert got["shm"]["status"] == "warn" and "RuntimeError: kaput" in got["shm"]["value"]
     assert got["clock"]["status"] == "ok"
@@ -205,13 +227,13 @@ def test_python_answered_in_process_only_when_the_ranks_run_this_interpreter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     probes: list[list[str]] = []
-    real_run_cmd = C.run_cmd
+    real_run_cmd = python_env.run_cmd
 
-    def counting(argv: list[str], *args: Any, **kw: Any) -> C.Ran:
+    def counting(argv: list[str], *args: Any, **kw: Any) -> node_tools.Ran:
         probes.append(argv)
         return real_run_cmd(argv, *args, **kw)
 
-    monkeypatch.setattr(C, "run_cmd", counting)
+    monkeypatch.setattr(python_env, "run_cmd", counting)
     assert run("python", python=sys.executable)["python"]["status"] == "ok"
     assert probes == []  # the agent's own interpreter: nothing to start
     # A PYTHONHOME the agent does not have changes what the ranks' python does: it is started, and
@@ -488,7 +510,7 @@ def test_ascend_tools_missing(tools: Tools) -> None:
 
 
 def test_parse_npu_smi_table() -> None:
-    version, chips, procs = C.parse_npu_smi((DATA / "npu-smi-info-910b3x8-unhealthy-busy.txt").read_text())
+    version, chips, procs = parse_npu_smi((DATA / "npu-smi-info-910b3x8-unhealthy-busy.txt").read_text())
     assert version == "23.0.6"
     assert [c.npu for c in chips] == list(range(8))
     assert chips[2].bus == "0000:81:00.0" and (chips[2].hbm_used, chips[2].hbm_total) == (52318, 65536)
@@ -568,7 +590,9 @@ def test_limits_from_the_real_rlimits(monkeypatch: pytest.MonkeyPatch) -> None:
             resource.RLIMIT_MEMLOCK: (resource.RLIM_INFINITY,) * 2,
             resource.RLIMIT_NOFILE: (65536,) * 2,
         }
-        monkeypatch.setattr(C.resource, "getrlimit", lambda which: unlimited.get(which) or real(which))
+        monkeypatch.setattr(
+            limits_checks.resource, "getrlimit", lambda which: unlimited.get(which) or real(which)
+        )
     try:
         got = run("limits", device_target="GPU")
         assert got["limits.memlock"]["status"] == "ok" and got["limits.memlock"]["value"].startswith(
@@ -626,7 +650,8 @@ def test_port_free_busy_and_other_nodes(held_port: int, monkeypatch: pytest.Monk
     assert got["status"] == "fail"
     assert got["value"].startswith(f"{held_port} in use by pid {os.getpid()} (")
     assert "another scheduler.port" in got["remedy"] and "stop the process" in got["remedy"]
-    monkeypatch.setattr(C, "psutil_module", lambda: None)  # no psutil on the node: /proc tells the same
+    # No psutil on the node: /proc tells the same.
+    monkeypatch.setattr(port_checks, "psutil_module", lambda: None)
     got = run("port", sched_port=held_port, is_first=True, sched_host="127.0.0.1")["port"]
     assert got["status"] == "fail" and f"by pid {os.getpid()} (" in got["value"]
 
@@ -673,7 +698,7 @@ def fake_net(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (root / name).mkdir(parents=True)
         (root / name / "operstate").write_text(state + "\n")
         (root / name / "flags").write_text(flags + "\n")
-    monkeypatch.setattr(C, "_SYS_NET", str(root))
+    monkeypatch.setattr(ifname_checks, "_SYS_NET", str(root))
 
 
 @pytest.mark.parametrize(
@@ -814,7 +839,7 @@ def test_clock_value_and_offset() -> None:
 def test_the_mesh_listener_never_keeps_the_scheduler_port(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel's ephemeral pick can be the scheduler's port (a port in the ephemeral range, seen
     here as a failed port check while the mesh ran): the listener takes another one."""
-    from mscon.agent import mesh
+    from mscon.agent.checks import mesh
 
     original = mesh._bind_ephemeral
     taken = original()

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 import asyncssh
 import pytest
 from mscon.agent import layout
-from mscon.agent.protocol import Hello
-from mscon.console.bundle import agent_bundle, agent_command
+from mscon.agent.protocol import CheckResult, ChecksDone, Hello, RunChecks
+from mscon.console.bundle import AGENT_PACKAGE, agent_bundle, agent_command
 from mscon.console.inventory import NodeSpec, SshSpec
 from mscon.console.transport import NodeUnreachable, SshOptions
 from mscon.console.transport.ssh import SshTransport
@@ -310,6 +310,36 @@ async def test_agent_stderr_is_escaped_and_bad_python_paths_refused(
             with pytest.raises(NodeUnreachable, match="unusable python path"):
                 await t.start_agent(agent_dir, bad)
         assert not (tmp_path / "p").exists()
+    finally:
+        await t.close()
+
+
+async def test_sftp_deploys_the_agents_sub_packages_and_the_agent_runs_from_them(
+    tmp_path: Path, cluster: SshdCluster
+) -> None:
+    """A node with nothing deployed gets every file of the bundle, sub-package folders included
+    (checks/...), each inside the agent's folder; the agent started from it answers RunChecks."""
+    t = _transport(cluster)
+    await t.connect()
+    try:
+        t.home = str(tmp_path / "node-home")  # the sshd node is this machine: a folder never deployed to
+        bundle = agent_bundle()
+        agent_dir = await t.ensure_agent(bundle)
+        pkg = Path(agent_dir) / AGENT_PACKAGE
+        assert any("/" in name for name in bundle.files)
+        assert {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py")} == set(bundle.files)
+        assert not [p for p in (tmp_path / "node-home").rglob("*.tmp-*")]  # every upload renamed
+        channel = await t.start_agent(agent_dir, NODE_PYTHON)
+        try:
+            assert isinstance(await asyncio.wait_for(channel.recv(), 30), Hello), channel.stderr_tail()
+            await channel.send(RunChecks(names=("clock", "limits")))
+            got = []
+            while not isinstance(msg := await asyncio.wait_for(channel.recv(), 30), ChecksDone):
+                assert isinstance(msg, CheckResult), (msg, channel.stderr_tail())
+                got.append(msg.name)
+            assert got == ["clock", "limits.memlock", "limits.nofile"]
+        finally:
+            await channel.close()
     finally:
         await t.close()
 

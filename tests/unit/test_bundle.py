@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -12,12 +13,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import mscon.agent
 import pytest
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import Hello
 from mscon.console.bundle import (
     AGENT_BOOT,
     AGENT_COMMAND,
+    AGENT_PACKAGE,
     AGENT_SH,
     agent_argv,
     agent_bundle,
@@ -34,6 +37,35 @@ def test_agent_bundle_is_complete_and_stable() -> None:
     a, b = agent_bundle(), agent_bundle()
     assert a.digest == b.digest and len(a.digest) == 16
     assert {"__main__.py", "protocol.py", "main.py"} <= set(a.files)
+
+
+def test_the_bundle_holds_every_agent_source_file() -> None:
+    """A module added to agent/ (or to a sub-package of it) but not to AGENT_FILES would be missing
+    on the nodes, and the agent would fail there only when it first imports it."""
+    src = Path(mscon.agent.__file__).parent
+    on_disk = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "__pycache__" not in p.parts}
+    # dial.py is not part of the package: the Slurm transport sends it as source (_dial_source).
+    assert set(agent_bundle().files) == on_disk - {"dial.py"}
+    assert any("/" in name for name in on_disk)  # the sub-package case below is exercised
+
+
+def test_a_deployed_agent_imports_its_sub_packages_under_its_node_name(tmp_path: Path) -> None:
+    t = LocalTransport(NodeSpec(name="n1", host="localhost", devices=1, transport="local"))
+    t.home = str(tmp_path / "home")
+    bundle = agent_bundle()
+    pkg = Path(asyncio.run(t.ensure_agent(bundle))) / AGENT_PACKAGE
+    assert {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py")} == set(bundle.files)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(pkg.parent)!r}); import {AGENT_PACKAGE}.main; "
+        f"from {AGENT_PACKAGE}.checks import run_node_checks; from {AGENT_PACKAGE}.devices import sample; "
+        "names = [r['name'] for r in run_node_checks(['clock', 'limits'])]; "
+        "print(json.dumps([names, sample('GPU', 1.0) == {} or 'sampled', 'mscon' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    names, _, console_loaded = json.loads(done.stdout)
+    assert names == ["clock", "limits.memlock", "limits.nofile"]
+    assert not console_loaded  # relative imports only: the node has no mscon package
 
 
 def test_workdir_archive_excludes_and_is_reproducible(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""The ``devices`` check on device_target Ascend: ``npu.count``, ``npu.visible``, ``npu.driver``,
+``npu.health``, ``npu.busy`` (npu-smi info), and the NPU network ports ``npu.link``, ``npu.net``
+(``hccn_tool -i N -link -g``: ``link status: UP`` or ``DOWN``; ``hccn_tool -i N -net_health -g``:
+``net health status: Success``, else ``Fault``, ``Init``, ``Socket fail``, ...)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import NamedTuple
+
+from .params import Params
+from .results import FAIL, NA, OK, WARN, oneline, result
+from .smi import parse_npu_smi
+from .tools import find_tool, run_cmd
+from .visible import visible_entries, visible_result
+
+
+def check_npu(p: Params) -> list:
+    env = p.rank_env()
+    tool = find_tool("npu-smi", env)
+    if tool is None:
+        return [
+            result(
+                "npu.count",
+                FAIL,
+                "npu-smi not found",
+                "install the Ascend driver on this node (npu-smi comes with it)",
+                "device_target Ascend needs the Ascend driver; npu-smi is not on PATH",
+            )
+        ]
+    ran = run_cmd([tool, "info"], p.timeout_s, env=env)
+    if ran.rc != 0:
+        return [
+            result(
+                "npu.count",
+                FAIL,
+                "npu-smi info: %s" % ran.why(p.timeout_s),
+                "check the Ascend driver on this node (npu-smi info must answer)",
+                oneline(ran.out + " " + ran.err, 1000),
+            )
+        ]
+    version, chips, procs = parse_npu_smi(ran.out)
+    names = sorted({c.name for c in chips})
+    value = "%d x %s" % (len(chips), "/".join(names)) if chips else "0 NPUs"
+    out = []
+    if p.devices is not None and len(chips) < p.devices:
+        out.append(
+            result(
+                "npu.count",
+                FAIL,
+                value,
+                "set devices: %d for this node, or fix its NPUs" % len(chips),
+                "%d ranks on this node need %d NPUs; npu-smi info lists %d"
+                % (p.devices, p.devices, len(chips)),
+            )
+        )
+    elif not chips:
+        out.append(
+            result("npu.count", FAIL, value, "check the Ascend driver on this node", oneline(ran.out, 1000))
+        )
+    else:
+        out.append(result("npu.count", OK, value))
+    raw, entries = visible_entries(p, "ASCEND_RT_VISIBLE_DEVICES")
+    ids = [str(i) for i in range(len(chips))]  # logical ids, in npu-smi's order
+    vis, use = visible_result("npu.visible", "ASCEND_RT_VISIBLE_DEVICES", raw, entries, ids, p)
+    out.append(vis)
+    out.append(result("npu.driver", OK if version else NA, version))
+    used = [c for i, c in enumerate(chips) if i in use] if use else chips
+    bad = [c for c in used if c.health.upper() != "OK"]
+    if bad:
+        serious = any(c.health.lower() not in ("warning",) for c in bad)
+        out.append(
+            result(
+                "npu.health",
+                FAIL if serious else WARN,
+                ", ".join("%s: %s" % (c.label, c.health) for c in bad),
+                "see npu-smi info -t health -i N; drain the node or replace the NPU",
+                "Health is OK, Warning (minor), Alarm (major) or Critical",
+            )
+        )
+    else:
+        out.append(result("npu.health", OK if used else NA, "OK" if used else ""))
+    keys = {(c.npu, c.chip) for c in used}
+    busy = ["NPU %d chip %d: pid %d %s" % (n, c, pid, name) for n, c, pid, name in procs if (n, c) in keys]
+    if busy:
+        out.append(
+            result(
+                "npu.busy",
+                WARN,
+                "%d in use" % len({b.split(":")[0] for b in busy}),
+                "stop those processes, or point ASCEND_RT_VISIBLE_DEVICES at free NPUs",
+                "; ".join(busy),
+            )
+        )
+    else:
+        out.append(result("npu.busy", OK, "idle"))
+    out.extend(_hccn(p, env, [c.hccn_id for c in used]))
+    return out
+
+
+class _PortCheck(NamedTuple):
+    """One hccn_tool query asked of every NPU port, reported as one check."""
+
+    name: str
+    query: str  # hccn_tool -i N -<query> -g
+    pattern: str  # the port's status in the answer
+    good: str  # that status on a healthy port, lower case
+    bad_status: str  # the check's status when a port's is not good
+    remedy: str
+    why: str
+    ok_value: str  # str.format()ted with the number of ports
+
+
+_PORT_CHECKS = (
+    _PortCheck(
+        "npu.link",
+        "link",
+        r"link status\s*:\s*(\S+)",
+        "up",
+        FAIL,
+        "check the NPU ports' cables and switch (hccn_tool -i N -link -g)",
+        "HCCL across nodes needs every NPU port up",
+        "{} up",
+    ),
+    _PortCheck(
+        "npu.net",
+        "net_health",
+        r"net health status\s*:\s*(.+)",
+        "success",
+        WARN,
+        "check the NPU network (hccn_tool -i N -net_health -g; -netdetect -g; -ip -g)",
+        "net health other than Success: the detect IP does not answer over the NPU network",
+        "Success",
+    ),
+)
+
+
+def _hccn(p: Params, env: dict, ids: list) -> list:
+    """NPU network ports (RoCE), used by HCCL across nodes."""
+    if p.nodes == 1:
+        why = "a single-node job: HCCL does not use the NPU network ports"
+        return [result("npu.link", NA, detail=why), result("npu.net", NA, detail=why)]
+    tool = find_tool("hccn_tool", env)
+    if tool is None:
+        why = "hccn_tool not found (it comes with the Ascend driver, under /usr/local/Ascend/driver/tools)"
+        return [result("npu.link", NA, "hccn_tool not found", detail=why), result("npu.net", NA, detail=why)]
+    answers: dict = {}
+
+    def ask(i: int, what: str) -> None:
+        answers[(i, what)] = run_cmd([tool, "-i", str(i), "-" + what, "-g"], p.timeout_s, env=env)
+
+    threads = [
+        threading.Thread(target=ask, args=(i, c.query), daemon=True) for i in ids for c in _PORT_CHECKS
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [_port_result(p, c, [(i, answers[(i, c.query)]) for i in ids]) for c in _PORT_CHECKS]
+
+
+def _port_result(p: Params, check: _PortCheck, answers: list) -> dict:
+    """The ports whose status is not good, else those that could not be asked, else OK."""
+    bad, unasked = [], []
+    for i, ran in answers:
+        m = re.search(check.pattern, ran.out, re.I)
+        if ran.rc != 0 or not m:
+            unasked.append(
+                "device %d: %s" % (i, ran.why(p.timeout_s) if ran.rc != 0 else oneline(ran.out, 80))
+            )
+        elif m.group(1).strip().lower() != check.good:
+            bad.append("device %d: %s" % (i, m.group(1).strip()))
+    if bad:
+        return result(check.name, check.bad_status, "; ".join(bad), check.remedy, check.why)
+    if unasked:
+        return result(check.name, WARN, "; ".join(unasked), "check hccn_tool on this node")
+    value = check.ok_value.format(len(answers)) if answers else ""
+    return result(check.name, OK, value, detail="hccn_tool -i N -%s -g" % check.query)
