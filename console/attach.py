@@ -66,8 +66,7 @@ from .runrecord import DetachRecord, write_record
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
 from .stragglers import StragglerPolicy, StragglerWatch
-from .summary import summary_file, write_summary
-from .supervisor import run_result
+from .summary import run_result, summary_file, write_summary
 from .transport import make_transport
 
 E = TypeVar("E", bound=enum.Enum)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mscon.agent import checks as node_checks
 from mscon.agent.layout import LOGS_DIR
@@ -49,13 +49,48 @@ from mscon.agent.protocol import (
 from . import checks_console as cc
 from . import exit_codes
 from .bus import EventBus
-from .commands import StopJob
-from .events import AgentEvent, CheckReported, ChecksFinished, CheckStatus, Event, JobState
-from .inventory import HangSpec, RestartSpec
+from .commands import Command, StopJob
+from .events import AgentEvent, CheckReported, ChecksFinished, CheckStatus, Event, JobState, RunResult
+from .inventory import HangSpec, Inventory, RestartSpec
+from .plan import NodePlan
 from .session import ClusterSession, Inbox, NodeLink
 
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What preflight needs to know of the run it checks."""
+
+    inv: Inventory
+    plans: tuple[NodePlan, ...]
+    script: str
+    args: tuple[str, ...]
+    args_given: bool  # the arguments came after -- (else they are the inventory's job.args)
+    run_id: str
+    accept_new_host_keys: bool
+
+
+class NestedRun(Protocol):
+    """A run of its own (the collective smoke test), launched exactly like a job."""
+
+    async def run(self) -> RunResult: ...
+
+    def submit(self, cmd: Command) -> None: ...
+
+
+class RunHost(Protocol):
+    """The run preflight serves (the supervisor): its job, its events, and a way to launch the
+    smoke test. Preflight never reaches into the supervisor itself."""
+
+    @property
+    def job(self) -> JobView: ...
+
+    @property
+    def attempt_no(self) -> int: ...
+
+    def emit(self, ev: Event) -> None: ...
+
+    def nested_run(self, inv: Inventory, run_id: str, logs_root: Path, bus: EventBus) -> NestedRun: ...
+
 
 _CLOCK_PROBES = 3  # readings per node; the one with the shortest round trip is kept
 _LISTEN_WAIT_S = 10.0
@@ -181,7 +216,7 @@ class _Lost(Exception):
 class _Run:
     """One preflight's working state (the Preflight object itself only keeps the outcome)."""
 
-    sup: Supervisor
+    sup: RunHost
     session: ClusterSession
     router: _Router
     sched: str
@@ -200,7 +235,7 @@ class Preflight:
 
     # ------------------------------------------------------------ what the supervisor calls
 
-    def unreachable(self, sup: Supervisor, session: ClusterSession) -> None:
+    def unreachable(self, sup: RunHost, session: ClusterSession) -> None:
         """The session could not open every node: each one's reach error (or protocol mismatch) as
         a result, so the table shows what the one-line errors say."""
         results = []
@@ -213,16 +248,13 @@ class Preflight:
             self._emit(sup, r)
         self._finish(sup)
 
-    async def run(self, sup: Supervisor, session: ClusterSession, sched: str) -> Verdict:
+    async def run(self, sup: RunHost, session: ClusterSession, sched: str) -> Verdict:
         t0 = time.monotonic()
         router = _Router(session.inbox)
         wait = _QUICK_WAIT_S if self.options.quick else _FULL_WAIT_S
         run = _Run(sup, session, router, sched, time.monotonic() + wait)
-        session.inbox = router
-        try:
+        with session.diverted(router):
             await self._checks(run)
-        finally:
-            session.inbox = router.downstream
         if self.options.collective and not self._skipped("collective"):
             blocked = [
                 r for r in self.results if r.status is CheckStatus.FAIL and r.name in _BLOCKS_COLLECTIVE
@@ -269,9 +301,11 @@ class Preflight:
         if probes is not None:
             names = [link.name for link in links]
             self._emit(run.sup, cc.mesh_result(names, targets, probes))
-            first = run.sup.plans[0].node.name
+            first = run.sup.job.plans[0].node.name
             port = run.by_node.get(first, {}).get("port")
-            self._emit(run.sup, cc.sched_result(run.sched, run.sup.inv.scheduler.port, first, probes, port))
+            self._emit(
+                run.sup, cc.sched_result(run.sched, run.sup.job.inv.scheduler.port, first, probes, port)
+            )
         for node, why in run.lost.items():
             self._emit(
                 run.sup, cc.result(node, "checks", CheckStatus.FAIL, why, "see the node's error above")
@@ -283,7 +317,7 @@ class Preflight:
         return tuple(n for n in names if n != "clock" and not self._skipped(n))
 
     def _params(self, run: _Run, index: int, link: NodeLink) -> dict[str, Any]:
-        inv, plan = run.sup.inv, link.plan
+        inv, plan = run.sup.job.inv, link.plan
         worker = plan.procs[-1]  # every node runs at least one rank
         env = {k: v for k, v in worker.env.items() if k not in _LAUNCHER_KEYS}
         return {
@@ -295,7 +329,7 @@ class Preflight:
             "shm_min_gib": inv.checks.shm_min_gib,
             # Where the workdir is unpacked and the run's logs go: under the node's cache folder.
             "workdir": link.transport.cache_root if link.transport.syncs_workdir else str(inv.job.workdir),
-            "checkpoint_dir": _arg_value(run.sup.args, "--checkpoint-dir"),
+            "checkpoint_dir": _arg_value(run.sup.job.args, "--checkpoint-dir"),
             "sched_port": inv.scheduler.port,
             "sched_host": run.sched,
             "is_first": index == 0,
@@ -400,7 +434,9 @@ class Preflight:
             return None
         token = secrets.token_hex(8)
         session = run.session
-        listen_msg = MeshListen(token=token, timeout_s=_FULL_WAIT_S, avoid_port=run.sup.inv.scheduler.port)
+        listen_msg = MeshListen(
+            token=token, timeout_s=_FULL_WAIT_S, avoid_port=run.sup.job.inv.scheduler.port
+        )
 
         async def listen(node: str) -> tuple[str, int | str]:
             if not await session.send(node, listen_msg):
@@ -450,18 +486,19 @@ class Preflight:
 
     # ------------------------------------------------------------ the job's arguments
 
-    async def _lint(self, sup: Supervisor) -> CheckReported | None:
+    async def _lint(self, sup: RunHost) -> CheckReported | None:
         """The trainer's own argument checks with the inventory's world size; for other scripts,
         only whether a parallel mode they are given is one of MindSpore's."""
         if self._skipped("config"):
             return None
-        where = "the arguments after --" if sup.options.args is not None else f"job.args of {sup.inv.path}"
-        script = PurePosixPath(sup.script.replace("\\", "/"))
+        where = "the arguments after --" if sup.job.args_given else f"job.args of {sup.job.inv.path}"
+        script = PurePosixPath(sup.job.script.replace("\\", "/"))
         if script.parts[-2:] == ("trainer", "train.py"):
-            root = str((sup.inv.job.workdir / script).parent.parent)
-            mode, argv, subject = "trainer", list(sup.args), f"{script} for {sup.inv.world_size} rank(s)"
+            root = str((sup.job.inv.job.workdir / script).parent.parent)
+            size = sup.job.inv.world_size
+            mode, argv, subject = "trainer", list(sup.job.args), f"{script} for {size} rank(s)"
         else:
-            value = cc.parallel_mode_arg(sup.args)
+            value = cc.parallel_mode_arg(sup.job.args)
             if value is None:
                 return cc.result(cc.ALL, "config", CheckStatus.NA, "no parallel mode given", "", str(script))
             # The product's own copy of the trainer's config: its mode names and hints.
@@ -475,7 +512,7 @@ class Preflight:
                 root,
                 mode,
                 json.dumps(argv),
-                str(sup.inv.world_size),
+                str(sup.job.inv.world_size),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -489,18 +526,16 @@ class Preflight:
 
     # ------------------------------------------------------------ the collective smoke test
 
-    async def _collective(self, sup: Supervisor) -> list[CheckReported]:
+    async def _collective(self, sup: RunHost) -> list[CheckReported]:
         """A real AllReduce over every rank, launched by a Supervisor of its own exactly like a job
         (own connections, the inventory's nodes, scheduler and port), with the smoke script as its
         only file in the synced workdir."""
-        from .supervisor import RunOptions, Supervisor  # the supervisor imports this module
-
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix="mscon-smoke-"))
         try:
             source = resources.files("mscon.console").joinpath("smoke_allreduce.py")
             (tmp / "smoke_allreduce.py").write_bytes(source.read_bytes())
-            inv = sup.inv
+            inv = sup.job.inv
             job = dataclasses.replace(
                 inv.job,
                 workdir=tmp,
@@ -520,13 +555,7 @@ class Preflight:
 
             bus = EventBus()
             bus.add_sink("smoke", collect)
-            options = RunOptions(
-                run_id=f"{sup.run_id}-smoke",
-                logs_root=self.options.smoke_logs_root,
-                accept_new_host_keys=sup.options.accept_new_host_keys,
-                max_restarts=0,
-            )
-            nested = Supervisor(smoke_inv, options, bus=bus)
+            nested = sup.nested_run(smoke_inv, f"{sup.job.run_id}-smoke", self.options.smoke_logs_root, bus)
             task = asyncio.ensure_future(nested.run())
             try:
                 result = await asyncio.wait_for(asyncio.shield(task), self.options.smoke_timeout_s)
@@ -568,14 +597,14 @@ class Preflight:
     def _skipped(self, name: str) -> bool:
         return cc.skipped(name, self.options.skip)
 
-    def _emit(self, sup: Supervisor, r: CheckReported) -> None:
+    def _emit(self, sup: RunHost, r: CheckReported) -> None:
         if self._skipped(r.name):
             return
         r = dataclasses.replace(r, attempt=sup.attempt_no)
         self.results.append(r)
         sup.emit(r)
 
-    def _finish(self, sup: Supervisor) -> None:
+    def _finish(self, sup: RunHost) -> None:
         failed = tuple(f"{r.node}: {r.name}" for r in self.results if r.status is CheckStatus.FAIL)
         self.finished = ChecksFinished(sup.attempt_no, failed=failed, skipped=self.options.skip)
         sup.emit(self.finished)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -100,6 +100,15 @@ class ClusterSession:
         self.links = {p.node.name: NodeLink(p, transport_factory(inv, p.node, self._ssh)) for p in plans}
         self._archive: WorkdirArchive | None = None
         self._bundle = agent_bundle()
+
+    @contextlib.contextmanager
+    def diverted(self, inbox: Inbox) -> Iterator[None]:
+        """The agents' messages go to ``inbox`` for a while (preflight's conversations with them)."""
+        before, self.inbox = self.inbox, inbox
+        try:
+            yield
+        finally:
+            self.inbox = before
 
     @property
     def _syncs(self) -> bool:

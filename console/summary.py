@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .events import RunResult
+from .bus import EventBus
+from .events import JobState, RunResult
+from .state import ClusterState
 
 SUMMARY_JSON = "summary.json"
 
@@ -45,3 +47,32 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     # Written in place, not renamed over: --json may name a pipe or /dev/stdout.
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def run_result(
+    state: ClusterState,
+    run_id: str,
+    logs_dir: Path,
+    status: JobState,
+    code: int,
+    reason: str,
+    wall_s: float,
+    bus: EventBus,
+) -> RunResult:
+    """The run's summary from ClusterState (the supervisor's, and an attached console's)."""
+    last = state.attempt
+    root = state.root_cause() if status is JobState.FAILED and last is not None else None
+    return RunResult(
+        run_id=run_id,
+        status=status,
+        exit_code=code,
+        reason=reason,
+        root_cause=root,
+        ranks=state.rank_summaries() if last is not None else (),
+        wall_s=wall_s,
+        logs_dir=str(logs_dir),
+        attempts=state.attempt_summaries(),
+        divergent_ranks=tuple(sorted(state.divergent)),
+        dropped=bus.dropped(),
+        stragglers=state.straggler_summaries(),
+    )

@@ -1,45 +1,34 @@
-"""The job supervisor: attempts, the restart budget, hang timers, and the commands that steer them.
-
-In the manner of torchrun's ``_invoke_run``: one ``Attempt`` per launch of the whole group; a
-failed attempt is followed by another (after ``restart.backoff_s``) while the budget lasts. The
-supervisor awaits one input queue (commands first, then timer ticks, then agent messages); it
-decides, ClusterState records, and the root cause is ClusterState's to compute. No UI code here.
+"""The console's host of the run's policy: it connects, resolves the scheduler, runs preflight,
+then turns everything it hears (commands, clock ticks, agent messages: one queue, inputs.py) into
+the policy's inputs and carries out the actions it returns (agent/policy.py decides: stop, restart,
+wait for the operator, end). ClusterState records; the root cause is ClusterState's to compute.
+No UI code here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
-import ipaddress
-import itertools
-import json
 import os
 import secrets
-import socket
 import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from mscon.agent import layout
 from mscon.agent import policy as policy_mod
 from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
 from mscon.agent.protocol import (
-    Detach,
-    Detached,
     Inspect,
     LogBatch,
     Message,
     Metric,
     MetricBatch,
-    ProcExited,
-    ProcHung,
     ProcSpec,
-    Role,
     Start,
     Stop,
 )
@@ -64,17 +53,19 @@ from .events import (
     RunStarted,
     Stopping,
 )
+from .handover import hand_over
+from .inputs import TICK, Alarm, Input, Inputs, Tick
 from .inventory import Inventory
 from .plan import build_plan, with_scheduler
+from .preflight import JobView, Preflight
 from .replicas import ReplicaWatch
 from .runrecord import DetachRecord, write_record
+from .sched_address import scheduler_address
 from .session import ClusterSession, TransportFactory
 from .state import ClusterState, describe
 from .stragglers import StragglerPolicy, StragglerWatch
+from .summary import run_result, summary_file, write_summary
 from .transport import make_transport
-
-if TYPE_CHECKING:
-    from .preflight import Preflight
 
 T = TypeVar("T")
 
@@ -109,64 +100,6 @@ class RunVerdict:
     status: JobState
     exit_code: int
     reason: str
-
-
-class _Tick:
-    pass
-
-
-_TICK = _Tick()
-
-
-@dataclass(frozen=True, slots=True)
-class _Alarm:
-    """A failure seen by a channel's reader: it jumps the queue so the stop goes out at once, not
-    after the log batches queued ahead of it (at 1,000 nodes, seconds of them). The message itself
-    still follows in order, for the state and the views."""
-
-    node: str
-    msg: ProcExited | ProcHung
-
-
-def _alarming(msg: Message | None) -> bool:
-    return (isinstance(msg, ProcExited) and not msg.ok and not msg.stopped_by_agent) or isinstance(
-        msg, ProcHung
-    )
-
-
-Input = Command | _Tick | _Alarm | tuple[str, Message | None]
-
-
-class Inputs:
-    """Everything the supervisor reacts to, in one queue: commands first, then ticks, then agents."""
-
-    def __init__(self) -> None:
-        self._q: asyncio.PriorityQueue[tuple[int, int, Input]] = asyncio.PriorityQueue()
-        self._seq = itertools.count()
-        self.tick_pending = False
-
-    def put_nowait(self, item: Input) -> None:
-        if isinstance(item, tuple):
-            node, msg = item
-            if _alarming(msg):
-                assert isinstance(msg, ProcExited | ProcHung)
-                self._q.put_nowait((0, next(self._seq), _Alarm(node, msg)))
-            self._q.put_nowait((2, next(self._seq), item))
-            return
-        prio = 0 if isinstance(item, StopJob | RestartGroup | DetachRun | _Alarm) else 1
-        self._q.put_nowait((prio, next(self._seq), item))
-
-    async def put(self, item: Input) -> None:
-        self.put_nowait(item)
-
-    async def get(self) -> Input:
-        return (await self._q.get())[2]
-
-    def get_nowait(self) -> Input:
-        return self._q.get_nowait()[2]
-
-    def empty(self) -> bool:
-        return self._q.empty()
 
 
 class Supervisor:
@@ -290,7 +223,7 @@ class Supervisor:
             await asyncio.sleep(_TICK_S)
             if not self._inputs.tick_pending:
                 self._inputs.tick_pending = True
-                self._inputs.put_nowait(_TICK)
+                self._inputs.put_nowait(TICK)
             if time.monotonic() - last_ping >= self.inv.ssh.keepalive_s:
                 last_ping = time.monotonic()
                 await self.session.ping()
@@ -303,13 +236,12 @@ class Supervisor:
             if self.options.preflight is not None:
                 self.options.preflight.unreachable(self, session)
             return RunVerdict(JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors))
-        found = await self._unless_stopped(self._scheduler_address(session))
+        found = await self._unless_stopped(scheduler_address(self.inv, self.plans, session))
         if found is None or self._stop_cmd is not None:
             return self._interrupted()
-        sched, error, code = found
-        if sched is None:
-            return RunVerdict(JobState.FAILED, code, error)
-        self._sched = sched
+        if found.ip is None:
+            return RunVerdict(JobState.FAILED, found.exit_code, found.error)
+        self._sched = sched = found.ip
         if self.options.preflight is not None:
             verdict = await self._unless_stopped(self.options.preflight.run(self, session, sched))
             if verdict is None or self._stop_cmd is not None:
@@ -342,7 +274,7 @@ class Supervisor:
                     break
                 continue
             item = getter.result()
-            if isinstance(item, _Tick):
+            if isinstance(item, Tick):
                 self._inputs.tick_pending = False
             elif isinstance(item, DetachRun):
                 self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
@@ -371,36 +303,6 @@ class Supervisor:
         return self.session.links[node].error if self.session is not None else ""
 
     # ------------------------------------------------------------ the scheduler's address
-
-    async def _scheduler_address(self, session: ClusterSession) -> tuple[str | None, str, int]:
-        """MS_SCHED_HOST must be an IP: MindSpore does not resolve names (``Parse ip failed``).
-
-        ``scheduler.host`` or the first node's ``address`` win and are resolved by the agent on
-        the first node; otherwise the address the first node's agent was reached on (its
-        SSH_CONNECTION), else its resolved HostName.
-        """
-        first = self.plans[0].node
-        link = session.links[first.name]
-        given = self.inv.scheduler.host or first.address
-        field_name = "scheduler.host" if self.inv.scheduler.host else f"nodes[0].address ({first.name})"
-        if given is None:
-            if first.transport == "local":
-                return "127.0.0.1", "", 0
-            if link.hello is not None and link.hello.ssh_addr and _is_ip(link.hello.ssh_addr):
-                return link.hello.ssh_addr, "", 0
-            given = link.transport.resolved_host()
-            field_name = f"nodes[0].host ({first.name})"
-        if _is_ip(given):
-            return given, "", 0
-        answer = await session.resolve(first.name, given)
-        if answer.address:
-            return answer.address, "", 0
-        return (
-            None,
-            f"{self.inv.path}: {field_name}: cannot resolve {given!r} to an IP address on {first.name} "
-            f"({answer.error}); MindSpore needs an IP in MS_SCHED_HOST: set scheduler.host",
-            exit_codes.USAGE if self.inv.scheduler.host or first.address else exit_codes.UNREACHABLE,
-        )
 
     # ------------------------------------------------------------ attempts, driven by the policy
 
@@ -473,7 +375,7 @@ class Supervisor:
         """One input as the policy's events (and the console's own events on the way)."""
         assert self.policy is not None and self._inputs is not None
         now = time.monotonic()
-        if isinstance(item, _Tick):
+        if isinstance(item, Tick):
             self._inputs.tick_pending = False
             return [policy_mod.Tick(now)]
         if isinstance(item, StopJob):
@@ -485,7 +387,7 @@ class Supervisor:
         if isinstance(item, DetachRun):
             await self._detach_now(session)
             return []
-        if isinstance(item, _Alarm):
+        if isinstance(item, Alarm):
             return self._policy(item.node, item.msg, now)
         node, msg = item
         if msg is None:
@@ -618,81 +520,15 @@ class Supervisor:
     # ------------------------------------------------------------ detach
 
     async def _detach_now(self, session: ClusterSession) -> None:
-        error = await self._detach()
+        assert self.policy is not None
+        nxt = self.policy.attempt + 1
+        starts = [self._start_msg(session, i, nxt, self._sched) for i in range(len(self.plans))]
+        error = await hand_over(session, self.policy, starts, self._sched, self.hang_timeout_s)
         if error is None:
             self.detached = True
             await self._let_go(session)
         else:
             self.emit(Notice(self.attempt_no, f"cannot detach: {error}; the run stays attached"))
-
-    async def _detach(self) -> str | None:
-        """Hand the run to the nodes: node 0's agent coordinates, the others follow it; the error
-        (the run then stays attached, nothing changed) or None."""
-        session = self.session
-        assert session is not None
-        policy = self.policy
-        assert policy is not None
-        if policy.phase is not Phase.RUNNING:
-            return "the run is stopping" if policy.phase is Phase.STOPPING else "no attempt is running"
-        down = [n for n, link in session.links.items() if not link.open or n in policy.att.done]
-        if down:
-            return f"{down[0]} has no running agent"
-        names = [p.node.name for p in self.plans]
-        secret = secrets.token_hex(32)
-        console = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
-        # Each node's own next Start goes to that node only: argv and env never cross the
-        # coordinator's link, which carries "start attempt N" (agent/detached.py).
-        next_start = [
-            self._start_msg(session, i, policy.attempt + 1, self._sched).to_dict()
-            for i in range(len(self.plans))
-        ]
-        wait_s = 15.0
-        lead = await session.request(
-            names[0],
-            Detach(
-                role=Role.COORDINATOR,
-                secret=secret,
-                nodes=tuple(names),
-                restarts_left=policy.restarts_left,
-                backoff_s=self.backoff_s,
-                hang_timeout_s=self.hang_timeout_s,
-                next_start=next_start[0],
-                workers=dict(policy.config.workers),
-                operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,
-                console=console,
-            ),
-            Detached,
-            wait_s,
-        )
-        if isinstance(lead, str) or lead.error:
-            return f"{names[0]}: {lead if isinstance(lead, str) else lead.error}"
-        follow = Detach(
-            role=Role.FOLLOWER,
-            secret=secret,
-            coordinator_host=self._sched,
-            coordinator_port=lead.coordinator_port,
-            hang_timeout_s=self.hang_timeout_s,
-            console=console,
-        )
-        answers = await asyncio.gather(
-            *(
-                session.request(n, replace(follow, next_start=next_start[i]), Detached, wait_s)
-                for i, n in enumerate(names)
-                if i > 0
-            )
-        )
-        errors = [
-            f"{n}: {a if isinstance(a, str) else a.error}"
-            for n, a in zip(names[1:], answers, strict=True)
-            if isinstance(a, str) or a.error
-        ]
-        if errors:
-            # Back to normal on every node: the console keeps the policy.
-            await asyncio.gather(
-                *(session.request(n, Detach(role="cancel"), Detached, wait_s) for n in names)
-            )
-            return "; ".join(errors)
-        return None
 
     async def _let_go(self, session: ClusterSession) -> None:
         """Close our channels and take in what they delivered before closing (the lines we print
@@ -749,48 +585,29 @@ class Supervisor:
             (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
 
     def _write_summary(self, result: RunResult) -> None:
-        write_summary(self.logs_dir, result)
+        with contextlib.suppress(OSError):
+            write_summary(summary_file(self.logs_dir), result)
 
+    # ------------------------------------------------------------ what preflight sees (RunHost)
 
-def run_result(
-    state: ClusterState,
-    run_id: str,
-    logs_dir: Path,
-    status: JobState,
-    code: int,
-    reason: str,
-    wall_s: float,
-    bus: EventBus,
-) -> RunResult:
-    """The run's summary from ClusterState (the supervisor's, and an attached console's)."""
-    last = state.attempt
-    root = state.root_cause() if status is JobState.FAILED and last is not None else None
-    return RunResult(
-        run_id=run_id,
-        status=status,
-        exit_code=code,
-        reason=reason,
-        root_cause=root,
-        ranks=state.rank_summaries() if last is not None else (),
-        wall_s=wall_s,
-        logs_dir=str(logs_dir),
-        attempts=state.attempt_summaries(),
-        divergent_ranks=tuple(sorted(state.divergent)),
-        dropped=bus.dropped(),
-        stragglers=state.straggler_summaries(),
-    )
+    @property
+    def job(self) -> JobView:
+        return JobView(
+            inv=self.inv,
+            plans=self.plans,
+            script=self.script,
+            args=tuple(self.args),
+            args_given=self.options.args is not None,
+            run_id=self.run_id,
+            accept_new_host_keys=self.options.accept_new_host_keys,
+        )
 
-
-def write_summary(logs_dir: Path, result: RunResult) -> None:
-    with contextlib.suppress(OSError):
-        os.makedirs(logs_dir, exist_ok=True)
-        with open(logs_dir / "summary.json", "w", encoding="utf-8") as f:
-            json.dump(result.to_json(), f, indent=2)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    def nested_run(self, inv: Inventory, run_id: str, logs_root: Path, bus: EventBus) -> Supervisor:
+        """A run of its own with this one's connection settings (preflight's collective smoke test)."""
+        options = RunOptions(
+            run_id=run_id,
+            logs_root=logs_root,
+            accept_new_host_keys=self.options.accept_new_host_keys,
+            max_restarts=0,
+        )
+        return Supervisor(inv, options, bus=bus)
