@@ -106,7 +106,7 @@ class DetachedRun:
     def _seed(self, node: str, status: P.LinkStatus) -> None:
         now = time.monotonic()
         events: list = [pol.RankStarted(node, name, now) for name in status.started]
-        events += [pol.RankExited(node, name, True, True, False, "exit code 0", now) for name in status.ok]
+        events += [pol.RankExited(node, name, True, True, False, "", now) for name in status.ok]
         if status.all_exited:
             events.append(pol.NodeDone(node, now))
         for ev in events:
@@ -175,6 +175,12 @@ class DetachedRun:
             refuse("bad message: %.200s" % exc)
             return
         if isinstance(msg, P.Attach):
+            counts = [msg.journal_from, msg.log_attempt]
+            counts += list(msg.log_from.values()) if isinstance(msg.log_from, dict) else [None]
+            if not all(type(n) is int for n in counts):  # not bool, not float (Infinity, NaN)
+                refuse("bad attach: journal_from, log_attempt and the log_from counts are integers")
+                client.end()
+                return
             try:
                 self._attach(client, msg)
             except malformed as exc:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 from . import procs as procmod
 from . import protocol as P
+from .checks.mesh import MeshListener, probe_peer
 from .evidence import blame
 from .journal import Journal, RunStatus, write_state
 from .layout import CACHE_DIR, attempt_folder
-from .mesh import MeshListener, probe_peer
 from .metrics import LineParser
 from .metrics import from_record as metric_from_record
 from .outbox import Outbox

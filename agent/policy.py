@@ -174,9 +174,8 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
     if isinstance(msg, P.ProcStarted):
         return RankStarted(node, msg.name, now)
     if isinstance(msg, P.ProcExited):
-        detail = msg.signal or "exit code %s" % msg.exitcode
-        worker = msg.rank != P.SCHEDULER_RANK
-        return RankExited(node, msg.name, worker, msg.ok, msg.stopped_by_agent, detail, now)
+        worker = not P.is_scheduler(msg.rank)
+        return RankExited(node, msg.name, worker, msg.ok, msg.stopped_by_agent, msg.describe(), now)
     if isinstance(msg, P.ProcHung):
         return RankHung(node, msg.name, msg.why, now)
     if isinstance(msg, P.AgentError):

@@ -68,6 +68,9 @@ class Message:
     # Bulk output of the ranks: counted against the outbox's budget, and left waiting in the ranks'
     # files while the console is behind (lifecycle messages are never held back).
     streamed: ClassVar[bool] = False
+    # A sample the next one supersedes (metrics, telemetry): a view that lags may skip it
+    # (console/bus.py); log lines and lifecycle messages are never skipped.
+    sampled: ClassVar[bool] = False
     # Fields kept off the coordinator link (log tails, stacks): the policy never reads them, and
     # the link is authenticated but not encrypted.
     off_link: ClassVar[tuple[str, ...]] = ()
@@ -276,6 +279,7 @@ class LogBatch(Message):
 class Metric(Message):
     type: ClassVar[str] = "metric"
     streamed: ClassVar[bool] = True
+    sampled: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -297,6 +301,7 @@ class Metric(Message):
 class Telemetry(Message):
     type: ClassVar[str] = "telemetry"
     streamed: ClassVar[bool] = True
+    sampled: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -599,7 +604,7 @@ class RunCommand(Message):
 
 @dataclass(frozen=True)
 class RunChecks(Message):
-    """Run these node checks (agent/checks.py names) with these parameters; answered by one
+    """Run these node checks (agent/checks/ names) with these parameters; answered by one
     CheckResult per check (a check may report several) and then ChecksDone."""
 
     type: ClassVar[str] = "run_checks"
@@ -702,6 +707,7 @@ class MetricBatch(Message):
 
     type: ClassVar[str] = "metrics"
     streamed: ClassVar[bool] = True
+    sampled: ClassVar[bool] = True
     node: str
     name: str
     rank: int
@@ -755,6 +761,7 @@ class TelemetryBatch(Message):
 
     type: ClassVar[str] = "telemetry_batch"
     streamed: ClassVar[bool] = True
+    sampled: ClassVar[bool] = True
     node: str
     items: tuple = ()  # Telemetry each, with this batch's node
 

@@ -18,8 +18,6 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from mscon.agent.protocol import Metric, MetricBatch, Telemetry, TelemetryBatch
-
 from .events import AgentEvent, Event, Notice
 
 Handler = Callable[[Event], None | Awaitable[None]]
@@ -27,9 +25,7 @@ CONSOLE_ERR = "console.err"  # in the run folder: the tracebacks of views (sinks
 
 
 def _droppable(ev: Event) -> bool:
-    return isinstance(ev, AgentEvent) and isinstance(
-        ev.msg, Metric | Telemetry | MetricBatch | TelemetryBatch
-    )
+    return isinstance(ev, AgentEvent) and ev.msg.sampled
 
 
 class Subscription:

@@ -34,6 +34,7 @@ from mscon.agent.protocol import (
 )
 
 from . import exit_codes
+from .aio import cancel_and_wait, cancels, raise_if_cancelled_since
 from .bus import EventBus
 from .commands import Command, DetachRun, RestartGroup, StopJob
 from .events import (
@@ -117,6 +118,7 @@ class Supervisor:
         self.state = ClusterState()
         self.run_id = self.options.run_id or new_run_id()
         self.logs_dir = (self.options.logs_root / self.run_id).resolve()
+        self.bus.errors_to(self.logs_dir)  # a view that raises: its traceback in console.err there
         self.script = self.options.script or inventory.job.script
         self.args = self.options.args if self.options.args is not None else inventory.job.args
         self.plans = build_plan(inventory, self.script, self.args)
@@ -203,7 +205,7 @@ class Supervisor:
             )
             self._save_traceback()
         finally:
-            ticker.cancel()
+            await cancel_and_wait(ticker)
             if self.detached:
                 self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
             else:
@@ -265,9 +267,11 @@ class Supervisor:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
+                before = cancels()
                 getter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await getter
+                raise_if_cancelled_since(before)  # our caller's own cancellation is not swallowed
                 if not getter.cancelled():  # it got an item while being cancelled: keep it
                     self._inputs.put_nowait(getter.result())
                 if not task.done():  # timed out
@@ -294,9 +298,8 @@ class Supervisor:
                     self.emit(AgentEvent(self.attempt_no, msg))  # late telemetry between attempts
         if task.done():
             return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(task)
         return None
 
     def _link_error(self, node: str) -> str:

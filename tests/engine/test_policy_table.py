@@ -366,7 +366,7 @@ def test_progress_keeps_a_rank_from_being_inspected() -> None:
 
 def test_the_wire_means_the_same_to_both_hosts() -> None:
     exit_msg = wire.ProcExited("b", "r2", 2, 99, None, "SIGKILL", 9, 5, False)
-    assert P.from_message("b", exit_msg, 1.0) == P.RankExited("b", "r2", True, False, False, "SIGKILL", 1.0)
+    assert P.from_message("b", exit_msg, 1.0) == P.RankExited("b", "r2", True, False, False, "killed by SIGKILL", 1.0)
     sched = wire.ProcExited("a", "sched", wire.SCHEDULER_RANK, 98, 0, None, None, 5, False)
     assert P.from_message("a", sched, 1.0) == P.RankExited(
         "a", "sched", False, True, False, "exit code 0", 1.0
