@@ -3,7 +3,7 @@
 Two ways in:
 
 * ``python -m <agent package> --node NAME``: by hand, and in the agent's own tests.
-* the console's boot code (``console/bundle.py``: ``AGENT_BOOT``), which reads the start header
+* the console's boot code (``console/transport/bundle.py``: ``AGENT_BOOT``), which reads the start header
   (``{"v": 1, "node": NAME, "dir": AGENT_DIR}``, plus ``"mode": "attach", "run": RUN_ID`` to reach
   a detached run or ``"mode": "ls"`` to list runs, with ``"cache"``: the console's cache folder on
   the node) from stdin, puts the folder on ``sys.path`` and

@@ -27,7 +27,7 @@ from .relay import hello, replay
 
 _PING_S = 1.0
 _END_FLUSH_S = 3.0  # at the run's end, attached consoles get this long to take the last lines
-_INTERRUPTED_EXIT = 130  # what an attached console reports for a stop (console/exit_codes.py)
+_INTERRUPTED_EXIT = 130  # what an attached console reports for a stop (console/engine/exit_codes.py)
 
 
 def for_link(msg: P.Message) -> dict:

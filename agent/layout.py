@@ -3,7 +3,7 @@
 ::
 
     <home>/.cache/mscon/                 cache_folder(home): the node user's mscon folder
-      agent-<digest>/mscon_agent/        the deployed agent (digest: console/bundle.py)
+      agent-<digest>/mscon_agent/        the deployed agent (digest: console/transport/bundle.py)
       sync/<archive>.tar.gz              synced workdirs (SSH, Slurm)
       runs/<run id>/<node>/              run_folder(): this node's part of one run
         journal.jsonl  state.json        what a later attach and `mscon ls` read (journal.py)

@@ -69,7 +69,7 @@ class Message:
     # files while the console is behind (lifecycle messages are never held back).
     streamed: ClassVar[bool] = False
     # A sample the next one supersedes (metrics, telemetry): a view that lags may skip it
-    # (console/bus.py); log lines and lifecycle messages are never skipped.
+    # (console/engine/bus.py); log lines and lifecycle messages are never skipped.
     sampled: ClassVar[bool] = False
     # Fields kept off the coordinator link (log tails, stacks): the policy never reads them, and
     # the link is authenticated but not encrypted.

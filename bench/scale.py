@@ -321,13 +321,13 @@ def worker_main(path: str, lines_per_s: float, steps_per_s: float, single: bool)
 def console_imports() -> None:
     global AgentChannel, NodeTransport, Supervisor, RunOptions, EventBus, HeadlessReporter  # noqa: PLW0603
     global load_inventory, AgentEvent, NodeUpdate, NodeState, Stopping, LINE_LIMIT  # noqa: PLW0603
-    from mscon.console.bus import EventBus
-    from mscon.console.events import AgentEvent, NodeState, NodeUpdate, Stopping
-    from mscon.console.inventory import load_inventory
-    from mscon.console.reporter import HeadlessReporter
-    from mscon.console.supervisor import RunOptions, Supervisor
+    from mscon.console.config.inventory import load_inventory
+    from mscon.console.engine.bus import EventBus
+    from mscon.console.engine.events import AgentEvent, NodeState, NodeUpdate, Stopping
+    from mscon.console.engine.supervisor import RunOptions, Supervisor
     from mscon.console.transport import AgentChannel, NodeTransport
     from mscon.console.transport.base import LINE_LIMIT
+    from mscon.console.views.headless.reporter import HeadlessReporter
 
 
 def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]) -> Callable[..., Any]:

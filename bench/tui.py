@@ -36,8 +36,8 @@ from mscon.agent.protocol import (  # noqa: E402
     Telemetry,
     TelemetryBatch,
 )
-from mscon.console.bus import EventBus  # noqa: E402
-from mscon.console.events import (  # noqa: E402
+from mscon.console.engine.bus import EventBus  # noqa: E402
+from mscon.console.engine.events import (  # noqa: E402
     AgentEvent,
     AttemptStarted,
     Event,
@@ -46,10 +46,10 @@ from mscon.console.events import (  # noqa: E402
     RankRef,
     RunStarted,
 )
-from mscon.console.tui.app import MsconApp  # noqa: E402
-from mscon.console.tui.feed import Changes  # noqa: E402
-from mscon.console.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
-from mscon.console.tui.widgets.rank_table import RankTable  # noqa: E402
+from mscon.console.views.tui.app import MsconApp  # noqa: E402
+from mscon.console.views.tui.feed import Changes  # noqa: E402
+from mscon.console.views.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
+from mscon.console.views.tui.widgets.rank_table import RankTable  # noqa: E402
 
 BATCH_S = 0.1  # the agent's flush interval
 LINES_PER_S = 20

@@ -3,6 +3,6 @@
 
 import sys
 
-from .cli import main
+from mscon.console.cli.main import main
 
 sys.exit(main())

@@ -3,10 +3,10 @@ local default, a subprocess."""
 
 from __future__ import annotations
 
-from ..inventory import Inventory, NodeSpec
-from .base import AgentChannel, NodeTransport, NodeUnreachable
-from .local import LocalTransport
-from .ssh import SshOptions, SshTransport
+from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.local import LocalTransport
+from mscon.console.transport.ssh import SshOptions, SshTransport
 
 __all__ = ["AgentChannel", "NodeTransport", "NodeUnreachable", "SshOptions", "make_transport"]
 
@@ -14,8 +14,8 @@ __all__ = ["AgentChannel", "NodeTransport", "NodeUnreachable", "SshOptions", "ma
 def make_transport(inv: Inventory, node: NodeSpec, ssh: SshOptions) -> NodeTransport:
     if node.transport == "local":
         return LocalTransport(node)
-    if node.transport == "slurm":  # nodes of an allocation (console/slurm.py): one srun step
-        from .slurm import slurm_transport
+    if node.transport == "slurm":  # nodes of an allocation (console/config/slurm.py): one srun step
+        from mscon.console.transport.slurm import slurm_transport
 
         return slurm_transport(inv, node, ssh.connect_semaphore or inv)
     return SshTransport(node, inv, ssh)

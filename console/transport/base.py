@@ -9,10 +9,9 @@ from pathlib import Path
 
 from mscon.agent import layout
 from mscon.agent.protocol import Message, ProtocolError, decode, encode
-
-from ..bundle import AgentBundle, WorkdirArchive
-from ..inventory import NodeSpec
-from ..safepath import UnsafePath, label, remote_within, within
+from mscon.console.config.inventory import NodeSpec
+from mscon.console.config.safepath import UnsafePath, label, remote_within, within
+from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
 

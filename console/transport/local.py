@@ -14,10 +14,15 @@ import tempfile
 from pathlib import Path
 
 from mscon.agent import layout
-
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_argv, agent_stdin_header
-from ..safepath import is_plain_name, within
-from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.config.safepath import is_plain_name, within
+from mscon.console.transport.base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.bundle import (
+    AGENT_PACKAGE,
+    AgentBundle,
+    WorkdirArchive,
+    agent_argv,
+    agent_stdin_header,
+)
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)

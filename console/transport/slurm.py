@@ -44,11 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from mscon.agent import layout
-
-from ..bundle import AGENT_BOOT, AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_stdin_header
-from ..inventory import Inventory, NodeSpec
-from ..safepath import UnsafePath, is_plain_name, remote_within, within
-from .base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.config.safepath import UnsafePath, is_plain_name, remote_within, within
+from mscon.console.transport.base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.bundle import (
+    AGENT_BOOT,
+    AGENT_PACKAGE,
+    AgentBundle,
+    WorkdirArchive,
+    agent_stdin_header,
+)
 
 PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
 ENV_ADDR = "MSCON_DIAL_ADDR"
@@ -524,7 +529,7 @@ class SlurmTransport(NodeTransport):
         return self.ctl.peer_ip if self.ctl is not None and self.ctl.peer_ip else self.node.host
 
     async def connect(self) -> None:
-        from ..plan import node_python
+        from mscon.console.engine.plan import node_python
 
         self.ctl = await self.launcher.control(self.node, node_python(self.node))
         self.home = self.ctl.home

@@ -17,11 +17,16 @@ from pathlib import Path
 
 import asyncssh
 from mscon.agent import layout
-
-from ..bundle import AGENT_PACKAGE, AgentBundle, WorkdirArchive, agent_command, agent_stdin_header
-from ..inventory import Inventory, NodeSpec, SshSpec
-from ..safepath import is_plain_name, remote_within, within
-from .base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.config.inventory import Inventory, NodeSpec, SshSpec
+from mscon.console.config.safepath import is_plain_name, remote_within, within
+from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.bundle import (
+    AGENT_PACKAGE,
+    AgentBundle,
+    WorkdirArchive,
+    agent_command,
+    agent_stdin_header,
+)
 
 _FETCH_PARALLEL = 8  # files copied back at once
 PREFERRED_CIPHERS = (

@@ -59,8 +59,12 @@ class DetachedAgent:
         self.messages: queue.Queue = queue.Queue()
         self.seen: list[P.Message] = []
         self.stderr = b""
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
         self.until(lambda m: isinstance(m, P.Hello))
 
     def _read(self) -> None:
@@ -143,4 +147,6 @@ class DetachedAgent:
         ranks = self.ps.children(recursive=True) if self.proc.poll() is None else []
         self.proc.kill()
         self.proc.wait(timeout=10)
+        for t in self._readers:
+            t.join(timeout=5)  # its stderr read to the end
         wait_gone(ranks, 10)

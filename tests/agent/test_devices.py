@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import local_inventory, mscon  # noqa: E402
 from mscon.agent import protocol as P  # noqa: E402
 from mscon.agent.devices import sample  # noqa: E402
-from mscon.console.events import from_json  # noqa: E402
+from mscon.console.engine.events import from_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 # index, uuid, name, driver, memory.used MiB, memory.total MiB, utilization %, ECC (GPU_QUERY's order)

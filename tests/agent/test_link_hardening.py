@@ -44,18 +44,20 @@ def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
             return item
 
 
-def _connect(port: int, host: str = "127.0.0.1") -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=5)
+def _connect(port: int, host: str = "127.0.0.1", source: str = "") -> socket.socket:
+    """A TCP connection; from ``source`` when given (another 127/8 address: another host, as the
+    coordinator counts them)."""
+    sock = socket.create_connection((host, port), timeout=5, source_address=(source, 0) if source else None)
     sock.settimeout(5)
     return sock
 
 
-def _nonce(sock: socket.socket) -> dict:
-    """The coordinator's first line: it speaks first, to anyone."""
+def _read_obj(sock: socket.socket) -> dict:
+    """One handshake line from the coordinator (it speaks first, to anyone: its nonce)."""
     line = b""
     while not line.endswith(b"\n"):
         chunk = sock.recv(4096)
-        assert chunk, "closed before the nonce"
+        assert chunk, "closed during the handshake"
         line += chunk
     return json.loads(line)
 
@@ -98,7 +100,7 @@ def test_a_handshake_has_one_deadline_however_slowly_the_peer_drips(
     srv, inbox = server
     sock = _connect(srv.port)
     t0 = time.monotonic()
-    _nonce(sock)
+    _read_obj(sock)
     # One byte of a plausible hello every 0.2 s: each read gets data well within any per-read timeout.
     hello = b'{"node": "node2", "nonce": "' + b"0" * 200
     closed = False
@@ -125,7 +127,7 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     silent = []
     for _ in range(10):
         sock = _connect(srv.port)
-        _nonce(sock)  # taken by the coordinator, in this order
+        _read_obj(sock)  # taken by the coordinator, in this order
         silent.append(sock)
     assert threading.active_count() == threads, "a thread per connection that has not authenticated"
     wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
@@ -138,6 +140,28 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     assert up.send({"type": "stop"})
     link.close()
     for sock in silent:
+        sock.close()
+
+
+def test_a_flood_from_one_address_pushes_out_its_own_connections_not_a_followers(
+    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coord, "PENDING_MAX", 4)
+    srv, inbox = server
+    follower = _connect(srv.port)  # a slow follower: the oldest handshake of all
+    nonce = _read_obj(follower)["nonce"]
+    flood = []
+    for _ in range(20):
+        sock = _connect(srv.port, source="127.0.0.2")
+        _read_obj(sock)
+        flood.append(sock)
+    wait_until(lambda: all(_closed_by_peer(s) for s in flood[:17]), 5, "the flood's oldest closed")
+    assert not _closed_by_peer(follower)
+    mac = coord._mac(SECRET.encode(), "f", nonce, "node2")
+    follower.sendall(json.dumps({"node": "node2", "nonce": "00", "mac": mac}).encode() + b"\n")
+    assert "mac" in _read_obj(follower)  # the coordinator's proof: the follower is in
+    assert _next(inbox, "peer_up")[1].node == "node2"
+    for sock in [follower, *flood]:
         sock.close()
 
 
@@ -158,7 +182,7 @@ def test_garbage_before_the_handshake_is_closed_at_once(
 ) -> None:
     srv, inbox = server
     sock = _connect(srv.port)
-    _nonce(sock)
+    _read_obj(sock)
     t0 = time.monotonic()
     sock.sendall(garbage)
     assert _closed_by_peer(sock, 5.0)
@@ -377,39 +401,40 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
     n0 = DetachedAgent("n0", nofile=1024, handshake_s=3.0)
     n1 = DetachedAgent("n1")
     silent: list[socket.socket] = []
-    stop_drip = threading.Event()
+    refused: list[OSError] = []
+    stop = threading.Event()
+
+    def attack(port: int) -> None:
+        try:
+            for _ in range(1025):  # from another address than the follower's, as from another host
+                silent.append(_connect(port, source="127.0.0.2"))
+        except OSError as exc:
+            refused.append(exc)
+        while not stop.wait(1.0):  # the attack's pace, not a synchronisation
+            for sock in silent:
+                with contextlib.suppress(OSError):
+                    sock.send(b"{")
+
     try:
         r0 = n0.start(tmp_path / "n0", 0)
         n1.start(tmp_path / "n1", 1)
         port = n0.detach(role=P.Role.COORDINATOR, nodes=("n0", "n1")).coordinator_port
         assert port
         threads, fds = n0.threads(), n0.ps.num_fds()
-        for i in range(1025):
-            try:
-                silent.append(_connect(port))
-            except OSError as e:
-                import subprocess as sp
-                print("FAILED AT", i, e, "n0 rc", n0.proc.poll(), "n1 rc", n1.proc.poll(), sp.run(["ss", "-ltnp"], capture_output=True, text=True).stdout)
-                print(sp.run(["nstat", "-az"], capture_output=True, text=True).stdout)
-                raise
-
-        def drip() -> None:
-            while not stop_drip.wait(1.0):  # the attack's pace, not a synchronisation
-                for sock in silent:
-                    with contextlib.suppress(OSError):
-                        sock.send(b"{")
-
-        threading.Thread(target=drip, daemon=True).start()
-        # The follower detaches (dials in) while the flood holds the port.
+        threading.Thread(target=attack, args=(port,), daemon=True).start()
+        wait_until(lambda: len(silent) >= 100 or refused, 10, "the flood under way")
+        # The follower detaches (dials in) while the flood goes on.
         joined = n1.detach(role=P.Role.FOLLOWER, coordinator_host="127.0.0.1", coordinator_port=port)
         assert joined.error == ""
-        peak_threads, peak_fds = 0, 0
         lines_before = sum(len(m.lines) for m in n0.seen if isinstance(m, P.LogBatch))
+        peak_threads, peak_fds = 0, 0
         t_end = time.monotonic() + 6.0  # past the 5 s watchdog: a starved link would be declared lost
-        while time.monotonic() < t_end:
+        while time.monotonic() < t_end or (len(silent) < 1025 and not refused):
             peak_threads = max(peak_threads, n0.threads())
             peak_fds = max(peak_fds, n0.ps.num_fds())
-            time.sleep(0.1)  # sampling pace
+            assert time.monotonic() < t_end + 15, f"the flood opened only {len(silent)} connections"
+            time.sleep(0.1)  # the sampling pace
+        assert not refused, "the coordinator port refused a connection"
         n0.drain()
         n1.drain()
         assert peak_threads <= threads + 1, f"{threads} threads before the flood, {peak_threads} during it"
@@ -417,7 +442,7 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
         lines_during = sum(len(m.lines) for m in n0.seen if isinstance(m, P.LogBatch)) - lines_before
         assert lines_during >= 30, f"r0 printed {lines_during} lines in 6 s at 20 a second"
         assert not [m for m in n0.seen + n1.seen if isinstance(m, (P.Coord, P.ProcExited, P.AgentError))]
-        assert sum(_closed_by_peer(s) for s in silent) == len(silent), "every silent connection closed"
+        wait_until(lambda: all(_closed_by_peer(s) for s in silent), 10, "every silent connection closed")
         # The link carries the policy both ways: r0 fails, the coordinator stops r1 on n1, n1
         # reports its end back, and the coordinator closes the attempt.
         os.kill(r0.pid, signal.SIGKILL)
@@ -425,12 +450,11 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
         assert isinstance(stopped, P.ProcExited) and stopped.stopped_by_agent
         n0.until(lambda m: isinstance(m, P.Coord) and m.kind == P.CoordKind.ATTEMPT_ENDED)
     finally:
-        stop_drip.set()
+        stop.set()
         for sock in silent:
             sock.close()
         n0.kill()
         n1.kill()
         resource.setrlimit(resource.RLIMIT_NOFILE, old)
-        print("N0 STDERR", n0.stderr.decode()[-3000:], [m for m in n0.seen if not isinstance(m, P.LogBatch)][-10:])
     assert b"Traceback" not in n0.stderr
     assert b"out of file descriptors" not in n0.stderr

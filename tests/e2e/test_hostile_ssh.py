@@ -25,9 +25,9 @@ import asyncssh
 import pytest
 from mscon.agent import layout
 from mscon.agent.protocol import CheckResult, ChecksDone, Hello, RunChecks
-from mscon.console.bundle import AGENT_PACKAGE, agent_bundle, agent_command
-from mscon.console.inventory import NodeSpec, SshSpec
+from mscon.console.config.inventory import NodeSpec, SshSpec
 from mscon.console.transport import NodeUnreachable, SshOptions
+from mscon.console.transport.bundle import AGENT_PACKAGE, agent_bundle, agent_command
 from mscon.console.transport.ssh import SshTransport
 from sshd_nodes import SshdCluster, require_sshd, start_sshd_cluster
 

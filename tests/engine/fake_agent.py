@@ -58,9 +58,9 @@ from mscon.agent.protocol import (
     decode,
     encode,
 )
-from mscon.console.bundle import AgentBundle, WorkdirArchive
-from mscon.console.inventory import Inventory, NodeSpec
+from mscon.console.config.inventory import Inventory, NodeSpec
 from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions
+from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 _SIGNUMS = {"SIGHUP": 1, "SIGINT": 2, "SIGABRT": 6, "SIGKILL": 9, "SIGSEGV": 11, "SIGPIPE": 13, "SIGTERM": 15}
 

@@ -21,7 +21,7 @@ from mscon.agent import protocol as wire
 WORKERS = {"r0": "a", "r1": "a", "r2": "b", "r3": "b"}
 NODES = ("a", "b")
 HOSTS: dict[str, dict[str, Any]] = {
-    # console/supervisor.py (a live console: inf; headless: None, see the headless rows)
+    # console/engine/supervisor.py (a live console: inf; headless: None, see the headless rows)
     "console": {"can_reconnect": True, "operator_wait_s": math.inf, "hang_timeout_s": 10.0},
     # agent/detached.py
     "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "hang_timeout_s": 0.0},
@@ -366,7 +366,8 @@ def test_progress_keeps_a_rank_from_being_inspected() -> None:
 
 def test_the_wire_means_the_same_to_both_hosts() -> None:
     exit_msg = wire.ProcExited("b", "r2", 2, 99, None, "SIGKILL", 9, 5, False)
-    assert P.from_message("b", exit_msg, 1.0) == P.RankExited("b", "r2", True, False, False, "killed by SIGKILL", 1.0)
+    killed = P.RankExited("b", "r2", True, False, False, "killed by SIGKILL", 1.0)
+    assert P.from_message("b", exit_msg, 1.0) == killed
     sched = wire.ProcExited("a", "sched", wire.SCHEDULER_RANK, 98, 0, None, None, 5, False)
     assert P.from_message("a", sched, 1.0) == P.RankExited(
         "a", "sched", False, True, False, "exit code 0", 1.0

@@ -46,11 +46,12 @@ from mscon.agent.protocol import (
     Start,
     Stop,
 )
-from mscon.console import exit_codes
-from mscon.console import session as session_mod
-from mscon.console import supervisor as supervisor_mod
-from mscon.console.commands import RestartGroup, StopJob
-from mscon.console.events import (
+from mscon.console.config.inventory import Inventory, load_inventory
+from mscon.console.engine import exit_codes
+from mscon.console.engine import session as session_mod
+from mscon.console.engine import supervisor as supervisor_mod
+from mscon.console.engine.commands import RestartGroup, StopJob
+from mscon.console.engine.events import (
     AgentEvent,
     AttemptEnded,
     AttemptOutcome,
@@ -71,9 +72,8 @@ from mscon.console.events import (
     from_json,
     to_json,
 )
-from mscon.console.inventory import Inventory, load_inventory
-from mscon.console.state import ClusterState
-from mscon.console.supervisor import RunOptions, Supervisor
+from mscon.console.engine.state import ClusterState
+from mscon.console.engine.supervisor import RunOptions, Supervisor
 
 E = TypeVar("E", bound=Event)
 

@@ -1,4 +1,4 @@
-"""What mscon takes from Textual beyond its public API is all in console/tui/textual_compat.py; these
+"""What mscon takes from Textual beyond its public API is all in console/views/tui/textual_compat.py; these
 tests fail, naming the attribute and the installed Textual version, when an upgrade breaks it."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from mscon.console import tui
-from mscon.console.tui import textual_compat
+from mscon.console.views import tui
+from mscon.console.views.tui import textual_compat
 from packaging.requirements import Requirement
 
 # Attributes Textual's metaclasses, __init_subclass__ and abc put on every subclass: not ours.

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from conftest import kill_run, run_processes, wait_gone
 from mscon.agent import layout
-from mscon.console.attach import Attacher, AttachOptions
-from mscon.console.commands import StopJob
-from mscon.console.events import JobState
-from mscon.console.inventory import load_inventory
-from mscon.console.runrecord import read_record
-from mscon.console.tui.app import MsconApp
-from mscon.console.tui.screens.modals import ConfirmScreen, QuitScreen
-from mscon.console.tui.source import LiveSource
+from mscon.console.config.inventory import load_inventory
+from mscon.console.detach.attach import Attacher, AttachOptions
+from mscon.console.detach.record import read_record
+from mscon.console.engine.commands import StopJob
+from mscon.console.engine.events import JobState
+from mscon.console.views.tui.app import MsconApp
+from mscon.console.views.tui.screens.modals import ConfirmScreen, QuitScreen
+from mscon.console.views.tui.source import LiveSource
 from test_tui_live import all_running, live_app
 from tui_helpers import SIZE, shows, wait_for
 

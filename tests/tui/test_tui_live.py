@@ -9,13 +9,13 @@ import signal
 from pathlib import Path
 
 from conftest import REPO, free_port, run_processes, wait_gone, write_inventory
-from mscon.console.events import JobState, RankState
-from mscon.console.inventory import load_inventory
-from mscon.console.supervisor import RunOptions, Supervisor
-from mscon.console.tui.app import MsconApp
-from mscon.console.tui.screens.modals import ConfirmScreen, QuitScreen
-from mscon.console.tui.source import LiveSource
-from mscon.console.tui.widgets.rank_pane import RankPane
+from mscon.console.config.inventory import load_inventory
+from mscon.console.engine.events import JobState, RankState
+from mscon.console.engine.supervisor import RunOptions, Supervisor
+from mscon.console.views.tui.app import MsconApp
+from mscon.console.views.tui.screens.modals import ConfirmScreen, QuitScreen
+from mscon.console.views.tui.source import LiveSource
+from mscon.console.views.tui.widgets.rank_pane import RankPane
 from tui_helpers import SIZE, screen_text, show_devices, shows, wait_for
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from mscon.console.events import Event, StragglerCleared, StragglerFlagged
-from mscon.console.tui.screens.main import MainScreen
-from mscon.console.tui.screens.modals import ConfirmScreen, HelpScreen
-from mscon.console.tui.screens.rank import RankScreen
-from mscon.console.tui.source import ReplaySource, event_time_ns
-from mscon.console.tui.widgets.log_view import LogView
-from mscon.console.tui.widgets.rank_pane import RankPane
-from mscon.console.tui.widgets.rank_table import Column, RankTable
+from mscon.console.engine.events import Event, StragglerCleared, StragglerFlagged
+from mscon.console.views.tui.screens.main import MainScreen
+from mscon.console.views.tui.screens.modals import ConfirmScreen, HelpScreen
+from mscon.console.views.tui.screens.rank import RankScreen
+from mscon.console.views.tui.source import ReplaySource, event_time_ns
+from mscon.console.views.tui.widgets.log_view import LogView
+from mscon.console.views.tui.widgets.rank_pane import RankPane
+from mscon.console.views.tui.widgets.rank_table import Column, RankTable
 from textual.command import CommandPalette
 from textual.widgets import TabbedContent
 from tui_helpers import (

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
-from mscon.console.tui.app import MsconApp
-from mscon.console.tui.screens.modals import HelpScreen
-from mscon.console.tui.screens.rank import RankScreen
-from mscon.console.tui.widgets.log_view import LogView
+from mscon.console.views.tui.app import MsconApp
+from mscon.console.views.tui.screens.modals import HelpScreen
+from mscon.console.views.tui.screens.rank import RankScreen
+from mscon.console.views.tui.widgets.log_view import LogView
 from textual.pilot import Pilot
 from tui_helpers import replay_app, settled, show_devices, show_tab, wait_for
 

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 from mscon.agent.protocol import Metric
-from mscon.console.state import RankView
-from mscon.console.stragglers import StepTimes, StragglerPolicy, find_stragglers
-from mscon.console.tui.feed import ClusterSeries
-from mscon.console.tui.filtering import rank_filter
-from mscon.console.tui.linestore import LineStore
-from mscon.console.tui.widgets.log_view import line_style
+from mscon.console.engine.state import RankView
+from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers
+from mscon.console.views.tui.feed import ClusterSeries
+from mscon.console.views.tui.filtering import rank_filter
+from mscon.console.views.tui.linestore import LineStore
+from mscon.console.views.tui.widgets.log_view import line_style
 from tui_helpers import DATA
 
 
@@ -111,9 +111,9 @@ def test_cli_replay_and_up_need_a_terminal(tmp_path: Path) -> None:
 
 def test_rank_table_rows_render_as_their_text_would() -> None:
     """The table builds its rows as segments (no Text per cell): same cells, cuts and styles."""
-    from mscon.console.events import RankState
-    from mscon.console.tui import fmt
-    from mscon.console.tui.widgets.rank_table import _line, _segments, _sig
+    from mscon.console.engine.events import RankState
+    from mscon.console.views.tui import fmt
+    from mscon.console.views.tui.widgets.rank_table import _line, _segments, _sig
     from rich.console import Console
     from rich.segment import Segment
     from rich.text import Text
@@ -149,9 +149,9 @@ def test_rank_table_rows_render_as_their_text_would() -> None:
 
 
 def test_start_up_phases_follow_the_recording() -> None:
-    from mscon.console.events import AttemptStarted, NodeState, NodeUpdate, RunStarted
-    from mscon.console.state import ClusterState
-    from mscon.console.tui.startup import phases, starting
+    from mscon.console.engine.events import AttemptStarted, NodeState, NodeUpdate, RunStarted
+    from mscon.console.engine.state import ClusterState
+    from mscon.console.views.tui.startup import phases, starting
     from tui_helpers import recording
 
     state = ClusterState()
@@ -172,8 +172,8 @@ def test_start_up_phases_follow_the_recording() -> None:
 
 
 def test_nodes_keep_the_host_they_were_given() -> None:
-    from mscon.console.events import RunStarted
-    from mscon.console.state import ClusterState
+    from mscon.console.engine.events import RunStarted
+    from mscon.console.engine.state import ClusterState
 
     state = ClusterState()
     state.apply(RunStarted(0, "r", "inv.yaml", ("a", "b"), 4, "/tmp/x", hosts=("node-a", "10.0.0.2")))

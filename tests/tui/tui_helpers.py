@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mscon.agent.protocol import Metric
-from mscon.console.events import AgentEvent, Event
-from mscon.console.recorder import read_events
-from mscon.console.tui.app import MsconApp
-from mscon.console.tui.source import ReplaySource
+from mscon.console.engine.events import AgentEvent, Event
+from mscon.console.views.headless.recorder import read_events
+from mscon.console.views.tui.app import MsconApp
+from mscon.console.views.tui.source import ReplaySource
 from textual.app import App
 from textual.pilot import Pilot
 
@@ -80,7 +80,7 @@ async def show_tab(pilot: Pilot[object], key: str, tab: str) -> None:
 
 
 async def show_devices(pilot: Pilot[object], panes: int) -> None:
-    from mscon.console.tui.widgets.rank_pane import RankPane
+    from mscon.console.views.tui.widgets.rank_pane import RankPane
 
     app = pilot.app
     assert isinstance(app, MsconApp)

@@ -1,4 +1,4 @@
-"""Ending tasks without swallowing the caller's own cancellation (console/aio.py, and its use in the
+"""Ending tasks without swallowing the caller's own cancellation (console/engine/aio.py, and its use in the
 session's close, release and request)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from mscon.agent.protocol import Ping, Resolved
-from mscon.console.aio import cancel_and_wait, wait_or_cancel
-from mscon.console.session import ClusterSession, NodeLink
+from mscon.console.engine.aio import cancel_and_wait, wait_or_cancel
+from mscon.console.engine.session import ClusterSession, NodeLink
 
 
 async def _slow_to_stop(stopping: asyncio.Event, release: asyncio.Event) -> None:

@@ -17,7 +17,9 @@ import mscon.agent
 import pytest
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import Hello
-from mscon.console.bundle import (
+from mscon.console.config.inventory import NodeSpec
+from mscon.console.transport.base import printable
+from mscon.console.transport.bundle import (
     AGENT_BOOT,
     AGENT_COMMAND,
     AGENT_PACKAGE,
@@ -28,8 +30,6 @@ from mscon.console.bundle import (
     agent_stdin_header,
     workdir_archive,
 )
-from mscon.console.inventory import NodeSpec
-from mscon.console.transport.base import printable
 from mscon.console.transport.local import LocalTransport
 
 

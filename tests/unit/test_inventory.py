@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from mscon.console import inventory as inventory_module
-from mscon.console.inventory import HangSpec, InventoryError, RestartSpec, load_inventory
-from mscon.console.validate import validate_main
+from mscon.console.cli.validate import validate_main
+from mscon.console.config import inventory as inventory_module
+from mscon.console.config.inventory import HangSpec, InventoryError, RestartSpec, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "inventory").glob("*.yaml"))
@@ -380,7 +380,7 @@ def test_validate_main(tmp_path: Path) -> None:
 
 
 def test_validate_main_survives_a_loader_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mscon.console.validate as validate_module
+    import mscon.console.cli.validate as validate_module
 
     def broken(path: str) -> None:
         raise ZeroDivisionError("boom\nline two")
@@ -394,7 +394,8 @@ def test_validate_main_survives_a_loader_bug(monkeypatch: pytest.MonkeyPatch) ->
 def test_validate_main_as_a_process(tmp_path: Path) -> None:
     bad = _write(tmp_path, GOOD.replace("name: t", 'name: "\\e[31mred"'))
     code = (
-        "import sys; from mscon.console.validate import validate_main; sys.exit(validate_main(sys.argv[1:]))"
+        "import sys; from mscon.console.cli.validate import validate_main; "
+        "sys.exit(validate_main(sys.argv[1:]))"
     )
     import_root = Path(inventory_module.__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(import_root), os.environ.get("PYTHONPATH", "")])}

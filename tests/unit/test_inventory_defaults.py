@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from mscon.agent.policy import DEFAULT_GRACE_S
-from mscon.console.inventory import Inventory, InventoryError, RestartSpec, StopSpec, load_inventory
+from mscon.console.config.inventory import Inventory, InventoryError, RestartSpec, StopSpec, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 

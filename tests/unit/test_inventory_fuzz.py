@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mscon.console import inventory as inventory_module
-from mscon.console.inventory import InventoryError, load_inventory
+from mscon.console.config import inventory as inventory_module
+from mscon.console.config.inventory import InventoryError, load_inventory
 
 DELETE = object()
 Tree = dict[str, Any]
@@ -641,7 +641,7 @@ def test_nothing_escapes_the_loader(monkeypatch: pytest.MonkeyPatch, work: Path)
 
 
 SUBPROCESS_CODE = (
-    "import sys; from mscon.console.validate import validate_main; sys.exit(validate_main(sys.argv[1:]))"
+    "import sys; from mscon.console.cli.validate import validate_main; sys.exit(validate_main(sys.argv[1:]))"
 )
 
 

@@ -94,8 +94,8 @@ def test_start_and_stop_always_carry_the_grace() -> None:
 
 
 def test_a_lagging_view_skips_samples_but_never_log_lines_or_exits() -> None:
-    from mscon.console.bus import Subscription
-    from mscon.console.events import AgentEvent
+    from mscon.console.engine.bus import Subscription
+    from mscon.console.engine.events import AgentEvent
 
     sub = Subscription("view", lag_limit=1, hard_limit=100)
     log = P.LogBatch(node="n", name="r0", rank=0, seq=0, lines=("x",), ts_ns=1)

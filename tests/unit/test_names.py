@@ -8,11 +8,11 @@ import os
 
 import pytest
 from mscon.agent import protocol as P
-from mscon.console.events import AgentEvent, AttemptStarted, FailureKind, RankRef
-from mscon.console.inventory import load_inventory_or_default
-from mscon.console.plan import build_plan
-from mscon.console.reporter import HeadlessReporter
-from mscon.console.state import ClusterState, describe, who_is
+from mscon.console.config.inventory import load_inventory_or_default
+from mscon.console.engine.events import AgentEvent, AttemptStarted, FailureKind, RankRef
+from mscon.console.engine.plan import build_plan
+from mscon.console.engine.state import ClusterState, describe, who_is
+from mscon.console.views.headless.reporter import HeadlessReporter
 
 
 def test_rank_names_round_trip() -> None:

@@ -33,13 +33,12 @@ from mscon.agent.protocol import (  # noqa: E402
     RunChecks,
     Start,
 )
-from mscon.console import check_report, exit_codes  # noqa: E402
-from mscon.console import checks_console as cc  # noqa: E402
-from mscon.console import preflight as preflight_mod  # noqa: E402
-from mscon.console import session as session_mod  # noqa: E402
-from mscon.console import supervisor as supervisor_mod  # noqa: E402
-from mscon.console.commands import StopJob  # noqa: E402
-from mscon.console.events import (  # noqa: E402
+from mscon.console.config.inventory import load_inventory  # noqa: E402
+from mscon.console.engine import exit_codes  # noqa: E402
+from mscon.console.engine import session as session_mod  # noqa: E402
+from mscon.console.engine import supervisor as supervisor_mod  # noqa: E402
+from mscon.console.engine.commands import StopJob  # noqa: E402
+from mscon.console.engine.events import (  # noqa: E402
     CheckReported,
     ChecksFinished,
     CheckStatus,
@@ -49,10 +48,12 @@ from mscon.console.events import (  # noqa: E402
     from_json,
     to_json,
 )
-from mscon.console.inventory import load_inventory  # noqa: E402
-from mscon.console.preflight import Preflight, PreflightOptions  # noqa: E402
-from mscon.console.state import ClusterState  # noqa: E402
-from mscon.console.supervisor import RunOptions, Supervisor  # noqa: E402
+from mscon.console.engine.state import ClusterState  # noqa: E402
+from mscon.console.engine.supervisor import RunOptions, Supervisor  # noqa: E402
+from mscon.console.preflight import checks as cc  # noqa: E402
+from mscon.console.preflight import report as check_report  # noqa: E402
+from mscon.console.preflight import runner as preflight_mod  # noqa: E402
+from mscon.console.preflight.runner import Preflight, PreflightOptions  # noqa: E402
 
 OK, WARN, FAIL, NA = CheckStatus.OK, CheckStatus.WARN, CheckStatus.FAIL, CheckStatus.NA
 
@@ -271,7 +272,7 @@ def test_cpu_sweep_reports_bus_bandwidth_without_the_hardware_note() -> None:
 
 
 def test_the_smoke_script_sweeps_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mscon.console.smoke_allreduce as smoke
+    import mscon.console.preflight.smoke as smoke
 
     assert smoke.sweep_sizes(0) == ()
     assert smoke.sweep_sizes(2**20) == (1024, 4096, 16384, 65536, 262144, 1048576)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mscon.console.replicas import ReplicaWatch
+from mscon.console.engine.replicas import ReplicaWatch
 
 
 def test_agreeing_replicas_are_quiet() -> None:

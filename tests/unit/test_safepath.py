@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 from mscon.agent import layout
-from mscon.console.inventory import NodeSpec, SshSpec
-from mscon.console.safepath import UnsafePath, is_plain_name, label, remote_within, within
+from mscon.console.config.inventory import NodeSpec, SshSpec
+from mscon.console.config.safepath import UnsafePath, is_plain_name, label, remote_within, within
 from mscon.console.transport.local import LocalTransport
 from mscon.console.transport.ssh import SshOptions, SshTransport
 

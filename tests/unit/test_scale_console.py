@@ -9,11 +9,11 @@ import random
 from pathlib import Path
 
 from mscon.agent import protocol as P
-from mscon.console.bus import EventBus
-from mscon.console.events import AgentEvent, AttemptStarted, RankRef, RunStarted
-from mscon.console.reporter import HeadlessReporter
-from mscon.console.state import ClusterState, RankView
-from mscon.console.stragglers import StepTimes, StragglerPolicy, find_stragglers, stragglers_of
+from mscon.console.engine.bus import EventBus
+from mscon.console.engine.events import AgentEvent, AttemptStarted, RankRef, RunStarted
+from mscon.console.engine.state import ClusterState, RankView
+from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers, stragglers_of
+from mscon.console.views.headless.reporter import HeadlessReporter
 
 NODE = "n1"
 RANKS = [RankRef("sched", NODE, -1)] + [RankRef(f"r{i}", NODE, i) for i in range(4)]
@@ -131,7 +131,7 @@ def test_lines_shown_by_the_detaching_console_carry_on_the_count() -> None:
     """An attach starts each rank's count where the detaching console stopped printing (its record),
     through the reducer: the replay that follows is not a gap, and a later detach records at least
     as far, even when no line came meanwhile."""
-    from mscon.console.events import LinesShown, from_json, to_json
+    from mscon.console.engine.events import LinesShown, from_json, to_json
 
     st = _state()
     shown = LinesShown(0, (("r0", 120), ("r1", 7), ("nobody", 3)))

@@ -9,7 +9,7 @@ import math
 import pytest
 from mscon.agent import protocol as P
 from mscon.agent.tail import LineMetrics
-from mscon.console.events import AgentEvent, from_json, to_json
+from mscon.console.engine.events import AgentEvent, from_json, to_json
 
 
 def _metric(step: int, **kw: object) -> P.Metric:

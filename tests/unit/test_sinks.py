@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mscon.agent import protocol as P
-from mscon.console.bus import CONSOLE_ERR, EventBus
-from mscon.console.events import AgentEvent, Event, JobState, Notice, RunFinished, RunResult
-from mscon.console.reporter import HeadlessReporter
+from mscon.console.engine.bus import CONSOLE_ERR, EventBus
+from mscon.console.engine.events import AgentEvent, Event, JobState, Notice, RunFinished, RunResult
+from mscon.console.views.headless.reporter import HeadlessReporter
 
 NODE = "n1"
 

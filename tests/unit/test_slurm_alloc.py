@@ -1,4 +1,4 @@
-"""Allocation discovery (console/slurm.py) and ``nodes: {from: slurm}``, without a Slurm cluster:
+"""Allocation discovery (console/config/slurm.py) and ``nodes: {from: slurm}``, without a Slurm cluster:
 ``scontrol`` and ``squeue`` are small stand-ins on PATH that answer like Slurm 22.05 does."""
 
 from __future__ import annotations
@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mscon.console.inventory import InventoryError, load_inventory
-from mscon.console.slurm import SLURM_TRANSPORT, SlurmError, apply_allocation, devices_per_node, discover
+from mscon.console.config.inventory import InventoryError, load_inventory
+from mscon.console.config.slurm import (
+    SLURM_TRANSPORT,
+    SlurmError,
+    apply_allocation,
+    devices_per_node,
+    discover,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mscon.agent import dial, layout
-from mscon.console.inventory import load_inventory
+from mscon.console.config.inventory import load_inventory
 from mscon.console.transport import slurm as st
 
 REPO = Path(__file__).resolve().parents[2]

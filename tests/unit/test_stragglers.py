@@ -6,7 +6,7 @@ import io
 import os
 
 from mscon.agent.protocol import Metric, MetricBatch, ProcExited, ProcStarted
-from mscon.console.events import (
+from mscon.console.engine.events import (
     AgentEvent,
     AttemptStarted,
     Event,
@@ -21,9 +21,9 @@ from mscon.console.events import (
     from_json,
     to_json,
 )
-from mscon.console.reporter import HeadlessReporter, format_summary
-from mscon.console.state import ClusterState
-from mscon.console.stragglers import StepTimes, StragglerPolicy, StragglerWatch
+from mscon.console.engine.state import ClusterState
+from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, StragglerWatch
+from mscon.console.views.headless.reporter import HeadlessReporter, format_summary
 
 
 def started(n: int, attempt: int = 0, state: ClusterState | None = None) -> ClusterState:

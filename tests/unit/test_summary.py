@@ -1,12 +1,12 @@
-"""The one writer of a run's summary JSON (console/summary.py)."""
+"""The one writer of a run's summary JSON (console/engine/summary.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mscon.console.events import JobState, RunResult
-from mscon.console.summary import SUMMARY_JSON, add_to_summary, summary_file, write_summary
+from mscon.console.engine.events import JobState, RunResult
+from mscon.console.engine.summary import SUMMARY_JSON, add_to_summary, summary_file, write_summary
 
 
 def _result() -> RunResult:
@@ -32,4 +32,3 @@ def test_nothing_is_added_where_no_summary_was_written(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("[1, 2]", encoding="utf-8")
     assert not add_to_summary(tmp_path / "bad.json", preflight={})
     assert not (tmp_path / "none.json").exists()
-

@@ -1,0 +1,1 @@
+"""The command line: `mscon run | up | check | validate | replay | attach | ls | logs | stop`."""

@@ -1,0 +1,429 @@
+"""``mscon``: the command line. The only place that maps outcomes to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from mscon.agent.layout import LOGS_DIR
+from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
+from mscon.console.engine import exit_codes
+from mscon.console.engine.commands import StopJob
+from mscon.console.engine.events import RunResult
+from mscon.console.engine.summary import add_to_summary, summary_file
+from mscon.console.engine.supervisor import RunOptions, Supervisor
+from mscon.console.preflight.report import CheckReporter, preflight_record
+from mscon.console.preflight.runner import Preflight, PreflightOptions, all_check_names, known_check
+from mscon.console.views.headless.recorder import EventRecorder
+from mscon.console.views.headless.reporter import HeadlessReporter
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mscon")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_SLURM_HELP = (
+    "the nodes of the Slurm allocation this runs in (salloc, sbatch), reached through srun "
+    "(as nodes: {from: slurm} in the inventory)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mscon",
+        description="A cluster console for MindSpore distributed training.",
+        epilog="Exit codes: 0 ok, 2 usage/inventory error, 3 preflight failed, 4 node unreachable, "
+        "130 interrupted; a failed run exits with its root-cause rank's code (128 + signal).",
+    )
+    parser.add_argument("--version", action="version", version=f"mscon {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        aliases=["up"],  # mscon up: the same run, always in the live console (needs a terminal)
+        help="launch the job of an inventory on every node and follow it (up: in the live console)",
+        description="Launch the inventory's job (or the script given after --) on every node, stream "
+        "every rank's output, stop everything when a rank fails, and fetch the logs.",
+        usage="mscon run [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
+    )
+    run.add_argument(
+        "inventory",
+        nargs="?",
+        help="inventory YAML (default: the embedded local inventory: ranks on this machine)",
+    )
+    run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
+    run.add_argument("--json", metavar="PATH", type=Path, help="also write the run summary as JSON to PATH")
+    run.add_argument(
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
+    )
+    run.add_argument("--run-id", help="use this run id instead of a generated one")
+    run.add_argument("--workdir", type=Path, help="override job.workdir (synced to the nodes)")
+    run.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust and record host keys of hosts not yet in known_hosts (changed keys are still refused)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart the whole group from its latest checkpoint up to N times "
+        "(default: restart.max_restarts)",
+    )
+    run.add_argument(
+        "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
+    )
+    run.add_argument("-q", "--quiet", action="store_true", help="fewer mscon status lines")
+    run.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=1.3,
+        metavar="F",
+        help="the console marks a rank whose step time is F x the others' median (default 1.3)",
+    )
+    run.add_argument(
+        "--straggler-window",
+        type=int,
+        default=20,
+        metavar="N",
+        help="... over its last N steps (default 20)",
+    )
+    run.add_argument(
+        "--skip-check",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="launch even if this preflight check fails (repeatable; recorded in the summary)",
+    )
+    run.add_argument("--no-check", action="store_true", help="launch without the quick preflight checks")
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the run, then leave it going on the nodes with no console (mscon attach RUN_ID)",
+    )
+    run.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
+    check = sub.add_parser(
+        "check",
+        help="run the preflight checks on every node, start nothing",
+        description="Check every node of the inventory in parallel (Python, MindSpore, devices, shared "
+        "memory, limits, disk, the scheduler port, interfaces, environment, clocks, a TCP mesh between "
+        "the nodes, the job's arguments) and run a real AllReduce over every rank. Exit 0 (warnings "
+        "printed), 3 if a check failed, 4 if a node could not be reached.",
+        usage="mscon check [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
+    )
+    check.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
+    check.add_argument("--json", metavar="PATH", type=Path, help="also write every result as JSON to PATH")
+    check.add_argument(
+        "--skip-check", action="append", default=[], metavar="NAME", help="do not run this check (repeatable)"
+    )
+    check.add_argument(
+        "--quick", action="store_true", help="only the quick checks (what mscon run does first)"
+    )
+    check.add_argument(
+        "--collective",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the AllReduce smoke test over every rank (default: on)",
+    )
+    check.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after the AllReduce, its bus bandwidth from 1 KiB up (default: on GPU/Ascend, off on CPU)",
+    )
+    check.add_argument("--workdir", type=Path, help="override job.workdir")
+    check.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
+    check.add_argument(
+        "--logs-dir",
+        metavar="DIR",
+        type=Path,
+        default=Path(LOGS_DIR),
+        help="where a failed smoke test's logs are kept",
+    )
+    check.add_argument(
+        "--accept-new-host-keys", action="store_true", help="trust and record host keys of new hosts"
+    )
+    check.add_argument(
+        "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
+    )
+    replay = sub.add_parser(
+        "replay",
+        help="replay a recorded run (--events) in the live console",
+        description="Feed a recording of console events into the console at --speed x real time.",
+    )
+    replay.add_argument("recording", metavar="EVENTS.jsonl", type=Path)
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="x real time (default 1; 0: as fast as possible)"
+    )
+    from mscon.console.cli.runs import add_parsers
+
+    add_parsers(sub)
+    validate = sub.add_parser(
+        "validate",
+        help="check inventories without connecting anywhere",
+        description="Load and lint inventories offline; exit 0 if all are valid, else 2.",
+    )
+    validate.add_argument("inventories", nargs="+", metavar="INVENTORY")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    user_cmd: list[str] | None = None
+    if "--" in argv:
+        i = argv.index("--")
+        argv, user_cmd = argv[:i], argv[i + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return exit_codes.USAGE
+    if args.command in ("run", "up"):
+        return _run(parser, args, user_cmd)
+    if args.command == "replay":
+        from mscon.console.views.tui.launch import replay_main
+
+        return replay_main(args.recording, args.speed)
+    if args.command == "check":
+        return _check(args, user_cmd)
+    if args.command == "validate":
+        from mscon.console.cli.validate import validate_main
+
+        return validate_main(args.inventories)
+    if args.command in ("attach", "stop", "logs"):
+        from mscon.console.cli.runs import attach_main
+
+        return attach_main(args, args.command)
+    if args.command == "ls":
+        from mscon.console.cli.runs import ls_main
+
+        return ls_main(args)
+    parser.error(f"unknown command {args.command}")
+    return exit_codes.USAGE
+
+
+def _usage_error(message: str) -> int:
+    print(f"mscon: error: {message}", file=sys.stderr)
+    return exit_codes.USAGE
+
+
+Job = tuple[Inventory, str | None, tuple[str, ...] | None]
+
+
+def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
+    """The inventory with --workdir applied, and the script and arguments given after --; or an
+    exit code after a one-line error."""
+    try:
+        inv = load_inventory_or_default(args.inventory)
+    except InventoryError as exc:
+        print(str(exc), file=sys.stderr)
+        return exit_codes.USAGE
+    if args.slurm or inv.slurm is not None:
+        if getattr(args, "detach", False):
+            # srun's step ends with the console (and cgroup tracking ends every process in it).
+            return _usage_error("--detach: not with Slurm nodes (the srun step ends with the console)")
+        from mscon.console.config.slurm import SlurmError, apply_allocation
+
+        try:
+            inv = apply_allocation(inv)
+        except SlurmError as exc:
+            return _usage_error(str(exc))
+    if args.workdir is not None:
+        workdir = args.workdir.resolve()
+        if not workdir.is_dir():
+            return _usage_error(f"--workdir: no such directory: {args.workdir}")
+        inv = dataclasses.replace(inv, job=dataclasses.replace(inv.job, workdir=workdir))
+    script = args_tuple = None
+    if user_cmd is not None:
+        if not user_cmd:
+            return _usage_error("nothing after --: give a script, e.g. -- train.py --epochs 1")
+        script = _script_in_workdir(user_cmd[0], inv.job.workdir)
+        if script is None:
+            return _usage_error(
+                f"script {user_cmd[0]} is not a file inside the job workdir {inv.job.workdir} "
+                "(the workdir is what gets synced to the nodes; set --workdir or job.workdir)"
+            )
+        args_tuple = tuple(user_cmd[1:])
+    return inv, script, args_tuple
+
+
+def _skip_checks(names: list[str]) -> tuple[str, ...] | int:
+    unknown = [n for n in names if not known_check(n)]
+    if unknown:
+        return _usage_error(
+            f"--skip-check {unknown[0]}: no such check; checks: {', '.join(all_check_names())} "
+            "(or one result of them, e.g. limits.nofile)"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+    job = _job(args, user_cmd)
+    if isinstance(job, int):
+        return job
+    inv, script, args_tuple = job
+    args.tui = _wants_tui(args) and not args.detach
+    if args.command == "up" and not args.tui:
+        return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
+    if args.run_id is not None and (args.logs_dir / args.run_id).exists():
+        return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
+    if not (1.0 < args.straggler_factor <= 100.0 and 2 <= args.straggler_window <= 10_000):
+        return _usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
+    if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
+        return _usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
+    skip = _skip_checks(args.skip_check)
+    if isinstance(skip, int):
+        return skip
+    preflight = None
+    if not args.no_check:
+        preflight = Preflight(
+            PreflightOptions(quick=True, skip=skip, shm_path=os.environ.get("MSCON_SHM_PATH") or None)
+        )
+    options = RunOptions(
+        script=script,
+        args=args_tuple,
+        run_id=args.run_id,
+        logs_root=args.logs_dir,
+        accept_new_host_keys=args.accept_new_host_keys,
+        max_restarts=args.max_restarts,
+        preflight=preflight,
+        detach=args.detach,
+        # A live console keeps a failed run for its operator (r restarts, q ends); headless ends it.
+        operator_wait_s=math.inf if args.tui else None,
+        straggler_factor=args.straggler_factor,
+        straggler_window=args.straggler_window,
+    )
+    try:
+        return asyncio.run(_run_engine(inv, options, args))
+    except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
+        return exit_codes.INTERRUPTED
+
+
+def _wants_tui(args: argparse.Namespace) -> bool:
+    """The live console at a terminal; headless with --no-tui or when not a terminal."""
+    if args.no_tui and args.command != "up":
+        return False
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _script_in_workdir(given: str, workdir: Path) -> str | None:
+    """The script's path relative to the workdir, or None if it is not a file inside it."""
+    for candidate in (workdir / given, Path(given)):
+        path = candidate.resolve()
+        if path.is_file():
+            try:
+                return path.relative_to(workdir).as_posix()
+            except ValueError:
+                continue
+    return None
+
+
+async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    sup = Supervisor(inv, options)
+    if args.tui:
+        from mscon.console.views.tui.launch import run_live
+
+        return await run_live(sup, args)
+
+    def output_closed() -> None:  # from the stdout thread
+        stop = StopJob("output closed (stdout)", exit_codes.OUTPUT_CLOSED)
+        loop.call_soon_threadsafe(sup.submit, stop)
+
+    reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet, on_output_closed=output_closed)
+    sup.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
+    checks = None
+    if options.preflight is not None:
+        checks = CheckReporter(full=False)
+        sup.bus.add_sink("checks", checks.handle)
+    result = await _supervise(sup, args, loop)
+    if checks is not None and checks.finished is not None:
+        record = preflight_record(checks.results, checks.finished)
+        # The run's summary (summary.json, --json) also says what preflight found and skipped; where
+        # no summary was written, the run said why.
+        for path in (summary_file(sup.logs_dir), args.json):
+            if path is not None:
+                add_to_summary(path, preflight=record)
+    return result.exit_code
+
+
+def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+    job = _job(args, user_cmd)
+    if isinstance(job, int):
+        return job
+    inv, script, args_tuple = job
+    skip = _skip_checks(args.skip_check)
+    if isinstance(skip, int):
+        return skip
+    preflight = Preflight(
+        PreflightOptions(
+            quick=args.quick,
+            collective=args.collective and not args.quick,
+            sweep=args.sweep,
+            skip=skip,
+            checks_only=True,
+            shm_path=os.environ.get("MSCON_SHM_PATH") or None,
+            smoke_logs_root=args.logs_dir,
+        )
+    )
+    # A check leaves nothing behind: its own run folder (a summary of no ranks) goes when it ends.
+    logs_root = Path(tempfile.mkdtemp(prefix="mscon-check-"))
+    options = RunOptions(
+        script=script,
+        args=args_tuple,
+        logs_root=logs_root,
+        accept_new_host_keys=args.accept_new_host_keys,
+        preflight=preflight,
+    )
+    try:
+        return asyncio.run(_check_engine(inv, options, args))
+    except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
+        return exit_codes.INTERRUPTED
+    finally:
+        shutil.rmtree(logs_root, ignore_errors=True)
+
+
+async def _supervise(sup: Supervisor, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> RunResult:
+    """Run the supervisor with the recorder (--events) attached and Ctrl-C/SIGTERM as StopJob."""
+    recorder = None
+    if args.events is not None:
+        recorder = EventRecorder(args.events)
+        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
+    for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
+        loop.add_signal_handler(sig, sup.submit, StopJob(why))
+    try:
+        return await sup.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    sup = Supervisor(inv, options)
+    reporter = CheckReporter(full=True)
+    sup.bus.add_sink("checks", reporter.handle)
+    result = await _supervise(sup, args, loop)
+    if args.json is not None:
+        doc = reporter.document(result)
+        assert options.preflight is not None
+        doc["preflight_s"] = options.preflight.wall_s  # the checks alone, without connecting
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""``mscon attach``, ``mscon stop``, ``mscon logs`` and ``mscon ls``: runs that outlive a console."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from mscon.agent.layout import LOGS_DIR
+from mscon.agent.protocol import LogBatch, RunInfo
+from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
+from mscon.console.config.safepath import UnsafePath, label
+from mscon.console.detach.attach import Attacher, AttachOptions
+from mscon.console.detach.record import DetachRecord, read_record
+from mscon.console.engine import exit_codes
+from mscon.console.engine.commands import DetachRun
+from mscon.console.engine.events import AgentEvent, Event, RunFinished
+from mscon.console.engine.plan import build_plan
+from mscon.console.engine.session import ClusterSession
+from mscon.console.transport.base import printable
+from mscon.console.views.headless.reporter import HeadlessReporter, StdoutWriter
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    attach = sub.add_parser(
+        "attach",
+        help="reconnect to a detached run and follow it (live console at a terminal)",
+        description="Reconnect to every node of a detached run, replay what this console has not "
+        "shown yet (every log line once), and follow the run. Leaving (q, Ctrl-C) never stops it.",
+    )
+    _common(attach)
+    attach.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
+    attach.add_argument("--read-only", action="store_true", help="watch only (another console may steer)")
+    attach.add_argument("--json", metavar="PATH", type=Path, help="write the run summary as JSON to PATH")
+    stop = sub.add_parser(
+        "stop",
+        help="stop a detached run and fetch its logs",
+        description="Stop every rank of a detached run.",
+    )
+    _common(stop)
+    stop.add_argument("--json", metavar="PATH", type=Path, help="write the run summary as JSON to PATH")
+    logs = sub.add_parser(
+        "logs",
+        help="print (or follow) the logs of a run on its nodes",
+        description="Print every rank's log of a run's current attempt as the nodes hold it.",
+    )
+    _common(logs)
+    logs.add_argument("--rank", type=int, action="append", metavar="N", help="only rank N (repeatable)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following the run's logs")
+    ls = sub.add_parser(
+        "ls", help="list the runs the nodes hold", description="List runs on the inventory's nodes."
+    )
+    ls.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
+    ls.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument(
+        "inventory",
+        nargs="?",
+        help="inventory YAML (default: the one the run was started with, from the logs folder)",
+    )
+    p.add_argument(
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
+    )
+    p.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
+
+
+def _error(message: str) -> int:
+    print(f"mscon: error: {message}", file=sys.stderr)
+    return exit_codes.USAGE
+
+
+def _inventory(path: str | None, record: DetachRecord | None) -> Inventory:
+    """The inventory given, else the one the run was started with, else the embedded default."""
+    if path is None and record is not None:
+        path = record.inventory
+    return load_inventory_or_default(path)
+
+
+def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | int:
+    try:
+        label(args.run_id, "run id")
+    except UnsafePath as exc:
+        return _error(str(exc))
+    record = read_record(args.logs_dir / args.run_id)
+    try:
+        inv = _inventory(args.inventory, record)
+    except InventoryError as exc:
+        print(str(exc), file=sys.stderr)
+        return exit_codes.USAGE
+    return inv, record
+
+
+def attach_main(args: argparse.Namespace, command: str) -> int:
+    setup = _setup(args)
+    if isinstance(setup, int):
+        return setup
+    inv, record = setup
+    options = AttachOptions(
+        run_id=args.run_id,
+        logs_root=args.logs_dir,
+        record=record if command == "attach" else None,
+        follow=command != "logs" or args.follow,
+        read_only=command == "logs" or getattr(args, "read_only", False),
+        stop=command == "stop",
+        accept_new_host_keys=args.accept_new_host_keys,
+        interactive=_wants_tui(args, command),
+    )
+    attacher = Attacher(inv, options)
+    try:
+        return asyncio.run(_attach(attacher, args, command))
+    except KeyboardInterrupt:
+        return exit_codes.INTERRUPTED
+
+
+def _wants_tui(args: argparse.Namespace, command: str) -> bool:
+    return command == "attach" and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty()
+
+
+async def _attach(attacher: Attacher, args: argparse.Namespace, command: str) -> int:
+    loop = asyncio.get_running_loop()
+    if attacher.options.interactive:
+        from mscon.console.views.tui.launch import run_live
+
+        return await run_live(attacher, args)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # Leaving never stops the run: a second signal leaves at once.
+        loop.add_signal_handler(sig, attacher.submit, DetachRun("left the run"))
+
+    def output_closed() -> None:  # from the stdout thread (`mscon logs -f | head`): leave, quietly
+        loop.call_soon_threadsafe(attacher.submit, DetachRun("output closed (stdout)"))
+
+    if command == "logs":
+        printer = LogPrinter(set(args.rank or ()), output_closed)
+        attacher.bus.add_sink(
+            "logs", printer.handle, lag_limit=10**9, hard_limit=10**9, busy=lambda: printer.writer.draining
+        )
+        result = await attacher.run()
+        await printer.writer.wait_drained()
+        if result.status.value in ("unreachable", "error"):
+            print(f"mscon: {printable(result.reason)}", file=sys.stderr)
+            return result.exit_code
+        return exit_codes.OK
+    reporter = HeadlessReporter(json_path=getattr(args, "json", None), on_output_closed=output_closed)
+    attacher.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
+    result = await attacher.run()
+    return result.exit_code
+
+
+class LogPrinter:
+    """``mscon logs``: every replayed and live line, prefixed as ``mscon run`` prefixes them."""
+
+    def __init__(self, ranks: set[int], on_closed: Callable[[], None] | None = None) -> None:
+        sys.stdout.flush()
+        self.writer = StdoutWriter(sys.stdout.fileno(), on_closed)
+        self.ranks = ranks
+
+    def handle(self, event: Event) -> Awaitable[bool] | None:
+        if isinstance(event, AgentEvent) and isinstance(event.msg, LogBatch):
+            msg = event.msg
+            if self.ranks and msg.rank not in self.ranks:
+                return
+            prefix = f"[{printable(msg.node)} {printable(msg.name)}] ".encode()
+            self.writer.write(
+                b"".join(prefix + line.encode("utf-8", "replace") + b"\n" for line in msg.lines)
+            )
+        elif isinstance(event, RunFinished):
+            return self.writer.wait_drained()  # awaited by the bus, off the event loop
+        return None
+
+
+def ls_main(args: argparse.Namespace) -> int:
+    try:
+        inv = _inventory(args.inventory, None)
+    except InventoryError as exc:
+        print(str(exc), file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        runs, errors = asyncio.run(_list(inv, args.accept_new_host_keys))
+    except KeyboardInterrupt:
+        return exit_codes.INTERRUPTED
+    for error in errors:
+        print(f"mscon: {printable(error)}", file=sys.stderr)
+    print(format_runs(runs, [p.node.name for p in build_plan(inv, inv.job.script, inv.job.args)]))
+    return exit_codes.UNREACHABLE if errors and not runs else exit_codes.OK
+
+
+async def _list(inv: Inventory, accept_new: bool) -> tuple[list[RunInfo], list[str]]:
+    plans = build_plan(inv, inv.job.script, inv.job.args)
+    inbox: asyncio.Queue[object] = asyncio.Queue()
+    session = ClusterSession(inv, plans, "ls", lambda ev: None, inbox, accept_new)  # type: ignore[arg-type]
+    try:
+        return await session.list_runs()
+    finally:
+        await session.disconnect()
+
+
+def format_runs(runs: list[RunInfo], order: list[str]) -> str:
+    """One row per run: its status (node 0's, which coordinates), attempt, age, where."""
+    by_run: dict[str, list[RunInfo]] = {}
+    for r in runs:
+        by_run.setdefault(r.run_id, []).append(r)
+    if not by_run:
+        return "no runs on these nodes"
+    rank = {n: i for i, n in enumerate(order)}
+    rows = [("RUN", "STATUS", "ATTEMPT", "AGE", "NODES", "DETACHED", "")]
+    now = time.time()
+    for run_id in sorted(by_run, key=lambda k: min(r.started or 0 for r in by_run[k]), reverse=True):
+        infos = sorted(by_run[run_id], key=lambda r: rank.get(r.node, len(rank)))
+        lead = infos[0]
+        statuses = {r.status for r in infos}
+        status = lead.status if len(statuses) == 1 or lead.status != "running" else "/".join(sorted(statuses))
+        age = _age(now - lead.started) if lead.started else "-"
+        rows.append(
+            (
+                printable(run_id),
+                status,
+                str(max(r.attempt for r in infos)),
+                age,
+                ",".join(printable(r.node) for r in infos),
+                "yes" if any(r.detached for r in infos) else "no",
+                printable(lead.reason)[:60],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"

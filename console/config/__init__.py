@@ -1,0 +1,1 @@
+"""What the operator gives: inventories (YAML, Slurm allocations), checked values and paths."""

@@ -1,0 +1,1 @@
+"""Runs that outlive the console: the detach record and attaching again."""

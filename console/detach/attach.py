@@ -1,0 +1,427 @@
+"""Attaching to a detached run: the same events, state and views as a run the console started.
+
+The ``Attacher`` reaches every node's agent through a relay (``agent/relay.py``), asks each for its
+journal and the log lines this console has not printed yet (``Attach``), rebuilds ClusterState
+from the journals, merged attempt by attempt, and then follows the run live. Policy stays with the
+node-0 coordinator: the operator's stop and restart go to it as ``RunCommand``. Leaving (Ctrl-C, or
+the run's end) never stops the run; ``mscon stop`` does, by attaching and sending the stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import getpass
+import os
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from mscon.agent.layout import LOGS_DIR
+from mscon.agent.protocol import (
+    AgentError,
+    Attach,
+    Coord,
+    CoordKind,
+    JournalDone,
+    Journaled,
+    Message,
+    Metric,
+    MetricBatch,
+    ReplayDone,
+    RunCommand,
+    from_dict,
+    message_class,
+)
+from mscon.console.config.inventory import Inventory
+from mscon.console.detach.record import DetachRecord, write_record
+from mscon.console.engine import exit_codes
+from mscon.console.engine.bus import EventBus
+from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
+from mscon.console.engine.events import (
+    AgentEvent,
+    AttemptEnded,
+    AttemptOutcome,
+    AttemptStarted,
+    AwaitingOperator,
+    Event,
+    JobState,
+    LinesShown,
+    NodeState,
+    NodeUpdate,
+    Notice,
+    RankRef,
+    Restarting,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    Stopping,
+)
+from mscon.console.engine.plan import build_plan
+from mscon.console.engine.session import ClusterSession, TransportFactory
+from mscon.console.engine.state import ClusterState, describe
+from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
+from mscon.console.engine.summary import run_result, summary_file, write_summary
+from mscon.console.transport import make_transport
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _known(kind: type[E], value: str, default: E) -> E:
+    """The policy's words, as the coordinator journaled them (a newer agent's unknown word: default)."""
+    try:
+        return kind(value)  # type: ignore[call-arg]
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class AttachOptions:
+    run_id: str
+    logs_root: Path = Path(LOGS_DIR)
+    record: DetachRecord | None = None  # what the detaching console printed
+    follow: bool = True  # False: replay and leave (mscon logs without -f)
+    read_only: bool = False
+    stop: bool = False  # mscon stop: attach, stop the run, wait for its end
+    accept_new_host_keys: bool = False
+    # An operator at a live console: a run waiting for one (failed, no budget) is followed while
+    # it waits. Otherwise the attach reports the failure and leaves the run waiting.
+    interactive: bool = False
+
+
+class AttachRefused(Exception):
+    """The node refused the attach (another console steers the run, no such run): one line."""
+
+
+class Attacher:
+    def __init__(
+        self,
+        inventory: Inventory,
+        options: AttachOptions,
+        bus: EventBus | None = None,
+        transport_factory: TransportFactory = make_transport,
+    ) -> None:
+        self.inv = inventory
+        self.options = options
+        self.run_id = options.run_id
+        self.bus = bus or EventBus()
+        self.state = ClusterState()
+        self.stragglers = StragglerWatch(StragglerPolicy(), self.state)  # as the supervisor's, default policy
+        self.logs_dir = (options.logs_root / self.run_id).resolve()
+        self.bus.errors_to(self.logs_dir)
+        rec = options.record
+        script = rec.script if rec is not None else inventory.job.script
+        args = rec.args if rec is not None else inventory.job.args
+        self.plans = build_plan(inventory, script, args)
+        self._factory = transport_factory
+        self._inbox: asyncio.Queue[tuple[str, Message | None] | Command] = asyncio.Queue()
+        self._attempt = -1
+        self._ended: JobState | None = None
+        self._end_reason = ""
+        self._leave: str | None = None
+        self._waiting: str | None = None  # the run waits for an operator: why
+        self._stop_sent = False
+        self.session: ClusterSession | None = None
+
+    # ------------------------------------------------------------ commands and events
+
+    def submit(self, cmd: Command) -> None:
+        self._inbox.put_nowait(cmd)
+
+    def emit(self, ev: Event) -> None:
+        self.bus.attempt = ev.attempt
+        self.state.apply(ev)
+        self.bus.publish(ev)
+
+    @property
+    def attempt_no(self) -> int:
+        return max(self._attempt, 0)
+
+    # ------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        t0 = time.monotonic()
+        self.emit(
+            RunStarted(
+                attempt=0,
+                run_id=self.run_id,
+                inventory=str(self.inv.path),
+                nodes=tuple(p.node.name for p in self.plans),
+                world_size=self.inv.world_size,
+                hosts=tuple(p.node.host for p in self.plans),
+                logs_dir=str(self.logs_dir),
+                max_restarts=self.inv.restart.max_restarts,
+            )
+        )
+        session = self.session = ClusterSession(
+            self.inv,
+            self.plans,
+            self.run_id,
+            self.emit,
+            self._inbox,
+            self.options.accept_new_host_keys,
+            self._factory,
+            attach=True,
+        )
+        status, code, reason = JobState.ERROR, exit_codes.INTERNAL, "internal error"
+        try:
+            status, code, reason = await self._run(session)
+        finally:
+            if self._ended is not None:
+                await session.close(self.inv.stop.grace_s)
+                await session.fetch_logs(self.logs_dir)
+            else:
+                await session.release()
+                self._save_progress()
+            await session.disconnect()
+        result = run_result(
+            self.state, self.run_id, self.logs_dir, status, code, reason, time.monotonic() - t0, self.bus
+        )
+        if self._ended is not None:
+            with contextlib.suppress(OSError):  # a full disk: the summary is still shown
+                write_summary(summary_file(self.logs_dir), result)
+        self.emit(RunFinished(self.attempt_no, result))
+        await self.bus.close()
+        return result
+
+    async def _run(self, session: ClusterSession) -> tuple[JobState, int, str]:
+        errors = await session.open()
+        if errors:
+            return JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors)
+        names = [p.node.name for p in self.plans]
+        rec = self.options.record
+        who = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+        request = Attach(
+            log_from=dict(rec.log_seq) if rec is not None else {},
+            log_attempt=rec.attempt if rec is not None else -1,
+            read_only=self.options.read_only,
+            follow=self.options.follow,
+            console=who,
+        )
+        await session.broadcast(request)
+        try:
+            buffered = await self._rebuild(names)
+        except AttachRefused as exc:
+            return JobState.ERROR, exit_codes.USAGE, str(exc)
+        # Live from here: first what arrived while the journals were merged, in order per node.
+        replaying = set(names)
+        for node in names:
+            for msg in buffered[node]:
+                self._live(node, msg, replaying)
+        if self.options.stop:
+            await self._command(StopJob("stopped by mscon stop"))
+        open_nodes = {n for n in names if session.links[n].open}
+        while open_nodes and self._leave is None:
+            if not self.options.follow and not replaying:
+                break
+            if self._waiting and not replaying and not self.options.interactive and not self._stop_sent:
+                break
+            item = await self._inbox.get()
+            if isinstance(item, tuple):
+                node, msg = item
+                if msg is None:
+                    open_nodes.discard(node)
+                    replaying.discard(node)
+                else:
+                    self._live(node, msg, replaying)
+            else:
+                await self._command(item)
+        if self._ended is not None:
+            return self._verdict()
+        if self._waiting and self.options.follow:
+            root = self.state.root_cause()
+            return (
+                JobState.FAILED,
+                root.code if root is not None else exit_codes.INTERNAL,
+                f"{describe(root) if root is not None else self._waiting}; the run waits for an operator: "
+                f"mscon attach {self.run_id} (in a terminal), then r restarts the group; "
+                f"mscon stop {self.run_id} ends it",
+            )
+        if self._leave is not None:
+            return (
+                JobState.DETACHED,
+                exit_codes.OK,
+                f"{self._leave}: the run goes on (mscon attach {self.run_id})",
+            )
+        if not self.options.follow:
+            return JobState.DETACHED, exit_codes.OK, "logs printed; the run goes on"
+        return JobState.FAILED, exit_codes.UNREACHABLE, "the run's agents went away before it ended"
+
+    async def _rebuild(self, names: list[str]) -> dict[str, list[Message]]:
+        """Collect every node's journal, then replay them merged: attempt by attempt, each
+        attempt's messages in the order of the agents' clocks. Returns what came after each
+        node's journal (log replay, live messages), to be applied next."""
+        journals: dict[str, list[tuple[int, Message]]] = {n: [] for n in names}
+        done: dict[str, JournalDone] = {}
+        after: dict[str, list[Message]] = defaultdict(list)
+        while len(done) < len(names):
+            item = await self._inbox.get()
+            if not isinstance(item, tuple):
+                self._requeue_later(item)
+                continue
+            node, msg = item
+            if msg is None:
+                if node not in done:
+                    link = self.session.links[node] if self.session else None
+                    raise AttachRefused(f"{node}: the relay ended early: {link.error if link else ''}")
+                continue
+            if node in done:
+                after[node].append(msg)
+            elif isinstance(msg, Journaled):
+                decoded = _decode(msg.msg)
+                if decoded is not None:
+                    journals[node].append((msg.attempt, decoded))
+            elif isinstance(msg, JournalDone):
+                done[node] = msg
+            elif isinstance(msg, AgentError):
+                raise AttachRefused(f"{node}: {msg.message}")
+        self._merge(journals)
+        current = max(d.attempt for d in done.values())
+        if self._attempt < current:
+            self._start_attempt(current, 0)
+        if not any(d.live for d in done.values()) and self._ended is None:
+            self._ended = JobState.FAILED
+            self._end_reason = "no agent runs this run any more, and it recorded no end (its agents died?)"
+        return after
+
+    def _requeue_later(self, cmd: Command) -> None:
+        asyncio.get_running_loop().call_later(0.05, self._inbox.put_nowait, cmd)
+
+    def _merge(self, journals: dict[str, list[tuple[int, Message]]]) -> None:
+        by_attempt: dict[int, list[tuple[int, int, str, Message]]] = defaultdict(list)
+        for node, entries in journals.items():
+            for order, (attempt, msg) in enumerate(entries):
+                by_attempt[attempt].append((_ts(msg), order, node, msg))
+        for attempt in sorted(by_attempt):
+            entries = sorted(by_attempt[attempt], key=lambda e: (e[0], e[2], e[1]))
+            first_ts = entries[0][0] if entries else 0
+            if attempt > self._attempt:
+                self._start_attempt(attempt, first_ts)
+            for _, _, node, msg in entries:
+                self._apply(node, msg)
+        if self.state.attempt is not None and self.state.attempt.outcome is None and self._ended is not None:
+            self._end_attempt_from_state()
+
+    def _start_attempt(self, attempt: int, ts_ns: int) -> None:
+        if self._attempt >= 0 and self.state.attempt is not None and self.state.attempt.outcome is None:
+            self._end_attempt_from_state()  # ended under the console, before the detach
+        self._attempt = attempt
+        refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
+        self.emit(AttemptStarted(attempt, refs, "", self.inv.scheduler.port, ts_ns or time.time_ns()))
+        rec = self.options.record
+        if rec is not None and rec.attempt == attempt:
+            # The lines the detaching console printed are not replayed: count from there.
+            self.emit(LinesShown(attempt, tuple(rec.log_seq.items())))
+
+    def _end_attempt_from_state(self) -> None:
+        outcome = AttemptOutcome.SUCCEEDED if self.state.workers_succeeded() else AttemptOutcome.FAILED
+        root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
+        reason = "all ranks finished" if root is None else describe(root)
+        self.emit(AttemptEnded(self._attempt, outcome, reason, root, time.time_ns()))
+
+    def _apply(self, node: str, msg: Message) -> None:
+        """One message of the run, journaled or live: console events as the supervisor emits them."""
+        if not isinstance(msg, Coord):
+            self.emit(AgentEvent(self.attempt_no, msg))
+            if isinstance(msg, Metric | MetricBatch):
+                for ev in self.stragglers.observe(self.attempt_no, msg):
+                    self.emit(ev)
+            return
+        if msg.kind == CoordKind.STOPPING:
+            self.emit(Stopping(msg.attempt, msg.reason, msg.trigger))
+        elif msg.kind == CoordKind.NODE_LOST and msg.trigger:
+            self.emit(NodeUpdate(msg.attempt, msg.trigger, NodeState.LOST, msg.reason, msg.ts_ns))
+        elif msg.kind == CoordKind.ATTEMPT_ENDED:
+            outcome = _known(AttemptOutcome, msg.outcome, AttemptOutcome.FAILED)
+            root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
+            reason = describe(root) if root is not None else msg.reason or msg.outcome
+            self.emit(AttemptEnded(msg.attempt, outcome, reason, root, msg.ts_ns))
+        elif msg.kind == CoordKind.RESTARTING:
+            self.emit(Restarting(msg.attempt + 1, msg.reason, msg.backoff_s, msg.restarts_left))
+        elif msg.kind == CoordKind.ATTEMPT_STARTED:
+            self._waiting = None
+            if msg.attempt > self._attempt:
+                self._start_attempt(msg.attempt, msg.ts_ns)
+        elif msg.kind == CoordKind.AWAITING_OPERATOR:
+            root = self.state.root_cause()
+            reason = f"{msg.reason}: {describe(root)}" if root is not None else msg.reason
+            self.emit(AwaitingOperator(msg.attempt, reason, msg.wait_s or None))
+            self._waiting = reason
+        elif msg.kind == CoordKind.RUN_ENDED:
+            self._ended = _known(JobState, msg.outcome, JobState.FAILED)
+            self._end_reason = msg.reason
+
+    def _live(self, node: str, msg: Message, replaying: set[str]) -> None:
+        if isinstance(msg, ReplayDone):
+            replaying.discard(node)
+        elif isinstance(msg, AgentError):
+            self.emit(Notice(self.attempt_no, f"{node}: {msg.message}"))
+        else:
+            self._apply(node, msg)
+
+    def closing_command(self) -> Command:
+        """What a console that closes without a choice sends: leaving, never stopping the run."""
+        return DetachRun("the console was closed")
+
+    async def _command(self, cmd: Command) -> None:
+        assert self.session is not None
+        if isinstance(cmd, DetachRun):
+            self._leave = cmd.reason  # leaving an attached run never stops it
+            return
+        if self.options.read_only:
+            self.emit(Notice(self.attempt_no, "read-only: commands are refused"))
+            return
+        lead = self.plans[0].node.name
+        if isinstance(cmd, StopJob):
+            if self._stop_sent:
+                self._leave = "stop not confirmed; left the run"
+                return
+            self._stop_sent = True
+            await self.session.send(lead, RunCommand(action="stop", reason=cmd.reason))
+        elif isinstance(cmd, RestartGroup):
+            await self.session.send(lead, RunCommand(action="restart", reason=cmd.reason))
+
+    def _save_progress(self) -> None:
+        """Leaving a running run: the next attach starts where this console's output stopped."""
+        att = self.state.attempt
+        if att is None or self.options.read_only:
+            return
+        rec = self.options.record
+        record = DetachRecord(
+            run_id=self.run_id,
+            inventory=str(Path(self.inv.path).resolve()),
+            script=rec.script if rec is not None else self.inv.job.script,
+            args=rec.args if rec is not None else tuple(self.inv.job.args),
+            attempt=att.number,
+            log_seq={r.name: r.next_seq for r in self.state.ranks.values()},
+            detached_at=time.time(),
+        )
+        with contextlib.suppress(OSError):
+            write_record(self.logs_dir, record)
+
+    def _verdict(self) -> tuple[JobState, int, str]:
+        status = self._ended or JobState.FAILED
+        if status is JobState.SUCCEEDED:
+            return status, exit_codes.OK, self._end_reason or "all ranks finished"
+        if status is JobState.INTERRUPTED:
+            return status, exit_codes.INTERRUPTED, self._end_reason or "stopped"
+        root = self.state.root_cause()
+        if root is not None:
+            return JobState.FAILED, root.code, describe(root)
+        return JobState.FAILED, exit_codes.INTERNAL, self._end_reason or "the run failed"
+
+
+def _decode(raw: dict) -> Message | None:
+    try:
+        return from_dict(message_class(str(raw.get("type"))), {k: v for k, v in raw.items() if k != "type"})
+    except (ValueError, TypeError):
+        return None
+
+
+def _ts(msg: Message) -> int:
+    ts = getattr(msg, "ts_ns", None)
+    return int(ts) if isinstance(ts, int) else 0

@@ -1,0 +1,180 @@
+"""Fan-out of console events to sinks that cannot hurt the run.
+
+Publishing never blocks and never raises. Each sink has its own bounded queue and its own task:
+- metric and telemetry updates are dropped for a sink that lags (counted, reported at the end);
+- log batches and lifecycle events are kept, but a sink that falls ``hard_limit`` events behind,
+  or whose handler raises, is detached with a Notice and the run goes on (mitmproxy's
+  ``safecall`` idea). Logs are never lost for good: they are on the nodes and fetched at the end.
+  The traceback of a handler that raised goes to ``console.err`` in the run folder (``errors_to``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from mscon.console.engine.events import AgentEvent, Event, Notice
+
+Handler = Callable[[Event], None | Awaitable[None]]
+CONSOLE_ERR = "console.err"  # in the run folder: the tracebacks of views (sinks) that raised
+
+
+def _droppable(ev: Event) -> bool:
+    return isinstance(ev, AgentEvent) and ev.msg.sampled
+
+
+class Subscription:
+    def __init__(
+        self, name: str, lag_limit: int, hard_limit: int, busy: Callable[[], bool] | None = None
+    ) -> None:
+        self.name = name
+        # True while the sink works through a bounded job of its own (a reporter draining stdout
+        # with its own stall rule): the bus's close then does not take it for a stuck sink.
+        self.busy = busy or (lambda: False)
+        self._items: collections.deque[Event | None] = collections.deque()
+        self._ready = asyncio.Event()
+        self.lag_limit = lag_limit
+        self.hard_limit = hard_limit
+        self.dropped = 0
+        self.taken = 0  # events handed to the consumer (a drain that stalls is a stuck sink)
+        self.detached: str | None = None  # why it stopped receiving
+
+    def put(self, event: Event | None) -> bool:
+        """Queue an event; False when this sink must be detached (too far behind)."""
+        if self.detached is not None:
+            return True
+        if event is not None and len(self._items) >= self.lag_limit and _droppable(event):
+            self.dropped += 1
+            return True
+        if event is not None and len(self._items) >= self.hard_limit:
+            return False
+        self._items.append(event)
+        self._ready.set()
+        return True
+
+    def end(self) -> None:
+        self._items.append(None)
+        self._ready.set()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            while not self._items:
+                self._ready.clear()
+                await self._ready.wait()
+            event = self._items.popleft()
+            self.taken += 1
+            if event is None:
+                return
+            yield event
+
+
+class EventBus:
+    def __init__(self, logs_dir: Path | None = None) -> None:
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pumps: dict[Subscription, asyncio.Task[None]] = {}
+        self.closed = False
+        self.attempt = 0  # the supervisor keeps it current, for the bus's own notices
+        self.error_log: Path | None = None
+        if logs_dir is not None:
+            self.errors_to(logs_dir)
+
+    def errors_to(self, logs_dir: Path) -> None:
+        """Write the traceback of a sink that raises to ``logs_dir/console.err`` (the run folder)."""
+        self.error_log = logs_dir / CONSOLE_ERR
+
+    def subscribe(
+        self,
+        name: str = "subscriber",
+        lag_limit: int = 10_000,
+        hard_limit: int = 200_000,
+        busy: Callable[[], bool] | None = None,
+    ) -> Subscription:
+        sub = Subscription(name, lag_limit, hard_limit, busy)
+        self._subs.append(sub)
+        return sub
+
+    def add_sink(
+        self,
+        name: str,
+        handler: Handler,
+        lag_limit: int = 10_000,
+        hard_limit: int = 200_000,
+        busy: Callable[[], bool] | None = None,
+    ) -> Subscription:
+        """Run ``handler`` for every event in a task of its own; a handler that raises is detached.
+        ``busy``: see ``Subscription``."""
+        sub = self.subscribe(name, lag_limit, hard_limit, busy)
+        task = asyncio.get_running_loop().create_task(self._pump(sub, handler), name=f"sink:{name}")
+        self._pumps[sub] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return sub
+
+    async def _pump(self, sub: Subscription, handler: Handler) -> None:
+        async for event in sub:
+            try:
+                result = handler(event)
+                if result is not None and inspect.isawaitable(result):  # most handlers return None
+                    await result
+            except Exception as exc:  # noqa: BLE001 - a broken view must not take the run with it
+                last = traceback.format_exception_only(exc)[-1].strip()
+                where = self._log_error(sub, event, exc)
+                self._detach(sub, f"its handler raised {last}{where}")
+                return
+
+    def _log_error(self, sub: Subscription, event: Event, exc: BaseException) -> str:
+        """Append the sink's traceback to console.err; a note saying where it went, or "" if nowhere."""
+        if self.error_log is None:
+            return ""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        what = f"the {sub.name} view raised on a {type(event).__name__} event (attempt {self.attempt})"
+        text = f"{stamp} {what}:\n" + "".join(traceback.format_exception(exc)) + "\n"
+        try:
+            self.error_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.error_log, "a", encoding="utf-8") as f:  # small, once per sink: not worth a thread
+                f.write(text)
+        except OSError:
+            return ""  # a full or read-only disk: the Notice still names the error
+        return f" (traceback in {self.error_log})"
+
+    def _detach(self, sub: Subscription, why: str) -> None:
+        if sub.detached is not None:
+            return
+        sub.detached = why
+        sub._items.clear()
+        sub.end()
+        self.publish(Notice(self.attempt, f"the {sub.name} view was detached: {why}; the run goes on"))
+
+    def publish(self, event: Event) -> None:
+        if self.closed:
+            return
+        for sub in list(self._subs):
+            if not sub.put(event):
+                self._detach(sub, f"it fell {sub.hard_limit} events behind")
+
+    def dropped(self) -> tuple[tuple[str, int], ...]:
+        return tuple((s.name, s.dropped) for s in self._subs if s.dropped)
+
+    async def close(self, stall_s: float = 0.5, drain_s: float = 30.0) -> None:
+        """End every subscription after what is queued and let the sinks drain: a sink that takes
+        nothing off its queue for ``stall_s`` (stuck, not busy) is cancelled, and none gets more
+        than ``drain_s`` in all (a sink that says it is busy included)."""
+        self.closed = True
+        for sub in self._subs:
+            sub.end()
+        deadline = asyncio.get_running_loop().time() + drain_s
+        seen = {s: s.taken for s in self._subs}
+        while self._tasks and asyncio.get_running_loop().time() < deadline:
+            await asyncio.wait(list(self._tasks), timeout=stall_s)
+            for s, task in list(self._pumps.items()):
+                if not task.done() and s.taken == seen[s] and not s.busy():
+                    task.cancel()
+            seen = {s: s.taken for s in self._subs}
+        for task in list(self._tasks):
+            task.cancel()

@@ -1,0 +1,452 @@
+"""Console events: the contract between the engine and every front end (reporter, TUI, recorder).
+
+Every event is a frozen dataclass registered under a ``kind`` tag, carries the attempt number, and
+round-trips through JSON (``to_json``/``from_json``), so a recorded run (``mscon run --events``)
+replays into the same ClusterState. The agent's wire messages are wrapped in ``AgentEvent``, never
+passed through bare: the attempt they belong to is the console's knowledge, not the agent's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mscon.agent import protocol as wire
+from mscon.agent.policy import Outcome
+from mscon.agent.protocol import Message
+from mscon.console.engine import exit_codes
+
+_EVENTS: dict[str, type[Event]] = {}
+
+
+class NodeState(enum.StrEnum):
+    PENDING = "pending"
+    CONNECTING = "connecting"
+    DEPLOYING = "deploying"
+    READY = "ready"  # agent up, protocol checked, no ranks of the current attempt yet
+    RUNNING = "running"
+    DONE = "done"  # every process of the current attempt has exited
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
+
+
+class RankState(enum.StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"  # process started, no progress seen yet
+    RUNNING = "running"
+    HUNG = "hung"  # stopped by a signal (state T) or no progress for hang.timeout_s
+    EXITED_OK = "exited ok"
+    FAILED = "failed"  # exited non-zero on its own
+    STOPPED = "stopped"  # stopped by mscon (a victim of a stop)
+    LOST = "lost"  # its node was lost
+
+    @property
+    def live(self) -> bool:
+        return self in (RankState.STARTING, RankState.RUNNING, RankState.HUNG)
+
+
+class JobState(enum.StrEnum):
+    """The run as a whole; the last five are final (torchrun's WorkerState, for a whole cluster)."""
+
+    CONNECTING = "connecting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    RESTARTING = "restarting"
+    AWAITING_OPERATOR = "awaiting operator"  # failed, ranks stopped, agents kept: r restarts, q ends
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    UNREACHABLE = "unreachable"
+    ERROR = "error"
+    DETACHED = "detached"  # still running on the nodes, with no console (mscon attach RUN_ID)
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = {
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.INTERRUPTED,
+    JobState.UNREACHABLE,
+    JobState.ERROR,
+    JobState.DETACHED,
+}
+
+
+# One vocabulary from the wire to the summary: the policy's own words (agent/policy.py).
+AttemptOutcome = Outcome
+
+
+class CheckStatus(enum.StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    NA = "n/a"
+
+
+class FailureKind(enum.StrEnum):
+    EXIT = "exit"  # exited with a non-zero code on its own
+    SIGNAL = "signal"  # killed by a signal nobody in mscon sent
+    STOPPED = "stopped"  # process state T: stopped by SIGSTOP/SIGTSTP, makes no progress
+    HUNG = "hung"  # no progress (log line or metric) for hang.timeout_s
+    NAMED = "named"  # named by MindSpore's own timeout evidence (the scheduler, HCCL)
+    NODE_LOST = "node lost"  # the node's agent connection ended
+    AGENT = "agent"  # the agent could not prepare or start the node's processes
+
+
+# Exit codes for failures without a process exit code of their own (see README "Exit codes").
+HANG_EXIT_CODE = exit_codes.HUNG
+NODE_LOST_EXIT_CODE = exit_codes.UNREACHABLE
+
+
+class Event:
+    """Base of console events. Subclasses are frozen dataclasses with ``attempt`` first."""
+
+    kind: ClassVar[str] = ""
+    attempt: int
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        tag = cls.__dict__.get("kind")
+        if tag:  # dataclass(slots=True) re-creates the class: the second registration replaces the first
+            previous = _EVENTS.get(tag)
+            if previous is not None and previous.__qualname__ != cls.__qualname__:
+                raise TypeError(f"duplicate event kind {tag!r}")
+            _EVENTS[tag] = cls
+
+
+# ------------------------------------------------------------------ values carried by events
+
+
+@dataclass(frozen=True, slots=True)
+class RankRef:
+    name: str  # "r3" or "sched"
+    node: str
+    rank: int  # wire.SCHEDULER_RANK for the scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One thing that went wrong in an attempt; the root cause is one of these (state.root_cause)."""
+
+    kind: FailureKind
+    node: str
+    name: str  # rank name ("r3", "sched"), or the node name for NODE_LOST / AGENT
+    rank: int | None
+    ts_ns: int  # when it stopped making progress or exited, on ``clock``
+    clock: str  # whose clock ts_ns is: "agent on NODE" or "console"
+    code: int  # what a shell would report for it (128 + signal, 124 for a hang, 4 for a lost node)
+    # One line: for an exit ProcExited.describe() ("exit code 7", "killed by SIGKILL"), for a hang
+    # what the agent saw ("stopped by a signal: process state T (stopped)").
+    detail: str
+    exitcode: int | None = None
+    signal: str | None = None
+    tail: tuple[str, ...] = ()
+    traceback: str | None = None
+    stack: str | None = None  # where a hung rank was stuck (py-spy dump, or kernel wchan)
+    evidence: str | None = None  # MindSpore's own line that names this rank
+
+
+@dataclass(frozen=True, slots=True)
+class RankSummary:
+    node: str
+    name: str
+    rank: int
+    status: str  # "ok", "exit 3", "SIGKILL", "stopped (SIGTERM)", "hung", "never started", ...
+    exitcode: int | None
+    signal: str | None
+    last_step: int | None
+    last_loss: float | None
+    wall_s: float | None
+    role: str = ""  # "root cause", "victim" or ""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSummary:
+    attempt: int
+    outcome: AttemptOutcome
+    reason: str
+    wall_s: float
+    root_cause: Failure | None
+    ranks: tuple[RankSummary, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerSummary:
+    """A rank flagged as a straggler during one attempt (the summary's record of it)."""
+
+    attempt: int
+    name: str
+    node: str
+    step_time_s: float  # its median step time when last flagged
+    median_s: float  # the other ranks' median then
+    flagged: int  # how many times it was flagged in that attempt
+    cleared: bool  # it caught up again afterwards
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    run_id: str
+    status: JobState
+    exit_code: int
+    reason: str
+    root_cause: Failure | None  # of the last failed attempt
+    ranks: tuple[RankSummary, ...]  # of the last attempt
+    wall_s: float
+    logs_dir: str
+    attempts: tuple[AttemptSummary, ...] = ()
+    divergent_ranks: tuple[str, ...] = ()
+    dropped: tuple[tuple[str, int], ...] = ()  # (sink, metric updates it lost by lagging)
+    stragglers: tuple[StragglerSummary, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return typing.cast(dict[str, Any], dump(self))
+
+
+# ------------------------------------------------------------------ the events
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted(Event):
+    kind: ClassVar[str] = "run_started"
+    attempt: int
+    run_id: str
+    inventory: str
+    nodes: tuple[str, ...]
+    world_size: int
+    logs_dir: str
+    max_restarts: int = 0
+    hosts: tuple[str, ...] = ()  # as the inventory gives them (ssh-config aliases, names, IPs)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUpdate(Event):
+    kind: ClassVar[str] = "node"
+    attempt: int
+    node: str
+    state: NodeState
+    detail: str = ""
+    ts_ns: int = 0  # console clock
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted(Event):
+    kind: ClassVar[str] = "attempt_started"
+    attempt: int
+    ranks: tuple[RankRef, ...]
+    sched_host: str
+    sched_port: int
+    ts_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent(Event):
+    """A message from a node's agent, stamped with the attempt it belongs to."""
+
+    kind: ClassVar[str] = "agent"
+    attempt: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping(Event):
+    """mscon is stopping every rank on every node; ``trigger`` is what made it (not the verdict)."""
+
+    kind: ClassVar[str] = "stopping"
+    attempt: int
+    reason: str
+    trigger: str | None = None  # rank or node name
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded(Event):
+    kind: ClassVar[str] = "attempt_ended"
+    attempt: int
+    outcome: AttemptOutcome
+    reason: str
+    root_cause: Failure | None = None
+    ts_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Restarting(Event):
+    kind: ClassVar[str] = "restarting"
+    attempt: int  # the attempt about to start
+    reason: str
+    backoff_s: float
+    restarts_left: int
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitingOperator(Event):
+    """The attempt failed with no restart left; its ranks are stopped, the agents and connections
+    kept: the operator's restart starts the next attempt, a stop ends the run with this verdict."""
+
+    kind: ClassVar[str] = "awaiting_operator"
+    attempt: int  # the failed attempt
+    reason: str
+    wait_s: float | None = None  # None: for as long as the console stays
+
+
+@dataclass(frozen=True, slots=True)
+class Notice(Event):
+    """Something the operator should know that is not a failure (a huge workdir, a lagging view)."""
+
+    kind: ClassVar[str] = "notice"
+    attempt: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinesShown(Event):
+    """How far each rank's log was already shown, by the console that detached the run: an attach
+    replays from there, and the lines before are not lost lines."""
+
+    kind: ClassVar[str] = "lines_shown"
+    attempt: int
+    log_seq: tuple[tuple[str, int], ...]  # (rank name, lines shown)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDivergence(Event):
+    """Data-parallel replicas must hold identical parameters; these ranks reported another digest."""
+
+    kind: ClassVar[str] = "divergence"
+    attempt: int
+    step: int
+    ranks: tuple[str, ...]
+    majority: str
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerFlagged(Event):
+    """This rank's recent step time is ``factor`` or more times the other ranks' median (stragglers.py)."""
+
+    kind: ClassVar[str] = "straggler_flagged"
+    attempt: int
+    name: str
+    node: str
+    step: int  # its last step when flagged
+    step_time_s: float  # its median step time over the window
+    median_s: float  # the median of the other ranks' medians
+    factor: float  # the threshold in force (--straggler-factor)
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerCleared(Event):
+    """A flagged rank's step time came back near the others' (below ``StragglerPolicy.release``)."""
+
+    kind: ClassVar[str] = "straggler_cleared"
+    attempt: int
+    name: str
+    node: str
+    step: int
+    step_time_s: float
+    median_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LogsFetched(Event):
+    kind: ClassVar[str] = "logs_fetched"
+    attempt: int
+    node: str
+    path: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReported(Event):
+    """One preflight result of one node ("*" for checks across nodes: skew, mesh, scheduler)."""
+
+    kind: ClassVar[str] = "check"
+    attempt: int
+    node: str
+    name: str
+    status: CheckStatus
+    value: str = ""
+    remedy: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksFinished(Event):
+    kind: ClassVar[str] = "checks_finished"
+    attempt: int
+    failed: tuple[str, ...] = ()  # "node: check" of each fail
+    skipped: tuple[str, ...] = ()  # checks the operator skipped (--skip-check), recorded
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished(Event):
+    kind: ClassVar[str] = "run_finished"
+    attempt: int
+    result: RunResult
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def dump(value: Any) -> Any:
+    """JSON-ready form of an event or of anything events carry."""
+    if isinstance(value, Message):
+        return {k: dump(v) for k, v in value.to_dict().items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"kind": value.kind} if isinstance(value, Event) else {}
+        for f in dataclasses.fields(value):
+            out[f.name] = dump(getattr(value, f.name))
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [dump(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): dump(v) for k, v in value.items()}
+    return value
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    return typing.cast(dict[str, Any], dump(event))
+
+
+def from_json(raw: dict[str, Any]) -> Event:
+    """The event ``to_json`` produced; ValueError for anything else."""
+    cls = _EVENTS.get(str(raw.get("kind")))
+    if cls is None:
+        raise ValueError(f"unknown event kind {raw.get('kind')!r}")
+    return typing.cast(Event, _load(cls, raw))
+
+
+def _load(tp: Any, raw: Any) -> Any:
+    if raw is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _load(args[0], raw) if len(args) == 1 else raw
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_load(args[0], v) for v in raw)
+        return tuple(_load(a, v) for a, v in zip(args, raw, strict=False))
+    if origin is dict or tp is Any:
+        return raw
+    if isinstance(tp, type):
+        if issubclass(tp, enum.Enum):
+            return tp(raw)
+        if issubclass(tp, Message):
+            body = dict(raw)
+            msg_cls = wire.message_class(str(body.pop("type", "")))
+            return wire.from_dict(msg_cls, body)
+        if dataclasses.is_dataclass(tp):
+            hints = typing.get_type_hints(tp)
+            kwargs = {
+                f.name: _load(hints[f.name], raw[f.name]) for f in dataclasses.fields(tp) if f.name in raw
+            }
+            return tp(**kwargs)
+    return raw

@@ -1,0 +1,72 @@
+"""The supervisor's one input queue: commands first, then clock ticks, then the agents' messages.
+
+A failure an agent reports also jumps the queue as an ``Alarm``, so the stop goes out at once and
+not after the log batches queued ahead of it; the message itself still follows in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from mscon.agent.protocol import Message, ProcExited, ProcHung
+from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
+
+
+class Tick:
+    pass
+
+
+TICK = Tick()
+
+
+@dataclass(frozen=True, slots=True)
+class Alarm:
+    """A failure seen by a channel's reader: it jumps the queue so the stop goes out at once, not
+    after the log batches queued ahead of it (at 1,000 nodes, seconds of them). The message itself
+    still follows in order, for the state and the views."""
+
+    node: str
+    msg: ProcExited | ProcHung
+
+
+def alarming(msg: Message | None) -> bool:
+    return (isinstance(msg, ProcExited) and not msg.ok and not msg.stopped_by_agent) or isinstance(
+        msg, ProcHung
+    )
+
+
+Input = Command | Tick | Alarm | tuple[str, Message | None]
+
+
+class Inputs:
+    """Everything the supervisor reacts to, in one queue: commands first, then ticks, then agents."""
+
+    def __init__(self) -> None:
+        self._q: asyncio.PriorityQueue[tuple[int, int, Input]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self.tick_pending = False
+
+    def put_nowait(self, item: Input) -> None:
+        if isinstance(item, tuple):
+            node, msg = item
+            if alarming(msg):
+                assert isinstance(msg, ProcExited | ProcHung)
+                self._q.put_nowait((0, next(self._seq), Alarm(node, msg)))
+            self._q.put_nowait((2, next(self._seq), item))
+            return
+        prio = 0 if isinstance(item, StopJob | RestartGroup | DetachRun | Alarm) else 1
+        self._q.put_nowait((prio, next(self._seq), item))
+
+    async def put(self, item: Input) -> None:
+        self.put_nowait(item)
+
+    async def get(self) -> Input:
+        return (await self._q.get())[2]
+
+    def get_nowait(self) -> Input:
+        return self._q.get_nowait()[2]
+
+    def empty(self) -> bool:
+        return self._q.empty()

@@ -1,0 +1,81 @@
+"""From an inventory to what each node's agent must launch: ranks, the scheduler, their env.
+
+Ranks are launched the way msrun does it, but by our agent, so that it owns every process:
+MindSpore's dynamic-cluster variables plus the RANK_ID/DEVICE_ID/RANK_SIZE that scripts read.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+from dataclasses import dataclass, replace
+
+from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec, rank_name
+from mscon.console.config.inventory import Inventory, NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    node: NodeSpec
+    python: str
+    procs: tuple[ProcSpec, ...]
+
+
+def node_python(node: NodeSpec) -> str:
+    if node.python:
+        return node.python
+    return sys.executable if node.transport == "local" else "python3"
+
+
+def with_scheduler(spec: ProcSpec, sched_ip: str) -> ProcSpec:
+    """MS_SCHED_HOST is known only once the nodes are reached (it must be an IP: see supervisor)."""
+    return replace(spec, env={**spec.env, "MS_SCHED_HOST": sched_ip})
+
+
+def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[NodePlan, ...]:
+    """One NodePlan per node; global ranks are numbered node by node, in inventory order."""
+    world = inv.world_size
+    plans = []
+    first_rank = 0
+    for index, node in enumerate(inv.nodes):
+        python = node_python(node)
+        argv = (python, script, *args)
+        path_dir = posixpath.dirname(python)
+        common = {
+            **node.env,
+            **inv.job.env,
+            "MS_SCHED_PORT": str(inv.scheduler.port),
+            "MS_WORKER_NUM": str(world),
+            "RANK_SIZE": str(world),
+            "DEVICE_TARGET": inv.device_target,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if path_dir:
+            # Non-interactive SSH reads no login files; scripts and msrun-style helpers find
+            # `python` on PATH, so the interpreter's folder goes first.
+            common["MSCON_PATH_PREPEND"] = path_dir
+        procs = []
+        if index == 0:
+            procs.append(
+                ProcSpec(
+                    name=rank_name(SCHEDULER_RANK),
+                    rank=SCHEDULER_RANK,
+                    local_rank=-1,
+                    argv=argv,
+                    env={**common, "MS_ROLE": "MS_SCHED"},
+                )
+            )
+        for local in range(node.devices):
+            rank = first_rank + local
+            env = {
+                **common,
+                "MS_ROLE": "MS_WORKER",
+                "MS_NODE_ID": str(rank),
+                "RANK_ID": str(rank),
+                "DEVICE_ID": str(local),
+                "LOCAL_RANK": str(local),
+            }
+            procs.append(ProcSpec(name=rank_name(rank), rank=rank, local_rank=local, argv=argv, env=env))
+        plans.append(NodePlan(node=node, python=python, procs=tuple(procs)))
+        first_rank += node.devices
+    return tuple(plans)

@@ -1,0 +1,364 @@
+"""The cluster session: connect, deploy, hello, one reader per agent channel, close, fetch logs.
+
+Shared by ``run``, the coming ``check`` and ``attach``. It knows nothing of attempts or policy:
+whatever an agent says goes into one inbox as ``(node, message)``, and ``(node, None)`` when the
+channel ends. Requests that expect an answer (``Resolve``) are matched here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from mscon.agent.protocol import (
+    PROTOCOL_VERSION,
+    Hello,
+    Message,
+    Ping,
+    Resolve,
+    Resolved,
+    RunInfo,
+    Shutdown,
+)
+from mscon.console.config import safepath
+from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since, wait_or_cancel
+from mscon.console.engine.events import Event, LogsFetched, NodeState, NodeUpdate, Notice
+from mscon.console.engine.plan import NodePlan
+from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, make_transport
+from mscon.console.transport.bundle import REMOVE_OLD_AGENTS, WorkdirArchive, agent_bundle, workdir_archive
+
+HELLO_TIMEOUT_S = 60.0
+M = TypeVar("M", bound=Message)
+_LARGE_ARCHIVE = 64 * 2**20
+_FETCH_TIMEOUT_S = 300.0
+
+
+class Inbox(Protocol):
+    async def put(self, item: tuple[str, Message | None]) -> None: ...
+
+    def put_nowait(self, item: tuple[str, Message | None]) -> None: ...
+
+
+# How a node is reached: make_transport for SSH and local nodes; tests pass in-process doubles.
+TransportFactory = Callable[[Inventory, NodeSpec, SshOptions], NodeTransport]
+
+
+class ProtocolMismatch(NodeUnreachable):
+    pass
+
+
+@dataclass(slots=True)
+class NodeLink:
+    plan: NodePlan
+    transport: NodeTransport
+    channel: AgentChannel | None = None
+    hello: Hello | None = None
+    open: bool = False  # the channel is up and its reader running
+    error: str = ""
+    reader: asyncio.Task[None] | None = None
+    waiters: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
+    hello_waiter: asyncio.Future[Hello | None] | None = None
+    remote_archive: str | None = None  # the synced workdir on the node
+
+    @property
+    def name(self) -> str:
+        return self.plan.node.name
+
+
+class ClusterSession:
+    def __init__(
+        self,
+        inv: Inventory,
+        plans: tuple[NodePlan, ...],
+        run_id: str,
+        emit: Callable[[Event], None],
+        inbox: Inbox,
+        accept_new_host_keys: bool = False,
+        transport_factory: TransportFactory = make_transport,
+        attach: bool = False,
+        launches: bool = True,
+    ) -> None:
+        self.inv = inv
+        self.attach = attach  # reach the run's detached agents (a relay each) instead of starting agents
+        # False for `mscon check`: no rank of the job starts, so its workdir is neither packed (CPU
+        # and time on a large workdir) nor copied to the nodes.
+        self.launches = launches
+        self.run_id = run_id
+        self.emit = emit
+        self.inbox = inbox
+        self.attempt = 0
+        sem = asyncio.Semaphore(inv.ssh.max_parallel_connects)
+        self._ssh = SshOptions(accept_new_host_keys=accept_new_host_keys, connect_semaphore=sem)
+        self._factory = transport_factory
+        self.links = {p.node.name: NodeLink(p, transport_factory(inv, p.node, self._ssh)) for p in plans}
+        self._archive: WorkdirArchive | None = None
+        self._bundle = agent_bundle()
+
+    @contextlib.contextmanager
+    def diverted(self, inbox: Inbox) -> Iterator[None]:
+        """The agents' messages go to ``inbox`` for a while (preflight's conversations with them)."""
+        before, self.inbox = self.inbox, inbox
+        try:
+            yield
+        finally:
+            self.inbox = before
+
+    @property
+    def _syncs(self) -> bool:
+        """Whether the job's workdir goes to the nodes: only where the job's ranks will start."""
+        return self.launches and not self.attach
+
+    def _state(self, node: str, state: NodeState, detail: str = "") -> None:
+        self.emit(NodeUpdate(self.attempt, node, state, detail, time.time_ns()))
+
+    # ------------------------------------------------------------ open
+
+    async def open(self) -> list[str]:
+        """Connect and start the agent on every node; one-line errors of the nodes that failed."""
+        if self._syncs and any(link.transport.syncs_workdir for link in self.links.values()):
+            self._archive = await asyncio.to_thread(
+                workdir_archive, self.inv.job.workdir, self.inv.job.exclude
+            )
+            if len(self._archive.data) > _LARGE_ARCHIVE:
+                self.emit(
+                    Notice(
+                        self.attempt,
+                        f"the workdir {self.inv.job.workdir} packs to "
+                        f"{len(self._archive.data) / 2**20:.0f} MiB ({self._archive.files} files) and is "
+                        "copied to every node; keep data sets out of it "
+                        "with job.exclude",
+                    )
+                )
+        return await self._each(list(self.links.values()), self._open_one)
+
+    async def reopen(self, node: str) -> str | None:
+        """Bring a lost node back (a new connection and agent); its error, or None."""
+        link = self.links[node]
+        await self._close_link(link, grace_s=0.5)
+        link.transport = self._factory(self.inv, link.plan.node, self._ssh)
+        link.hello, link.error = None, ""
+        errors = await self._each([link], self._open_one)
+        return errors[0] if errors else None
+
+    async def _open_one(self, link: NodeLink) -> None:
+        self._state(link.name, NodeState.CONNECTING)
+        await link.transport.connect()
+        self._state(link.name, NodeState.DEPLOYING)
+        agent_dir = await link.transport.ensure_agent(self._bundle)
+        if self.attach:
+            mode = {"mode": "attach", "run": self.run_id, "cache": link.transport.cache_root}
+            link.channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
+        else:
+            if self._syncs and link.transport.syncs_workdir:
+                assert self._archive is not None
+                link.remote_archive = await link.transport.upload_workdir(self._archive)
+            link.channel = await link.transport.start_agent(agent_dir, link.plan.python)
+        link.hello_waiter = asyncio.get_running_loop().create_future()
+        link.open = True
+        link.reader = asyncio.get_running_loop().create_task(self._read(link), name=f"reader:{link.name}")
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(link.hello_waiter), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            hello = None
+        if hello is None:
+            detail = link.channel.stderr_tail().strip().splitlines()[-3:]
+            raise NodeUnreachable(
+                f"{link.name}: the agent did not start with {link.plan.python}"
+                + (f": {' | '.join(detail)}" if detail else "")
+            )
+        if hello.protocol != PROTOCOL_VERSION:
+            raise ProtocolMismatch(
+                f"{link.name}: the agent speaks protocol {hello.protocol}, this console {PROTOCOL_VERSION}; "
+                + REMOVE_OLD_AGENTS
+            )
+        link.hello = hello
+        self._state(link.name, NodeState.READY, f"agent pid {hello.pid} on {hello.hostname}")
+
+    async def _read(self, link: NodeLink) -> None:
+        """The channel's one reader, for its whole life; never raises."""
+        channel = link.channel
+        assert channel is not None
+        try:
+            while True:
+                msg = await channel.recv()
+                if msg is None:
+                    break
+                if isinstance(msg, Hello) and link.hello_waiter is not None and not link.hello_waiter.done():
+                    link.hello_waiter.set_result(msg)
+                    continue
+                waiter = link.waiters.pop(msg.type, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(msg)
+                    continue
+                await self.inbox.put((link.name, msg))
+        except Exception as exc:  # noqa: BLE001 - a broken channel is a lost node, not a crash
+            link.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if link.hello_waiter is not None and not link.hello_waiter.done():
+                link.hello_waiter.set_result(None)
+            for waiter in link.waiters.values():
+                if not waiter.done():
+                    waiter.cancel()
+            if link.open and channel is link.channel:
+                link.open = False
+                if not link.error:
+                    tail = channel.stderr_tail().strip().splitlines()
+                    link.error = tail[-1] if tail else "agent connection closed"
+                self.inbox.put_nowait((link.name, None))
+
+    async def _each(self, links: list[NodeLink], step: Callable[[NodeLink], Awaitable[None]]) -> list[str]:
+        async def one(link: NodeLink) -> str | None:
+            try:
+                await step(link)
+            except NodeUnreachable as exc:
+                link.error = str(exc)
+            except TimeoutError:
+                link.error = f"{link.name}: timed out"
+            except (OSError, safepath.UnsafePath) as exc:  # UnsafePath: a run dir that would escape
+                link.error = f"{link.name}: {exc}"
+            else:
+                return None
+            link.open = False
+            self._state(link.name, NodeState.UNREACHABLE, link.error)
+            return link.error
+
+        results = await asyncio.gather(*(one(link) for link in links))
+        return [r for r in results if r]
+
+    # ------------------------------------------------------------ talking
+
+    async def send(self, node: str, msg: Message) -> bool:
+        link = self.links[node]
+        if not link.open or link.channel is None:
+            return False
+        try:
+            await link.channel.send(msg)
+        except Exception:  # noqa: BLE001 - the reader reports the lost channel
+            return False
+        return True
+
+    async def broadcast(self, msg: Message, nodes: list[str] | None = None) -> None:
+        await asyncio.gather(*(self.send(n, msg) for n in (nodes or list(self.links))))
+
+    async def ping(self) -> None:
+        """Tell every agent we are here; a channel that does not take it within a second is skipped
+        (a partitioned node: its keepalive or its agent's watchdog ends it)."""
+
+        async def one(node: str) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.send(node, Ping()), 1.0)
+
+        await asyncio.gather(*(one(n) for n, link in self.links.items() if link.open))
+
+    async def request(self, node: str, msg: Message, reply: type[M], wait_s: float) -> M | str:
+        """Send ``msg`` and wait for the node's answer of type ``reply``; a one-line error instead."""
+        link = self.links[node]
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        link.waiters[reply.type] = fut
+        if not await self.send(node, msg):
+            link.waiters.pop(reply.type, None)
+            return "the node's agent is not connected"
+        before = cancels()
+        try:
+            answer = await asyncio.wait_for(fut, wait_s)
+        except (TimeoutError, asyncio.CancelledError):  # CancelledError: the channel ended (_read)
+            link.waiters.pop(reply.type, None)
+            raise_if_cancelled_since(before)  # but never swallow our caller's own cancellation
+            return f"no answer from the agent in {wait_s:g} s"
+        assert isinstance(answer, reply)
+        return answer
+
+    async def resolve(self, node: str, host: str, wait_s: float = 15.0) -> Resolved:
+        answer = await self.request(node, Resolve(host=host), Resolved, wait_s)
+        if isinstance(answer, str):
+            return Resolved(node=node, host=host, error=answer)
+        return answer
+
+    def run_dir(self, node: str) -> str:
+        return self.links[node].transport.run_dir(self.run_id)
+
+    # ------------------------------------------------------------ close
+
+    async def close(self, grace_s: float) -> None:
+        await asyncio.gather(*(self._close_link(link, grace_s + 10) for link in self.links.values()))
+
+    async def _close_link(self, link: NodeLink, grace_s: float) -> None:
+        if link.channel is not None:
+            if link.open:
+                with contextlib.suppress(Exception):
+                    await link.channel.send(Shutdown())
+            link.open = False  # from here on an ended channel is our doing, not a lost node
+            with contextlib.suppress(Exception):
+                await link.channel.close(wait_s=grace_s)
+        if link.reader is not None:
+            await cancel_and_wait(link.reader)
+
+    async def release(self) -> None:
+        """Let every (detached) agent go: our channels close, the agents and their ranks run on."""
+
+        async def one(link: NodeLink) -> None:
+            link.open = False  # an ending channel is now our doing, not a lost node
+            if link.channel is not None:
+                with contextlib.suppress(Exception):
+                    await link.channel.release()
+            if link.reader is not None:
+                await wait_or_cancel(link.reader, 5.0)
+
+        await asyncio.gather(*(one(link) for link in self.links.values()))
+
+    async def list_runs(self) -> tuple[list[RunInfo], list[str]]:
+        """Every run the nodes hold (``mscon ls``), and the one-line errors of unreachable nodes."""
+        found: list[RunInfo] = []
+
+        async def one(link: NodeLink) -> None:
+            self._state(link.name, NodeState.CONNECTING)
+            await link.transport.connect()
+            agent_dir = await link.transport.ensure_agent(self._bundle)
+            mode = {"mode": "ls", "cache": link.transport.cache_root}
+            channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
+            try:
+                while (msg := await asyncio.wait_for(channel.recv(), HELLO_TIMEOUT_S)) is not None:
+                    if isinstance(msg, RunInfo):
+                        found.append(msg)
+            finally:
+                await channel.close(wait_s=5.0)
+
+        errors = await self._each(list(self.links.values()), one)
+        return found, errors
+
+    async def cut(self, node: str) -> None:
+        """Close one node's channel now (its agent sees EOF and stops its ranks itself)."""
+        await self._close_link(self.links[node], 0.5)
+
+    async def abort(self) -> None:
+        """Cut every channel now: each agent sees EOF and stops its ranks itself."""
+        await asyncio.gather(*(self._close_link(link, 0.5) for link in self.links.values()))
+
+    async def fetch_logs(self, logs_dir: Path) -> None:
+        async def one(link: NodeLink) -> None:
+            if link.hello is None or not link.transport.home:
+                return
+            try:
+                local = safepath.within(logs_dir, link.name)
+                remote = link.transport.run_dir(self.run_id)
+                fetch = link.transport.fetch_run_dir(remote, str(local), logs_root=str(logs_dir))
+                await asyncio.wait_for(fetch, _FETCH_TIMEOUT_S)
+                self.emit(LogsFetched(self.attempt, link.name, str(local)))
+            except Exception as exc:  # noqa: BLE001 - a failed fetch is reported, never fatal
+                error = str(exc) or type(exc).__name__
+                self.emit(LogsFetched(self.attempt, link.name, str(logs_dir / link.name), error=error))
+
+        await asyncio.gather(*(one(link) for link in self.links.values()))
+
+    async def disconnect(self) -> None:
+        async def one(link: NodeLink) -> None:
+            with contextlib.suppress(Exception):
+                await link.transport.close()
+
+        await asyncio.gather(*(one(link) for link in self.links.values()))

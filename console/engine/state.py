@@ -1,0 +1,558 @@
+"""ClusterState: the one picture of the cluster, a pure function of the events so far.
+
+The supervisor, the summary, the headless reporter and the TUI read it; a recording replays into
+the same state. The root cause of an attempt is computed here and nowhere else (``root_cause``).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field, replace
+
+from mscon.agent.evidence import KIND_STRENGTH
+from mscon.agent.protocol import (
+    AgentError,
+    AllExited,
+    Evidence,
+    LogBatch,
+    Metric,
+    MetricBatch,
+    ProcExited,
+    ProcHung,
+    ProcStarted,
+    Telemetry,
+    TelemetryBatch,
+    by_rank,
+    is_scheduler,
+    rank_name,
+)
+from mscon.console.engine.events import (
+    HANG_EXIT_CODE,
+    NODE_LOST_EXIT_CODE,
+    AgentEvent,
+    AttemptEnded,
+    AttemptOutcome,
+    AttemptStarted,
+    AttemptSummary,
+    AwaitingOperator,
+    CheckReported,
+    ChecksFinished,
+    Event,
+    Failure,
+    FailureKind,
+    JobState,
+    LinesShown,
+    NodeState,
+    NodeUpdate,
+    RankState,
+    RankSummary,
+    ReplicaDivergence,
+    Restarting,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    Stopping,
+    StragglerCleared,
+    StragglerFlagged,
+    StragglerSummary,
+)
+
+_STRONG = KIND_STRENGTH["node_timed_out"]  # the scheduler's own verdicts and up
+_TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
+_HISTORY = 512  # (step, loss) points kept per rank for plots
+
+
+@dataclass(slots=True)
+class RankView:
+    name: str
+    node: str
+    rank: int
+    state: RankState = RankState.PENDING
+    pid: int | None = None
+    started_ns: int | None = None
+    last_progress_ns: int | None = None  # agent clock: last log line or metric
+    last_step: int | None = None
+    last_loss: float | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    device_memory_bytes: int | None = None
+    device_memory_total: int | None = None
+    device_util: float | None = None  # percent
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    exited: ProcExited | None = None
+    hung: ProcHung | None = None
+    next_seq: int = 0
+    lost_lines: int = 0  # gaps in the log sequence numbers
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=_TAIL))
+    history: collections.deque[tuple[int, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=_HISTORY)
+    )
+
+    @property
+    def is_scheduler(self) -> bool:
+        return is_scheduler(self.rank)
+
+
+@dataclass(slots=True)
+class NodeView:
+    name: str
+    host: str = ""
+    state: NodeState = NodeState.PENDING
+    detail: str = ""
+    lost_ns: int | None = None
+
+
+@dataclass(slots=True)
+class AttemptView:
+    number: int
+    started_ns: int = 0
+    ended_ns: int | None = None
+    outcome: AttemptOutcome | None = None
+    reason: str = ""
+    stop_reason: str | None = None
+    failures: list[Failure] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    lost_nodes: list[Failure] = field(default_factory=list)
+    root: Failure | None = None  # fixed when the attempt ends (AttemptEnded carries it)
+    summary: tuple[RankSummary, ...] = ()
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.logs_dir = ""
+        self.max_restarts = 0
+        self.world_size = 0
+        self.job = JobState.CONNECTING
+        self.nodes: dict[str, NodeView] = {}
+        self.ranks: dict[str, RankView] = {}
+        self.attempts: list[AttemptView] = []
+        self.divergent: set[str] = set()
+        self.result: RunResult | None = None
+        self.checks: dict[tuple[str, str], CheckReported] = {}  # (node, check) -> latest result
+        self.checks_finished: ChecksFinished | None = None
+        self.flagged: dict[str, StragglerFlagged] = {}  # stragglers of this attempt not cleared since
+        self._straggled: dict[tuple[int, str], StragglerSummary] = {}  # every one of the run, for the summary
+        self.events = 0
+        # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
+        # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
+        self._workers = 0
+        self._ok_exits = 0
+
+    # ------------------------------------------------------------ the reducer
+
+    def apply(self, ev: Event) -> None:
+        self.events += 1
+        if isinstance(ev, AgentEvent):
+            self._agent(ev)
+        elif isinstance(ev, RunStarted):
+            self.run_id, self.logs_dir, self.max_restarts = ev.run_id, ev.logs_dir, ev.max_restarts
+            self.world_size = ev.world_size
+            hosts = ev.hosts or ("",) * len(ev.nodes)
+            self.nodes = {n: NodeView(n, h) for n, h in zip(ev.nodes, hosts, strict=False)}
+        elif isinstance(ev, NodeUpdate):
+            self._node(ev)
+        elif isinstance(ev, AttemptStarted):
+            self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns))
+            self.job = JobState.RUNNING
+            self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
+            self._workers = sum(1 for r in ev.ranks if not is_scheduler(r.rank))
+            self._ok_exits = 0
+            self.flagged = {}
+        elif isinstance(ev, Stopping):
+            att = self.attempt
+            if att is not None and att.stop_reason is None:
+                att.stop_reason = ev.reason
+            self.job = JobState.STOPPING
+        elif isinstance(ev, AttemptEnded):
+            att = self.attempt
+            if att is not None:
+                att.outcome, att.reason, att.root, att.ended_ns = (
+                    ev.outcome,
+                    ev.reason,
+                    ev.root_cause,
+                    ev.ts_ns,
+                )
+                att.summary = self.rank_summaries(att)
+        elif isinstance(ev, Restarting):
+            self.job = JobState.RESTARTING
+        elif isinstance(ev, AwaitingOperator):
+            self.job = JobState.AWAITING_OPERATOR
+        elif isinstance(ev, LinesShown):
+            for name, seq in ev.log_seq:
+                r = self.ranks.get(name)
+                if r is not None and seq > r.next_seq:
+                    r.next_seq = seq
+        elif isinstance(ev, ReplicaDivergence):
+            self.divergent.update(ev.ranks)
+        elif isinstance(ev, StragglerFlagged | StragglerCleared):
+            self._straggler(ev)
+        elif isinstance(ev, CheckReported):
+            self.checks[(ev.node, ev.name)] = ev
+        elif isinstance(ev, ChecksFinished):
+            self.checks_finished = ev
+        elif isinstance(ev, RunFinished):
+            self.result = ev.result
+            self.job = ev.result.status
+
+    def _straggler(self, ev: StragglerFlagged | StragglerCleared) -> None:
+        key = (ev.attempt, ev.name)
+        seen = self._straggled.get(key)
+        if isinstance(ev, StragglerFlagged):
+            self.flagged[ev.name] = ev
+            times = seen.flagged + 1 if seen is not None else 1
+            self._straggled[key] = StragglerSummary(
+                ev.attempt, ev.name, ev.node, ev.step_time_s, ev.median_s, times, cleared=False
+            )
+        else:
+            self.flagged.pop(ev.name, None)
+            if seen is not None:
+                self._straggled[key] = replace(seen, cleared=True)
+
+    def _node(self, ev: NodeUpdate) -> None:
+        view = self.nodes.setdefault(ev.node, NodeView(ev.node))
+        view.state, view.detail = ev.state, ev.detail
+        if ev.state is not NodeState.LOST:
+            return
+        view.lost_ns = ev.ts_ns
+        att = self.attempt
+        if att is None or att.ended_ns is not None:
+            return
+        orphaned = [r for r in self.ranks.values() if r.node == ev.node and r.exited is None]
+        for r in orphaned:
+            r.state = RankState.LOST
+        if orphaned and not att.stop_reason:  # lost while it mattered, not cut off during our stop
+            att.lost_nodes.append(
+                Failure(
+                    kind=FailureKind.NODE_LOST,
+                    node=ev.node,
+                    name=ev.node,
+                    rank=None,
+                    ts_ns=ev.ts_ns,
+                    clock="console",
+                    code=NODE_LOST_EXIT_CODE,
+                    detail=f"lost the node {ev.node}" + (f": {ev.detail}" if ev.detail else ""),
+                )
+            )
+
+    def _agent(self, ev: AgentEvent) -> None:
+        msg = ev.msg
+        att = self.attempt
+        if isinstance(msg, LogBatch):
+            r = self.ranks.get(msg.name)
+            if r is None:
+                return
+            if msg.seq > r.next_seq:
+                r.lost_lines += msg.seq - r.next_seq
+            r.next_seq = msg.seq + len(msg.lines)
+            r.tail.extend(msg.lines[-_TAIL:])  # the deque keeps the last _TAIL anyway
+            self._progress(r, msg.ts_ns)
+        elif isinstance(msg, MetricBatch):
+            r = self.ranks.get(msg.name)
+            if r is not None:
+                for m in msg.metrics:
+                    self._metric(r, m)
+        elif isinstance(msg, TelemetryBatch):
+            ranks = self.ranks
+            for t in msg.items:
+                r = ranks.get(t.name)
+                if r is not None:
+                    _telemetry(r, t)
+        elif isinstance(msg, Metric):
+            r = self.ranks.get(msg.name)
+            if r is not None:
+                self._metric(r, msg)
+        elif isinstance(msg, Telemetry):
+            r = self.ranks.get(msg.name)
+            if r is not None:
+                _telemetry(r, msg)
+        elif isinstance(msg, ProcStarted):
+            r = self.ranks.get(msg.name)
+            if r is not None:
+                r.state, r.pid, r.started_ns = RankState.STARTING, msg.pid, msg.ts_ns
+                r.last_progress_ns = msg.ts_ns
+            node = self.nodes.get(msg.node)
+            if node is not None and node.state is NodeState.READY:
+                node.state = NodeState.RUNNING
+        elif isinstance(msg, ProcExited):
+            self._exited(msg, att)
+        elif isinstance(msg, ProcHung):
+            r = self.ranks.get(msg.name)
+            if r is None or r.exited is not None or att is None:
+                return
+            r.state, r.hung = RankState.HUNG, msg
+            stopped = msg.why == "stopped"
+            att.failures.append(
+                Failure(
+                    kind=FailureKind.STOPPED if stopped else FailureKind.HUNG,
+                    node=msg.node,
+                    name=msg.name,
+                    rank=msg.rank,
+                    ts_ns=msg.since_ns,
+                    clock=f"agent on {msg.node}",
+                    code=HANG_EXIT_CODE,
+                    detail=(
+                        f"stopped by a signal: process state {msg.state}"
+                        if stopped
+                        else f"no progress; process state {msg.state}"
+                        + (f", waiting in {msg.wchan}" if msg.wchan else "")
+                    ),
+                    tail=msg.tail,
+                    stack=msg.stack or (f"kernel wait channel: {msg.wchan}" if msg.wchan else None),
+                )
+            )
+        elif isinstance(msg, Evidence):
+            # What MindSpore says once we are stopping is about ranks we stopped: not evidence.
+            if att is not None and att.stop_reason is None:
+                att.evidence.append(msg)
+        elif isinstance(msg, AllExited):
+            node = self.nodes.get(msg.node)
+            if node is not None and node.state in (NodeState.RUNNING, NodeState.READY):
+                node.state = NodeState.DONE
+        elif isinstance(msg, AgentError):
+            if att is not None and not any(
+                r.started_ns for r in self.ranks.values() if r.node == msg.node
+            ):  # the node could not even start its processes
+                att.failures.append(
+                    Failure(
+                        kind=FailureKind.AGENT,
+                        node=msg.node,
+                        name=msg.node,
+                        rank=None,
+                        ts_ns=0,
+                        clock=f"agent on {msg.node}",
+                        code=NODE_LOST_EXIT_CODE,
+                        detail=msg.message,
+                    )
+                )
+
+    def _metric(self, r: RankView, msg: Metric) -> None:
+        r.last_step = msg.step
+        if msg.loss is not None:
+            r.last_loss = msg.loss
+            r.history.append((msg.step, msg.loss))
+        if msg.step_time_s is not None:
+            r.step_time_s = msg.step_time_s
+        if msg.samples_per_s is not None:
+            r.samples_per_s = msg.samples_per_s
+        if msg.device_memory_bytes is not None:
+            r.device_memory_bytes = msg.device_memory_bytes
+        self._progress(r, int(msg.ts * 1e9) if msg.ts else None)
+
+    def _progress(self, r: RankView, ts_ns: int | None) -> None:
+        if ts_ns is not None and (r.last_progress_ns is None or ts_ns > r.last_progress_ns):
+            r.last_progress_ns = ts_ns
+        if r.state is RankState.STARTING:
+            r.state = RankState.RUNNING
+
+    def _exited(self, msg: ProcExited, att: AttemptView | None) -> None:
+        r = self.ranks.get(msg.name)
+        if r is None:
+            return
+        if msg.ok and not r.is_scheduler and (r.exited is None or not r.exited.ok):
+            self._ok_exits += 1
+        r.exited = msg
+        if msg.tail:
+            r.tail.extend(line for line in msg.tail if not r.tail or line not in r.tail)
+        if r.state is RankState.HUNG:
+            return  # stays the hung rank it was, whatever stopped it
+        if msg.ok:
+            r.state = RankState.EXITED_OK
+        elif msg.stopped_by_agent:
+            r.state = RankState.STOPPED
+        else:
+            r.state = RankState.FAILED
+            if att is not None:
+                att.failures.append(
+                    Failure(
+                        kind=FailureKind.SIGNAL if msg.signal else FailureKind.EXIT,
+                        node=msg.node,
+                        name=msg.name,
+                        rank=msg.rank,
+                        ts_ns=msg.ts_ns,
+                        clock=f"agent on {msg.node}",
+                        code=msg.shell_code,
+                        detail=msg.describe(),
+                        exitcode=msg.exitcode,
+                        signal=msg.signal,
+                        tail=msg.tail,
+                        traceback=msg.traceback,
+                    )
+                )
+
+    # ------------------------------------------------------------ what the readers ask
+
+    @property
+    def attempt(self) -> AttemptView | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def workers(self) -> list[RankView]:
+        return [r for r in self.ranks.values() if not r.is_scheduler]
+
+    def workers_succeeded(self) -> bool:
+        if self._ok_exits < self._workers:  # not every worker has exited ok yet: no scan
+            return False
+        ws = self.workers()
+        return bool(ws) and all(r.exited is not None and r.exited.ok for r in ws)
+
+    def root_cause(self, att: AttemptView | None = None) -> Failure | None:
+        """The one verdict: which rank (or node) made this attempt fail.
+
+        - A rank that MindSpore itself names (``worker N is the first one timed out``, HCCL's
+          ``remote rank``) is the cause: the scheduler that reports a timeout is only the witness.
+        - Otherwise the first failure of a worker by the agents' clocks (a hung or stopped rank
+          counts from its last progress), or a node lost while the attempt ran.
+        - The scheduler is the cause only when no worker failed and none was named.
+        Ranks stopped by mscon are victims, never causes.
+        """
+        att = att or self.attempt
+        if att is None:
+            return None
+        if att.root is not None:
+            return att.root
+        failures = att.failures + att.lost_nodes
+        workers = [f for f in failures if not is_scheduler(f.rank)]  # lost nodes (rank None) too
+        named = self._named(att, strong=True) or ([] if workers else self._named(att, strong=False))
+        if named:
+            accused = [f for f in workers if f.rank in named]
+            if accused:
+                best = min(accused, key=lambda f: (named.index(f.rank), f.ts_ns))  # type: ignore[arg-type]
+                return _with_evidence(best, named_line(att, best.rank))
+            return self._named_failure(att, named[0])
+        if workers:
+            return min(workers, key=lambda f: f.ts_ns)
+        return min(failures, key=lambda f: f.ts_ns) if failures else None
+
+    def _named(self, att: AttemptView, strong: bool) -> list[int]:
+        """Ranks MindSpore named, strongest evidence first.
+
+        The scheduler's heartbeat verdicts are strong: they override the clocks. HCCL's
+        ``remote rank`` lines are weak (in a ring every survivor names the neighbour it waited
+        for, and sub-communicator ranks are not global ranks): used only when no worker failed.
+        """
+        found = [ev for ev in att.evidence if (KIND_STRENGTH.get(ev.kind, 0) >= _STRONG) == strong]
+        found.sort(key=lambda ev: -KIND_STRENGTH.get(ev.kind, 0))
+        out: list[int] = []
+        for ev in found:
+            out.extend(r for r in ev.ranks if r not in out and rank_name(r) in self.ranks)
+        return out
+
+    def _named_failure(self, att: AttemptView, rank: int) -> Failure:
+        r = self.ranks[rank_name(rank)]
+        line = named_line(att, rank)
+        return Failure(
+            kind=FailureKind.NAMED,
+            node=r.node,
+            name=r.name,
+            rank=rank,
+            ts_ns=r.last_progress_ns or 0,
+            clock=f"agent on {r.node}",
+            code=HANG_EXIT_CODE,
+            detail="named by MindSpore as the rank that stopped responding",
+            tail=tuple(r.tail)[-20:],
+            evidence=line,
+        )
+
+    def rank_summaries(self, att: AttemptView | None = None) -> tuple[RankSummary, ...]:
+        att = att or self.attempt
+        root = self.root_cause(att) if att is not None else None
+        rows = []
+        for r in self.ranks.values():
+            e = r.exited
+            wall = (e.ts_ns - r.started_ns) / 1e9 if e is not None and r.started_ns is not None else None
+            if r.state is RankState.HUNG:
+                status = "hung" + (f", then {e.describe(short=True)}" if e is not None else "")
+            elif e is None:
+                status = "never started" if r.started_ns is None else r.state.value
+            elif e.ok:
+                status = "ok"
+            elif e.stopped_by_agent:
+                status = f"stopped ({e.describe(short=True)})"
+            else:
+                status = e.describe(short=True)
+            if root is not None and root.name == r.name:
+                role = "root cause"
+            elif root is not None and r.state in (RankState.STOPPED, RankState.FAILED, RankState.LOST):
+                role = "victim"
+            else:
+                role = ""
+            rows.append(
+                RankSummary(
+                    node=r.node,
+                    name=r.name,
+                    rank=r.rank,
+                    status=status,
+                    exitcode=e.exitcode if e else None,
+                    signal=e.signal if e else None,
+                    last_step=r.last_step,
+                    last_loss=r.last_loss,
+                    wall_s=wall,
+                    role=role,
+                )
+            )
+        return tuple(rows)
+
+    def stragglers(self) -> frozenset[str]:
+        """The current stragglers: flagged, not cleared, and still running (an exit ends it)."""
+        ranks = self.ranks
+        return frozenset(n for n in self.flagged if n in ranks and ranks[n].state.live)
+
+    def straggler_summaries(self) -> tuple[StragglerSummary, ...]:
+        """Every rank flagged during the run, by attempt and rank (RunResult.stragglers)."""
+        return tuple(self._straggled[k] for k in sorted(self._straggled, key=_straggler_order))
+
+    def attempt_summaries(self) -> tuple[AttemptSummary, ...]:
+        out = []
+        for att in self.attempts:
+            if att.outcome is None:
+                continue
+            wall = ((att.ended_ns or att.started_ns) - att.started_ns) / 1e9
+            out.append(AttemptSummary(att.number, att.outcome, att.reason, wall, att.root, att.summary))
+        return tuple(out)
+
+
+def _straggler_order(key: tuple[int, str]) -> tuple[int, tuple[int, str]]:
+    attempt, name = key
+    return attempt, by_rank(name)
+
+
+def _telemetry(r: RankView, msg: Telemetry) -> None:
+    r.cpu_percent, r.rss_bytes = msg.cpu_percent, msg.rss_bytes
+    r.device_util = msg.device_util
+    if msg.device_mem_bytes is not None:  # the device's own figure beats the trainer's
+        r.device_memory_bytes, r.device_memory_total = msg.device_mem_bytes, msg.device_mem_total
+
+
+def named_line(att: AttemptView, rank: int | None) -> str | None:
+    for ev in att.evidence:
+        if rank in ev.ranks:
+            return f"{ev.name} on {ev.node}: {ev.text}"
+    return None
+
+
+def _with_evidence(f: Failure, line: str | None) -> Failure:
+    if line is None or f.evidence:
+        return f
+    from dataclasses import replace
+
+    return replace(f, evidence=line)
+
+
+def who_is(name: str, rank: int | None, node: str) -> str:
+    """A process in words: "r3 on node2", "the scheduler on node1"."""
+    return f"the scheduler on {node}" if is_scheduler(rank) else f"{name} on {node}"
+
+
+def describe(f: Failure | None) -> str:
+    """The verdict in one line: who failed first, and how."""
+    if f is None:
+        return "no failure was recorded"
+    if f.kind is FailureKind.NODE_LOST:
+        return f.detail
+    if f.kind is FailureKind.AGENT:
+        return f"{f.node} could not start its processes: {f.detail}"
+    who = who_is(f.name, f.rank, f.node)
+    if f.kind in (FailureKind.STOPPED, FailureKind.HUNG, FailureKind.NAMED):
+        return f"{who} hung first ({f.detail})"
+    return f"{who} failed first ({f.detail})"

@@ -1,0 +1,78 @@
+"""The run's summary as JSON: ``summary.json`` in the run folder, and the ``--json`` copy.
+
+Every writer of a summary goes through here, so the file has one shape (``RunResult.to_json()``,
+plus sections added after the run such as ``preflight``) wherever it is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mscon.console.engine.bus import EventBus
+from mscon.console.engine.events import JobState, RunResult
+from mscon.console.engine.state import ClusterState
+
+SUMMARY_JSON = "summary.json"
+
+
+def summary_file(logs_dir: Path) -> Path:
+    """Where the run folder keeps its summary."""
+    return logs_dir / SUMMARY_JSON
+
+
+def write_summary(path: Path, result: RunResult, **sections: Any) -> None:
+    """Write ``result`` (and any extra top-level ``sections``) to ``path``; OSError if it cannot."""
+    doc = result.to_json()
+    doc.update(sections)
+    _write(path, doc)
+
+
+def add_to_summary(path: Path, **sections: Any) -> bool:
+    """Add top-level sections to a summary already written; False where there is none to add to
+    (it was not written, and the run said why) or it cannot be rewritten."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict):
+            return False
+        doc.update(sections)
+        _write(path, doc)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    # Written in place, not renamed over: --json may name a pipe or /dev/stdout.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def run_result(
+    state: ClusterState,
+    run_id: str,
+    logs_dir: Path,
+    status: JobState,
+    code: int,
+    reason: str,
+    wall_s: float,
+    bus: EventBus,
+) -> RunResult:
+    """The run's summary from ClusterState (the supervisor's, and an attached console's)."""
+    last = state.attempt
+    root = state.root_cause() if status is JobState.FAILED and last is not None else None
+    return RunResult(
+        run_id=run_id,
+        status=status,
+        exit_code=code,
+        reason=reason,
+        root_cause=root,
+        ranks=state.rank_summaries() if last is not None else (),
+        wall_s=wall_s,
+        logs_dir=str(logs_dir),
+        attempts=state.attempt_summaries(),
+        divergent_ranks=tuple(sorted(state.divergent)),
+        dropped=bus.dropped(),
+        stragglers=state.straggler_summaries(),
+    )

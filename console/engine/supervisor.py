@@ -1,0 +1,615 @@
+"""The console's host of the run's policy: it connects, resolves the scheduler, runs preflight,
+then turns everything it hears (commands, clock ticks, agent messages: one queue, inputs.py) into
+the policy's inputs and carries out the actions it returns (agent/policy.py decides: stop, restart,
+wait for the operator, end). ClusterState records; the root cause is ClusterState's to compute.
+No UI code here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+import traceback
+from collections import deque
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+from mscon.agent import layout
+from mscon.agent import policy as policy_mod
+from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
+from mscon.agent.protocol import (
+    Inspect,
+    LogBatch,
+    Message,
+    Metric,
+    MetricBatch,
+    ProcSpec,
+    Start,
+    Stop,
+)
+from mscon.console.config.inventory import Inventory
+from mscon.console.detach.handover import hand_over
+from mscon.console.detach.record import DetachRecord, write_record
+from mscon.console.engine import exit_codes
+from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
+from mscon.console.engine.bus import EventBus
+from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
+from mscon.console.engine.events import (
+    AgentEvent,
+    AttemptEnded,
+    AttemptStarted,
+    AwaitingOperator,
+    Event,
+    JobState,
+    NodeState,
+    NodeUpdate,
+    Notice,
+    RankRef,
+    Restarting,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    Stopping,
+)
+from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
+from mscon.console.engine.plan import build_plan, with_scheduler
+from mscon.console.engine.replicas import ReplicaWatch
+from mscon.console.engine.sched_address import scheduler_address
+from mscon.console.engine.session import ClusterSession, TransportFactory
+from mscon.console.engine.state import ClusterState, describe
+from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
+from mscon.console.engine.summary import run_result, summary_file, write_summary
+from mscon.console.preflight.runner import JobView, Preflight
+from mscon.console.transport import make_transport
+
+T = TypeVar("T")
+
+_TICK_S = 0.25
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    script: str | None = None  # overrides the inventory's job.script (relative to workdir)
+    args: tuple[str, ...] | None = None
+    run_id: str | None = None
+    logs_root: Path = Path(layout.LOGS_DIR)
+    accept_new_host_keys: bool = False
+    max_restarts: int | None = None  # overrides restart.max_restarts
+    preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
+    detach: bool = False  # detach as soon as the first attempt has started (mscon run --detach)
+    straggler_factor: float = 1.3  # --straggler-factor: flag a rank this many times the others' step time
+    straggler_window: int = 20  # --straggler-window: over its last N steps
+    # After a failed attempt with no restart left: None ends the run (headless); a number of
+    # seconds (inf: while the console stays) keeps the agents and waits for the operator's r or q.
+    operator_wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunVerdict:
+    """How the run ended, as the summary and the exit code say it."""
+
+    status: JobState
+    exit_code: int
+    reason: str
+
+
+class Supervisor:
+    def __init__(
+        self,
+        inventory: Inventory,
+        options: RunOptions | None = None,
+        bus: EventBus | None = None,
+        transport_factory: TransportFactory = make_transport,
+    ):
+        self._factory = transport_factory
+        self.inv = inventory
+        self.options = options or RunOptions()
+        self.bus = bus or EventBus()
+        self.state = ClusterState()
+        self.run_id = self.options.run_id or new_run_id()
+        self.logs_dir = (self.options.logs_root / self.run_id).resolve()
+        self.bus.errors_to(self.logs_dir)  # a view that raises: its traceback in console.err there
+        self.script = self.options.script or inventory.job.script
+        self.args = self.options.args if self.options.args is not None else inventory.job.args
+        self.plans = build_plan(inventory, self.script, self.args)
+        mr = self.options.max_restarts
+        self.max_restarts = mr if mr is not None else inventory.restart.max_restarts
+        self.backoff_s = inventory.restart.backoff_s
+        self.hang_timeout_s = inventory.hang.timeout_s
+        self._inputs: Inputs | None = None
+        self._early: list[Command] = []
+        self.policy: RunPolicy | None = None  # from the first attempt on
+        self._later: list[Command] = []  # commands the policy takes once it runs
+        self.session: ClusterSession | None = None
+        self._stop_cmd: StopJob | None = None
+        self.replicas = ReplicaWatch(inventory.world_size)
+        self.stragglers = StragglerWatch(
+            StragglerPolicy(self.options.straggler_factor, self.options.straggler_window), self.state
+        )
+        self._sched = ""
+        self.detached = False
+
+    # ------------------------------------------------------------ commands and events
+
+    def submit(self, cmd: Command) -> None:
+        """Queue a command (call on the loop's thread; signal handlers and the UI do)."""
+        if isinstance(cmd, StopJob) and self._stop_cmd is None:
+            self._stop_cmd = cmd
+        if self._inputs is None:
+            self._early.append(cmd)
+        else:
+            self._inputs.put_nowait(cmd)
+
+    def closing_command(self) -> Command:
+        """What a console that closes without a choice sends: a run it started dies with it."""
+        return StopJob("the console was closed")
+
+    def emit(self, ev: Event) -> None:
+        self.bus.attempt = ev.attempt
+        self.state.apply(ev)
+        self.bus.publish(ev)
+
+    @property
+    def attempt_no(self) -> int:
+        att = self.state.attempt
+        return att.number if att is not None else 0
+
+    # ------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        t0 = time.monotonic()
+        self._inputs = Inputs()
+        for cmd in self._early:
+            self._inputs.put_nowait(cmd)
+        self.emit(
+            RunStarted(
+                attempt=0,
+                run_id=self.run_id,
+                inventory=str(self.inv.path),
+                nodes=tuple(p.node.name for p in self.plans),
+                world_size=self.inv.world_size,
+                hosts=tuple(p.node.host for p in self.plans),
+                logs_dir=str(self.logs_dir),
+                max_restarts=self.max_restarts,
+            )
+        )
+        session = self.session = ClusterSession(
+            self.inv,
+            self.plans,
+            self.run_id,
+            self.emit,
+            self._inputs,
+            self.options.accept_new_host_keys,
+            self._factory,
+            launches=self.options.preflight is None or not self.options.preflight.options.checks_only,
+        )
+        ticker = asyncio.get_running_loop().create_task(self._ticker(), name="ticker")
+        verdict = RunVerdict(JobState.ERROR, exit_codes.INTERNAL, "internal error")
+        try:
+            verdict = await self._run(session)
+        except Exception as exc:  # a bug: one line for the user, the traceback in the run folder
+            verdict = RunVerdict(
+                JobState.ERROR,
+                exit_codes.INTERNAL,
+                f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)",
+            )
+            self._save_traceback()
+        finally:
+            await cancel_and_wait(ticker)
+            if self.detached:
+                self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
+            else:
+                await session.close(self.inv.stop.grace_s)
+                await session.fetch_logs(self.logs_dir)
+            await session.disconnect()
+        result = self._result(verdict, time.monotonic() - t0)
+        self._write_summary(result)
+        self.emit(RunFinished(self.attempt_no, result))
+        await self.bus.close()
+        return result
+
+    async def _ticker(self) -> None:
+        assert self._inputs is not None and self.session is not None
+        last_ping = time.monotonic()
+        while True:
+            await asyncio.sleep(_TICK_S)
+            if not self._inputs.tick_pending:
+                self._inputs.tick_pending = True
+                self._inputs.put_nowait(TICK)
+            if time.monotonic() - last_ping >= self.inv.ssh.keepalive_s:
+                last_ping = time.monotonic()
+                await self.session.ping()
+
+    async def _run(self, session: ClusterSession) -> RunVerdict:
+        errors = await self._unless_stopped(session.open())
+        if self._stop_cmd is not None:
+            return self._interrupted()
+        if errors:
+            if self.options.preflight is not None:
+                self.options.preflight.unreachable(self, session)
+            return RunVerdict(JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors))
+        found = await self._unless_stopped(scheduler_address(self.inv, self.plans, session))
+        if found is None or self._stop_cmd is not None:
+            return self._interrupted()
+        if found.ip is None:
+            return RunVerdict(JobState.FAILED, found.exit_code, found.error)
+        self._sched = sched = found.ip
+        if self.options.preflight is not None:
+            verdict = await self._unless_stopped(self.options.preflight.run(self, session, sched))
+            if verdict is None or self._stop_cmd is not None:
+                return self._interrupted()
+            if not verdict.proceed:
+                return RunVerdict(verdict.status, verdict.exit_code, verdict.reason)
+        return await self._drive(session)
+
+    def _interrupted(self) -> RunVerdict:
+        stop = self._stop_cmd or StopJob()
+        return RunVerdict(JobState.INTERRUPTED, stop.exit_code, stop.reason)
+
+    async def _unless_stopped(self, aw: Awaitable[T], limit_s: float | None = None) -> T | None:
+        """Await ``aw`` (connecting, resolving, preflight, reopening a node) while serving the input
+        queue; None when a StopJob (or ``limit_s``) came first. Attempts are driven by ``_drive``."""
+        assert self._inputs is not None
+        task = asyncio.ensure_future(aw)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        while not task.done():
+            getter = asyncio.ensure_future(self._inputs.get())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                before = cancels()
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                raise_if_cancelled_since(before)  # our caller's own cancellation is not swallowed
+                if not getter.cancelled():  # it got an item while being cancelled: keep it
+                    self._inputs.put_nowait(getter.result())
+                if not task.done():  # timed out
+                    break
+                continue
+            item = getter.result()
+            if isinstance(item, Tick):
+                self._inputs.tick_pending = False
+            elif isinstance(item, DetachRun):
+                self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
+            elif isinstance(item, StopJob):
+                break
+            elif isinstance(item, RestartGroup):
+                self._later.append(item)  # for the policy, once it runs (a restart during a reopen)
+            elif isinstance(item, tuple):
+                node, msg = item
+                if msg is None:
+                    self.emit(
+                        NodeUpdate(
+                            self.attempt_no, node, NodeState.LOST, self._link_error(node), time.time_ns()
+                        )
+                    )
+                else:
+                    self.emit(AgentEvent(self.attempt_no, msg))  # late telemetry between attempts
+        if task.done():
+            return task.result()
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(task)
+        return None
+
+    def _link_error(self, node: str) -> str:
+        return self.session.links[node].error if self.session is not None else ""
+
+    # ------------------------------------------------------------ the scheduler's address
+
+    # ------------------------------------------------------------ attempts, driven by the policy
+
+    def _watchdog_s(self) -> float:
+        return policy_mod.watchdog_s(self.inv.ssh.keepalive_s)
+
+    def _is_trainer(self) -> bool:
+        return PurePosixPath(self.script.replace("\\", "/")).parts[-2:] == ("trainer", "train.py")
+
+    def _argv(self, spec: ProcSpec, node: str, number: int) -> tuple[str, ...]:
+        """The attempt's command line: resume where the previous attempt left off."""
+        argv = spec.argv
+        if self._is_trainer():
+            # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
+            if self._checkpoints() and "--checkpoint-dir" not in argv:
+                assert self.session is not None
+                argv += ("--checkpoint-dir", layout.checkpoint_folder(self.session.run_dir(node)))
+            if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
+                argv += ("--resume",)
+        elif number > 0:
+            argv += self.inv.job.resume_args
+        return argv
+
+    def _checkpoints(self) -> bool:
+        """Whether the trainer keeps checkpoints: only when a restart may come (a budget, or an
+        operator who may press r after a failure)."""
+        return self.max_restarts > 0 or self.options.operator_wait_s is not None
+
+    def _policy_config(self) -> policy_mod.PolicyConfig:
+        return policy_mod.PolicyConfig(
+            nodes=tuple(p.node.name for p in self.plans),
+            workers={s.name: p.node.name for p in self.plans for s in p.procs if not s.is_scheduler},
+            max_restarts=self.max_restarts,
+            backoff_s=self.backoff_s,
+            grace_s=self.inv.stop.grace_s,
+            hang_timeout_s=self.hang_timeout_s,
+            can_reconnect=True,
+            operator_wait_s=self.options.operator_wait_s,
+        )
+
+    async def _drive(self, session: ClusterSession) -> RunVerdict:
+        """Feed the policy what happens and carry out what it decides, until it ends the run."""
+        assert self._inputs is not None
+        policy = self.policy = RunPolicy(self._policy_config())
+        pending: deque[policy_mod.Action] = deque(policy.step(policy_mod.Begin(time.monotonic())))
+        for cmd in self._later:
+            self._inputs.put_nowait(cmd)
+        self._later.clear()
+        while True:
+            while pending:
+                act = pending.popleft()
+                if isinstance(act, policy_mod.EndRun):
+                    return self._final(act.verdict)
+                done = await self._carry_out(session, act)
+                if isinstance(done, RunVerdict):
+                    return done
+                for ev in done:
+                    pending.extend(policy.step(ev))
+            if self.detached:
+                return RunVerdict(
+                    JobState.DETACHED,
+                    exit_codes.OK,
+                    f"detached: the run goes on (mscon attach {self.run_id})",
+                )
+            item = await self._inputs.get()
+            for ev in await self._take(session, item):
+                pending.extend(policy.step(ev))
+
+    async def _take(self, session: ClusterSession, item: Input) -> list[policy_mod.Input]:
+        """One input as the policy's events (and the console's own events on the way)."""
+        assert self.policy is not None and self._inputs is not None
+        now = time.monotonic()
+        if isinstance(item, Tick):
+            self._inputs.tick_pending = False
+            return [policy_mod.Tick(now)]
+        if isinstance(item, StopJob):
+            return [policy_mod.StopRequested(item.reason, item.exit_code, now)]
+        if isinstance(item, RestartGroup):
+            if self.policy.phase is Phase.STOPPING and self.policy.att.stop_cause is not StopCause.FAILURE:
+                self.emit(Notice(self.attempt_no, "cannot restart now: the run is stopping"))
+            return [policy_mod.RestartRequested(item.reason, now)]
+        if isinstance(item, DetachRun):
+            await self._detach_now(session)
+            return []
+        if isinstance(item, Alarm):
+            return self._policy(item.node, item.msg, now)
+        node, msg = item
+        if msg is None:
+            error = self._link_error(node)
+            self.emit(NodeUpdate(self.attempt_no, node, NodeState.LOST, error, time.time_ns()))
+            return [policy_mod.NodeLost(node, error, now)]
+        self.emit(AgentEvent(self.attempt_no, msg))
+        return self._policy(node, msg, now)
+
+    def _policy(self, node: str, msg: Message, now: float) -> list[policy_mod.Input]:
+        """An agent's message as the policy's event; progress and replica checks on the way."""
+        assert self.policy is not None
+        if isinstance(msg, LogBatch):
+            self.policy.progress(msg.name, now)
+        elif isinstance(msg, Metric | MetricBatch):
+            self.policy.progress(msg.name, now)
+            for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
+                if m.checksum is not None:
+                    divergence = self.replicas.observe(m.name, m.step, m.checksum)
+                    if divergence is not None:
+                        self.emit(divergence)
+            for ev in self.stragglers.observe(self.attempt_no, msg):
+                self.emit(ev)
+        else:
+            taken = policy_mod.from_message(node, msg, now)
+            return [taken] if taken is not None else []
+        return []
+
+    async def _carry_out(
+        self, session: ClusterSession, act: policy_mod.Action
+    ) -> list[policy_mod.Input] | RunVerdict:
+        """One decision of the policy, done; what it brought back (a node lost on the way)."""
+        assert self.policy is not None
+        number = self.attempt_no  # the policy may be a step ahead (the actions of one step in a row)
+        if isinstance(act, policy_mod.StartAttempt):
+            return await self._start_attempt(session, act.attempt)
+        if isinstance(act, policy_mod.StopAll):
+            if act.announce:
+                self.emit(Stopping(number, act.reason, act.trigger))
+            await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
+        elif isinstance(act, policy_mod.StopScheduler):
+            await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
+        elif isinstance(act, policy_mod.Inspect):
+            await session.send(act.node, Inspect(names=act.names, reason=act.reason))
+        elif isinstance(act, policy_mod.CutOff):
+            for name in act.nodes:
+                await session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it
+                self.emit(NodeUpdate(number, name, NodeState.LOST, act.why, time.time_ns()))
+        elif isinstance(act, policy_mod.Force):
+            await session.abort()
+        elif isinstance(act, policy_mod.AttemptOver):
+            root = self.state.root_cause() if act.outcome is Outcome.FAILED else None
+            reason = {
+                Outcome.SUCCEEDED: "all ranks finished",
+                Outcome.INTERRUPTED: act.reason,
+                Outcome.RESTART_REQUESTED: "restart requested",
+            }.get(act.outcome) or describe(root)
+            self.emit(AttemptEnded(act.attempt, act.outcome, reason, root, time.time_ns()))
+        elif isinstance(act, policy_mod.Restarting):
+            why = act.why
+            last = self.state.attempt
+            if last is not None and last.outcome is Outcome.FAILED:
+                why = f"{why}: {describe(self.state.root_cause())}"
+            if self._is_trainer() and not self._checkpoints() and "--checkpoint-dir" not in self.args:
+                why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
+            self.emit(Restarting(act.attempt, why, act.backoff_s, act.restarts_left))
+        elif isinstance(act, policy_mod.AwaitOperator):
+            self.emit(
+                AwaitingOperator(
+                    act.attempt,
+                    f"attempt {act.attempt} failed: {describe(self.state.root_cause())}",
+                    act.wait_s,
+                )
+            )
+        return []
+
+    async def _start_attempt(
+        self, session: ClusterSession, number: int
+    ) -> list[policy_mod.Input] | RunVerdict:
+        assert self._inputs is not None
+        if number > 0:
+            for name in [n for n, link in session.links.items() if not link.open]:
+                if self._stop_cmd is None:
+                    error = await self._unless_stopped(session.reopen(name))
+                    if error:
+                        return RunVerdict(JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}")
+            if self._stop_cmd is not None:
+                return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
+        session.attempt = number
+        self.replicas = ReplicaWatch(self.inv.world_size, number)
+        refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
+        self.emit(AttemptStarted(number, refs, self._sched, self.inv.scheduler.port, time.time_ns()))
+        lost: list[policy_mod.Input] = []
+
+        async def start(plan_index: int) -> None:
+            name = self.plans[plan_index].node.name
+            link = session.links[name]
+            msg = self._start_msg(session, plan_index, number, self._sched)
+            if await session.send(name, msg):
+                self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
+            elif not link.open:  # lost before its ranks could start
+                self.emit(NodeUpdate(number, name, NodeState.LOST, link.error, time.time_ns()))
+                lost.append(policy_mod.NodeLost(name, link.error, time.monotonic()))
+
+        await asyncio.gather(*(start(i) for i in range(len(self.plans))))
+        if self.options.detach and number == 0:
+            self._inputs.put_nowait(DetachRun("--detach"))
+        return lost
+
+    def _start_msg(self, session: ClusterSession, plan_index: int, number: int, sched: str) -> Start:
+        plan = self.plans[plan_index]
+        name = plan.node.name
+        procs = tuple(replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs)
+        link = session.links[name]
+        run_dir = session.run_dir(name)
+        cwd = layout.work_folder(run_dir) if link.transport.syncs_workdir else str(self.inv.job.workdir)
+        return Start(
+            run_id=self.run_id,
+            node=name,
+            attempt=number,
+            run_dir=run_dir,
+            cwd=cwd,
+            procs=procs,
+            workdir_archive=link.remote_archive if number == 0 else None,
+            grace_s=self.inv.stop.grace_s,
+            metrics_pattern=self.inv.job.metrics_pattern,
+            watchdog_s=self._watchdog_s(),
+        )
+
+    # ------------------------------------------------------------ detach
+
+    async def _detach_now(self, session: ClusterSession) -> None:
+        assert self.policy is not None
+        nxt = self.policy.attempt + 1
+        starts = [self._start_msg(session, i, nxt, self._sched) for i in range(len(self.plans))]
+        error = await hand_over(session, self.policy, starts, self._sched, self.hang_timeout_s)
+        if error is None:
+            self.detached = True
+            await self._let_go(session)
+        else:
+            self.emit(Notice(self.attempt_no, f"cannot detach: {error}; the run stays attached"))
+
+    async def _let_go(self, session: ClusterSession) -> None:
+        """Close our channels and take in what they delivered before closing (the lines we print
+        are the lines a later attach does not replay)."""
+        await session.release()
+        assert self._inputs is not None
+        while not self._inputs.empty():
+            item = self._inputs.get_nowait()
+            if isinstance(item, tuple) and item[1] is not None:
+                self.emit(AgentEvent(self.attempt_no, item[1]))
+
+    def _record_detach(self) -> None:
+        att = self.state.attempt
+        record = DetachRecord(
+            run_id=self.run_id,
+            inventory=str(Path(self.inv.path).resolve()),
+            script=self.script,
+            args=tuple(self.args),
+            attempt=att.number if att is not None else 0,
+            log_seq={r.name: r.next_seq for r in self.state.ranks.values()},
+            detached_at=time.time(),
+        )
+        with contextlib.suppress(OSError):
+            write_record(self.logs_dir, record)
+
+    # ------------------------------------------------------------ verdict and summary
+
+    def _final(self, v: Verdict) -> RunVerdict:
+        """The policy's verdict in the summary's words: a failure's code and reason are its root cause's."""
+        if v.status is Status.INTERRUPTED:
+            return RunVerdict(JobState.INTERRUPTED, v.exit_code or exit_codes.INTERRUPTED, v.reason or "")
+        if v.status is Status.SUCCEEDED:
+            return RunVerdict(JobState.SUCCEEDED, exit_codes.OK, v.reason or "all ranks finished")
+        restarts = len(self.state.attempts) - 1
+        after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts > 0 else ""
+        root = self.state.root_cause()
+        code = (
+            v.exit_code if v.exit_code is not None else root.code if root is not None else exit_codes.INTERNAL
+        )
+        if v.reason is not None:
+            return RunVerdict(JobState.FAILED, code, v.reason)
+        if root is not None:
+            return RunVerdict(JobState.FAILED, code, describe(root) + after)
+        return RunVerdict(JobState.FAILED, code, "ranks ended without a result" + after)
+
+    def _result(self, v: RunVerdict, wall_s: float) -> RunResult:
+        return run_result(
+            self.state, self.run_id, self.logs_dir, v.status, v.exit_code, v.reason, wall_s, self.bus
+        )
+
+    def _save_traceback(self) -> None:
+        with contextlib.suppress(OSError):
+            os.makedirs(self.logs_dir, exist_ok=True)
+            (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+
+    def _write_summary(self, result: RunResult) -> None:
+        with contextlib.suppress(OSError):
+            write_summary(summary_file(self.logs_dir), result)
+
+    # ------------------------------------------------------------ what preflight sees (RunHost)
+
+    @property
+    def job(self) -> JobView:
+        return JobView(
+            inv=self.inv,
+            plans=self.plans,
+            script=self.script,
+            args=tuple(self.args),
+            args_given=self.options.args is not None,
+            run_id=self.run_id,
+            accept_new_host_keys=self.options.accept_new_host_keys,
+        )
+
+    def nested_run(self, inv: Inventory, run_id: str, logs_root: Path, bus: EventBus) -> Supervisor:
+        """A run of its own with this one's connection settings (preflight's collective smoke test)."""
+        options = RunOptions(
+            run_id=run_id,
+            logs_root=logs_root,
+            accept_new_host_keys=self.options.accept_new_host_keys,
+            max_restarts=0,
+        )
+        return Supervisor(inv, options, bus=bus)

@@ -1,0 +1,1 @@
+"""The headless view: prefixed rank output, the closing summary, event recordings."""

@@ -1,0 +1,28 @@
+"""The JSONL recorder sink (``mscon run --events PATH``): one console event a line, replayable."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from mscon.console.engine.events import Event, from_json, to_json
+
+
+class EventRecorder:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("w", encoding="utf-8")
+
+    def handle(self, event: Event) -> None:
+        self._f.write(json.dumps(to_json(event), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield from_json(json.loads(line))

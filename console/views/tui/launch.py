@@ -1,0 +1,67 @@
+"""The console's entry points for the CLI: a live run in the TUI, and a replay of a recording."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mscon.console.detach.attach import Attacher
+from mscon.console.engine import exit_codes
+from mscon.console.engine.events import Event
+from mscon.console.engine.summary import write_summary
+from mscon.console.engine.supervisor import Supervisor
+from mscon.console.views.headless.recorder import EventRecorder, read_events
+from mscon.console.views.headless.reporter import format_summary
+from mscon.console.views.tui.run import run_console
+from mscon.console.views.tui.source import LiveSource, ReplaySource
+
+
+def is_terminal() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+async def run_live(sup: Supervisor | Attacher, args: argparse.Namespace) -> int:
+    """``mscon up`` / ``mscon run`` at a terminal: the supervisor and the console in one loop."""
+    recorder = None
+    if getattr(args, "events", None) is not None:
+        recorder = EventRecorder(args.events)
+        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
+    source = LiveSource(sup)
+    try:
+        code = await run_console(source)  # stragglers: the engine's (RunOptions.straggler_*)
+    finally:
+        if recorder is not None:
+            recorder.close()
+    result = source.result
+    if result is not None:
+        sys.stderr.write(format_summary(result))
+        json_path = getattr(args, "json", None)
+        if json_path is not None:
+            try:
+                write_summary(json_path, result)
+            except OSError as exc:
+                sys.stderr.write(f"mscon: cannot write {json_path}: {exc.strerror or exc}\n")
+    return code
+
+
+async def _replay(events: list[Event], speed: float) -> int:
+    return await run_console(ReplaySource(events, speed=speed))
+
+
+def replay_main(path: Path, speed: float) -> int:
+    """``mscon replay EVENTS.jsonl``: a recorded run (``--events``) in the console, at ``speed``."""
+    import asyncio
+
+    if speed < 0:
+        print("mscon: error: --speed: expected 0 (as fast as possible) or more", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        events = list(read_events(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"mscon: error: {path}: not a recording of console events ({exc})", file=sys.stderr)
+        return exit_codes.USAGE
+    if not is_terminal():
+        print("mscon: error: mscon replay needs a terminal", file=sys.stderr)
+        return exit_codes.USAGE
+    return asyncio.run(_replay(events, speed))

@@ -1,0 +1,105 @@
+"""Overview: the nodes, the cluster's loss and throughput over time, and the root cause once known."""
+
+from __future__ import annotations
+
+from mscon.console.engine.state import describe
+from mscon.console.views.tui import fmt
+from mscon.console.views.tui.feed import Changes
+from mscon.console.views.tui.model import ViewModel
+from mscon.console.views.tui.startup import phases, starting
+from mscon.console.views.tui.widgets.node_table import NodeTable
+from mscon.console.views.tui.widgets.plots import SeriesPlot
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+
+def summary_text(model: ViewModel) -> Text:
+    st = model.state
+    att = st.attempt
+    text = Text()
+    text.append("job ")
+    text.append_text(fmt.job_state(st.job))
+    text.append(f"   elapsed {fmt.elapsed(model.elapsed_s())}")
+    text.append(f"   attempt {att.number if att else '-'}")
+    text.append(f"   restarts used {model.restarts_used()} of {st.max_restarts}")
+    workers = model.workers()
+    live = fmt.LIVE
+    text.append(f"   ranks {sum(1 for r in workers if r.state in live)}/{len(workers)} up")
+    for note in list(model.feed.notices)[-3:]:
+        text.append(f"\n{fmt.line(note, 200)}", style="dim")
+    return text
+
+
+def startup_table(model: ViewModel) -> Table:
+    """One progress bar per start-up phase: connect, deploy, checks, ranks."""
+    grid = Table.grid(padding=(0, 2))
+    for p in phases(model.state):
+        if p.skipped:
+            grid.add_row(p.name, Text("no preflight", style="dim"), "")
+            continue
+        bar = ProgressBar(total=max(p.total, 1), completed=p.done + p.failed, width=40)
+        note = f"{p.done}/{p.total}" + (f", {p.failed} failed" if p.failed else "")
+        grid.add_row(p.name, bar, Text(note, style="bold red" if p.failed else ""))
+    return grid
+
+
+def root_text(model: ViewModel) -> Text | None:
+    root = model.state.root_cause()
+    if root is None:
+        return None
+    text = Text("Root cause: ", style=fmt.ROOT_STYLE)
+    text.append(fmt.line(describe(root)), style=fmt.ROOT_STYLE)
+    text.append(f"  (code {root.code}, by the clock of the {root.clock}; details on the Failure tab)")
+    return text
+
+
+class OverviewView(Vertical):
+    DEFAULT_CSS = """
+    OverviewView #summary { height: auto; padding: 0 1; }
+    OverviewView #startup { height: auto; padding: 0 1; display: none; }
+    OverviewView #startup.-shown { display: block; }
+    OverviewView #root { height: auto; padding: 0 1; border: heavy red; display: none; }
+    OverviewView #root.-shown { display: block; }
+    OverviewView NodeTable { height: auto; max-height: 40%; }
+    OverviewView #plots { height: 1fr; min-height: 8; }
+    """
+
+    def __init__(self, model: ViewModel, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.model = model
+        self.started = False  # start-up is over: its panel (a scan of every node and rank) is done
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="startup")
+        yield Static(id="summary")
+        yield Static(id="root")
+        yield NodeTable(id="nodes")
+        with Horizontal(id="plots"):
+            yield SeriesPlot("cluster loss (mean over ranks)", id="loss-plot")
+            yield SeriesPlot("throughput", id="throughput-plot")
+
+    def show(self, ch: Changes | None) -> None:
+        model = self.model
+        if not self.started:
+            panel = self.query_one("#startup", Static)
+            shown = starting(model.state)
+            panel.set_class(shown, "-shown")
+            if shown:
+                panel.update(startup_table(model))
+            self.started = not shown and model.state.attempt is not None
+        self.query_one("#summary", Static).update(summary_text(model))
+        if ch is None or ch.failure or ch.structure:
+            root = root_text(model)
+            panel = self.query_one("#root", Static)
+            panel.set_class(root is not None, "-shown")
+            panel.update(root or "")
+        if ch is None or ch.nodes or ch.ranks or ch.checks:
+            self.query_one(NodeTable).show(model, now=ch is None or ch.structure or ch.failure or ch.checks)
+        if ch is None or ch.metrics or ch.structure:
+            xs, loss, thr, unit = model.feed.series.points(complete_only=not model.source.done.is_set())
+            self.query_one("#loss-plot", SeriesPlot).set_data(xs, loss)
+            self.query_one("#throughput-plot", SeriesPlot).set_data(xs, thr, title=f"throughput ({unit})")
