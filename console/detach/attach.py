@@ -133,7 +133,6 @@ class Attacher:
         self._inbox.put_nowait(cmd)
 
     def emit(self, ev: Event) -> None:
-        self.bus.attempt = ev.attempt
         self.state.apply(ev)
         self.bus.publish(ev)
 
@@ -166,6 +165,7 @@ class Attacher:
             self.options.accept_new_host_keys,
             self._factory,
             attach=True,
+            attempt_of=lambda: self.attempt_no,
         )
         status, code, reason = JobState.ERROR, exit_codes.INTERNAL, "internal error"
         try:

@@ -79,7 +79,7 @@ class EventBus:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pumps: dict[Subscription, asyncio.Task[None]] = {}
         self.closed = False
-        self.attempt = 0  # the supervisor keeps it current, for the bus's own notices
+        self.attempt = 0  # of the last event published: the bus's own notices belong to it
         self.error_log: Path | None = None
         if logs_dir is not None:
             self.errors_to(logs_dir)
@@ -154,6 +154,7 @@ class EventBus:
     def publish(self, event: Event) -> None:
         if self.closed:
             return
+        self.attempt = event.attempt
         for sub in list(self._subs):
             if not sub.put(event):
                 self._detach(sub, f"it fell {sub.hard_limit} events behind")

@@ -83,6 +83,7 @@ class ClusterSession:
         transport_factory: TransportFactory = make_transport,
         attach: bool = False,
         launches: bool = True,
+        attempt_of: Callable[[], int] = lambda: 0,
     ) -> None:
         self.inv = inv
         self.attach = attach  # reach the run's detached agents (a relay each) instead of starting agents
@@ -92,13 +93,18 @@ class ClusterSession:
         self.run_id = run_id
         self.emit = emit
         self.inbox = inbox
-        self.attempt = 0
+        self._attempt_of = attempt_of
         sem = asyncio.Semaphore(inv.ssh.max_parallel_connects)
         self._ssh = SshOptions(accept_new_host_keys=accept_new_host_keys, connect_semaphore=sem)
         self._factory = transport_factory
         self.links = {p.node.name: NodeLink(p, transport_factory(inv, p.node, self._ssh)) for p in plans}
         self._archive: WorkdirArchive | None = None
         self._bundle = agent_bundle()
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt, as ClusterState knows it (the events this session emits carry it)."""
+        return self._attempt_of()
 
     @contextlib.contextmanager
     def diverted(self, inbox: Inbox) -> Iterator[None]:

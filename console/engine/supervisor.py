@@ -154,7 +154,6 @@ class Supervisor:
         return StopJob("the console was closed")
 
     def emit(self, ev: Event) -> None:
-        self.bus.attempt = ev.attempt
         self.state.apply(ev)
         self.bus.publish(ev)
 
@@ -190,6 +189,7 @@ class Supervisor:
             self._inputs,
             self.options.accept_new_host_keys,
             self._factory,
+            attempt_of=lambda: self.attempt_no,
             launches=self.options.preflight is None or not self.options.preflight.options.checks_only,
         )
         ticker = asyncio.get_running_loop().create_task(self._ticker(), name="ticker")
@@ -478,7 +478,6 @@ class Supervisor:
                         return RunVerdict(JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}")
             if self._stop_cmd is not None:
                 return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
-        session.attempt = number
         self.replicas = ReplicaWatch(self.inv.world_size, number)
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
         self.emit(AttemptStarted(number, refs, self._sched, self.inv.scheduler.port, time.time_ns()))
