@@ -15,18 +15,9 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mscon.console.config.inventory import _LABEL_RE as LABEL_RE
-from mscon.console.config.inventory import (
-    MAX_DEVICES_PER_NODE,
-    MAX_NAME,
-    MAX_NODES,
-    MAX_WORLD_SIZE,
-    Inventory,
-    NodeSpec,
-    SlurmNodes,
-    oneline,
-)
-from mscon.console.config.inventory import _host_problem as host_problem
+from mscon.console.config.domains import LABEL_RE, host_problem
+from mscon.console.config.inventory import Inventory, NodeSpec, SlurmNodes, oneline
+from mscon.console.config.limits import MAX_DEVICES_PER_NODE, MAX_NAME, MAX_NODES, MAX_WORLD_SIZE
 
 SLURM_TRANSPORT = "slurm"  # NodeSpec.transport of nodes found here
 SCONTROL_TIMEOUT_S = 30.0

@@ -1,0 +1,20 @@
+"""Every bound an inventory is held to, checked before the work it bounds grows (file size, nesting,
+values after alias expansion, list lengths, text lengths, the cluster's size)."""
+
+from __future__ import annotations
+
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_YAML_VALUES = 100_000  # after alias expansion
+MAX_NODES = 1024
+MAX_DEVICES_PER_NODE = 1024
+MAX_WORLD_SIZE = 65536
+MAX_INT_DIGITS = 18
+MAX_NUMBER_CHARS = 32
+MAX_TEXT = 4096  # paths, patterns, anything without a tighter bound
+MAX_VALUE = 32768  # env values and argv words
+MAX_ITEMS = 1024  # entries of one list or env mapping
+MAX_HOST = 255
+MAX_NAME = 64
+MAX_USER = 32
+MAX_ENV_KEY = 256

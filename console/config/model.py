@@ -1,0 +1,107 @@
+"""The inventory as the rest of the console sees it: frozen dataclasses, each default written here
+only (the parser leaves a missing key to them). Built by ``inventory.load_inventory``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mscon.agent.policy import DEFAULT_GRACE_S
+
+DEVICE_TARGETS = ("GPU", "Ascend", "CPU")
+TRANSPORTS = ("ssh", "local")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str  # unique; used in log prefixes and state paths
+    host: str  # as given; resolved through ~/.ssh/config like the ssh command does
+    devices: int
+    transport: str = "ssh"
+    user: str | None = None
+    port: int | None = None
+    python: str | None = None  # None: python3 over SSH, the console's own interpreter locally
+    identity_file: str | None = None
+    address: str | None = None  # how other nodes reach this one (the scheduler binds here)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    port: int = 8118
+    host: str | None = None  # defaults to the first node's address
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    workdir: Path  # absolute, resolved against the inventory file's folder
+    script: str  # relative to workdir, and resolves inside it
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()  # extra glob patterns kept out of the workdir sync
+    resume_args: tuple[str, ...] = ()  # appended to the script's args from the second attempt on
+    metrics_pattern: str | None = None  # regex for log lines, named groups step, loss (and epoch)
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    max_restarts: int = 0
+    backoff_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class HangSpec:
+    timeout_s: float = 120.0  # a rank silent this long counts as hung
+
+
+@dataclass(frozen=True)
+class ChecksSpec:
+    shm_min_gib: float = 1.0
+
+
+@dataclass(frozen=True)
+class SshSpec:
+    known_hosts: str | None = None  # None: the user's ~/.ssh/known_hosts, as ssh does
+    config: str | None = None  # None: the user's ~/.ssh/config, as ssh does
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 5.0
+    max_parallel_connects: int = 16
+
+    @property
+    def keepalive_interval_s(self) -> float:
+        """The field's old name, for code written before the rename."""
+        return self.keepalive_s
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    grace_s: float = DEFAULT_GRACE_S
+
+
+@dataclass(frozen=True)
+class SlurmNodes:
+    """``nodes: {from: slurm}``: the nodes come from the Slurm allocation at run time."""
+
+    devices: int | None = None  # None: from the allocation (SLURM_GPUS_ON_NODE, ...)
+    python: str | None = None  # defaults.python
+    env: dict[str, str] = field(default_factory=dict)  # defaults.env
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    name: str
+    device_target: str
+    nodes: tuple[NodeSpec, ...]
+    job: JobSpec
+    scheduler: SchedulerSpec = SchedulerSpec()
+    restart: RestartSpec = RestartSpec()
+    checks: ChecksSpec = ChecksSpec()
+    ssh: SshSpec = SshSpec()
+    stop: StopSpec = StopSpec()
+    hang: HangSpec = HangSpec()
+    slurm: SlurmNodes | None = None  # nodes from the allocation: ``nodes`` is empty until applied
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.devices for n in self.nodes)
