@@ -39,4 +39,7 @@ AGENT_FILES = (
     "metrics.py",
     "outbox.py",
     "policy.py",
+    "ranks.py",
+    "streaming.py",
+    "services.py",
 )

@@ -71,8 +71,8 @@ class DetachedRun:
                         workers=dict(msg.workers),
                         max_restarts=msg.restarts_left,
                         backoff_s=msg.backoff_s,
-                        grace_s=agent._grace(),
-                        hang_timeout_s=0.0,  # each agent watches its own ranks (main._check_silent)
+                        grace_s=agent.grace(),
+                        hang_timeout_s=0.0,  # each agent watches its own ranks (ranks.Ranks._check_silent)
                         can_reconnect=False,  # SSH is the console's
                         operator_wait_s=msg.operator_wait_s or None,
                     )
@@ -320,7 +320,7 @@ class DetachedRun:
             pending.extend(self._carry_out(act))
 
     def _carry_out(self, act: pol.Action) -> list:
-        grace = self.agent._grace()
+        grace = self.agent.grace()
         if isinstance(act, pol.StopAll):
             if act.announce:
                 self._coord(P.CoordKind.STOPPING, reason=act.reason, trigger=act.trigger)
@@ -415,7 +415,7 @@ class DetachedRun:
     # ------------------------------------------------------------ the end
 
     def _orphaned(self, why: str) -> None:
-        self.agent.stop(why, self.agent._grace())
+        self.agent.stop(why, self.agent.grace())
         self._end_here(RunStatus.FAILED, why)
 
     def _end_here(self, status: str, reason: str) -> None:

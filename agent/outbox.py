@@ -19,6 +19,10 @@ DEFAULT_BUDGET = 4 * 1024 * 1024  # bytes of streamed messages waiting to be wri
 _WRITE_MAX = 1024 * 1024  # bytes taken off the queue for one write
 
 
+class ConsoleGone(Exception):
+    """The console's channel is closed: nothing more can reach it."""
+
+
 class Outbox:
     def __init__(self, out: TextIO, budget: int = DEFAULT_BUDGET) -> None:
         self.out = out

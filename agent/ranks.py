@@ -1,0 +1,263 @@
+"""The node's processes: starting an attempt's ranks, stopping them (TERM, then KILL at the grace
+deadline, never blocking the loop), reaping and reporting each exit, and seeing a rank that hangs
+(state T, or silent for the hang timeout while detached). A mixin of ``main.Agent``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+from . import procs as procmod
+from . import protocol as P
+from .journal import Journal
+from .layout import attempt_folder
+from .streaming import Watched
+from .tail import LineMetrics, extract_traceback
+
+_STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
+_STOPPED_CONFIRM_S = 0.3  # state T this long is a stop, not a debugger's brief attach
+
+
+class UnsafeArchive(Exception):
+    pass
+
+
+class Ranks:
+    """Starting, stopping, reaping and reporting the node's processes (``main.Agent``'s state)."""
+
+    def start(self, cmd: P.Start) -> None:
+        if self.start_cmd is not None and any(w.proc.alive for w in self.watched):
+            self.send(P.AgentError(node=self.node, message="start refused: processes still running"))
+            return
+        if self.stopping is not None:  # none of its processes is alive (see above): its last sweep
+            self.stopping.step(time.monotonic())
+            self.stopping = None  # its deadlines must not apply to the new ranks
+        self.start_cmd = cmd
+        self.line_metrics = LineMetrics(cmd.metrics_pattern)
+        if self.devices is None:
+            from .devices import DeviceSampler
+
+            target = cmd.procs[0].env.get("DEVICE_TARGET", "") if cmd.procs else ""
+            self.devices = DeviceSampler(target)
+        self.watched = []
+        self.all_exited_sent = False
+        self.failed = False
+        log_dir = attempt_folder(cmd.run_dir, cmd.attempt)
+        try:
+            if os.path.isdir(log_dir) and os.listdir(log_dir):
+                # Never mix two runs' logs: a reused run id would make old lines look new.
+                raise OSError("%s already holds logs of an earlier run with this run id" % log_dir)
+            os.makedirs(log_dir, exist_ok=True)
+            if self.journal is None:
+                os.chmod(cmd.run_dir, 0o700)  # logs, journal and (detached) the socket: the user's only
+                self.run_dir = cmd.run_dir
+                self.journal = Journal(cmd.run_dir)
+                self._state_extra["started"] = time.time()
+            if cmd.workdir_archive:
+                _unpack(cmd.workdir_archive, cmd.cwd)
+            if not os.path.isdir(cmd.cwd):
+                raise OSError("working directory %s does not exist" % cmd.cwd)
+        except (OSError, UnsafeArchive) as exc:
+            self.send(P.AgentError(node=self.node, message="cannot prepare run: %s" % exc))
+            self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+            self.all_exited_sent = True
+            return
+        base_env = dict(os.environ)
+        base_env["MSCON_ATTEMPT"] = str(cmd.attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
+        # Scheduler first: workers retry their connection to it, but it should be up early.
+        for spec in sorted(cmd.procs, key=lambda s: not s.is_scheduler):
+            try:
+                proc = procmod.launch(spec, cmd.cwd, log_dir, base_env)
+            except OSError as exc:
+                self.send(P.AgentError(node=self.node, message="cannot start %s: %s" % (spec.name, exc)))
+                self.failed = True
+                if any(w.proc.alive for w in self.watched):
+                    self.stop("launch failed", cmd.grace_s)  # tick() sends AllExited once they are gone
+                else:
+                    self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+                    self.all_exited_sent = True
+                return
+            w = Watched(proc)
+            self.watched.append(w)
+            self.send(
+                P.ProcStarted(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    pid=proc.popen.pid,
+                    ts_ns=time.time_ns(),
+                    log_path=proc.log_path,
+                )
+            )
+        self._save_state()
+
+    def stop(self, reason: str, grace_s: float) -> None:
+        """Stop every process of the node without waiting: TERM now, KILL at the grace deadline.
+        tick() advances the stop and reports each exit as it comes, so the loop keeps serving
+        (pings, other nodes' orders, log lines) while the ranks take their grace."""
+        if not any(w.proc.alive for w in self.watched):
+            return
+        if self.stopping is None:
+            self.stopping = procmod.GroupStop()
+        self.stopping.add([w.proc for w in self.watched], grace_s, time.monotonic())
+
+    def stop_and_wait(self, reason: str, grace_s: float, report: bool = True) -> None:
+        """Stop every process and block until they are gone: only as the agent leaves, when the
+        loop has nothing left to serve."""
+        self.stop(reason, grace_s)
+        if self.stopping is None:
+            return
+        by_proc = {id(w.proc): w for w in self.watched}
+
+        def on_reap(p: procmod.Proc) -> None:
+            if report:
+                self._report_exit(by_proc[id(p)])
+
+        stopping, self.stopping = self.stopping, None
+        stopping.wait(on_reap)
+        if report:
+            for w in self.watched:
+                if not w.proc.reported and not w.proc.alive:
+                    self._report_exit(w)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        exited = [w for w in self.watched if w.proc.poll()]
+        if self.stopping is not None and self.stopping.step(now):  # after the reaping above
+            self.stopping = None
+        if not self.watched or self.all_exited_sent:
+            return
+        interval = self.start_cmd.flush_interval_s if self.start_cmd else 0.1
+        if exited or now - self._last_flush >= interval:
+            self._last_flush = now
+            for w in self.watched:
+                if not w.proc.reported:
+                    self._flush(w)
+                elif not w.drained:  # exited while its lines were held back: they follow its report
+                    w.drained = self._flush(w, final=True)
+        for w in exited:
+            if w.hung_pending is None:  # else once its ProcHung has gone (_hung_stack)
+                self._report_exit(w)
+            if w.proc.returncode != 0 and not w.proc.stop_sent and not self.failed:
+                # Root-cause candidate: stop the node-local siblings now, not after a round trip.
+                self.failed = True
+                self.stop("%s failed" % w.proc.spec.name, self.grace())
+        if now - self._last_telemetry >= 1.0:
+            self._last_telemetry = now
+            self._telemetry()
+        if now - self._last_state_check >= _STATE_CHECK_S:
+            self._last_state_check = now
+            self._check_stopped(now)
+            if self.detached is not None and self.detached.hang_timeout_s > 0:
+                self._check_silent(self.detached.hang_timeout_s)
+        if all(w.proc.reported and w.drained for w in self.watched):
+            self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+            self.all_exited_sent = True
+
+    def _check_stopped(self, now: float) -> None:
+        """A rank in state T makes no progress and never will on its own: report it unasked."""
+        for w in self.watched:
+            if not w.proc.alive or w.hung_reported or w.proc.stop_sent:
+                continue
+            if procmod.proc_state(w.proc.popen.pid) in ("T", "t"):
+                if w.stopped_since is None:
+                    w.stopped_since = now
+                elif now - w.stopped_since >= _STOPPED_CONFIRM_S:
+                    self._report_hung(w, "stopped")
+            else:
+                w.stopped_since = None
+
+    def _check_silent(self, limit_s: float) -> None:
+        """Detached, nobody sends Inspect: a rank silent for hang.timeout_s is reported here."""
+        cutoff = time.time_ns() - int(limit_s * 1e9)
+        for w in self.watched:
+            if w.proc.alive and not w.hung_reported and not w.proc.stop_sent and w.progress_ns < cutoff:
+                if not w.proc.spec.is_scheduler:  # the scheduler is quiet by nature
+                    self._report_hung(w, "no progress")
+
+    def _report_hung(self, w: Watched, why: str) -> None:
+        """Report a rank that makes no progress, with its Python stack: py-spy takes up to 10 s,
+        so it runs in a thread and the report goes out when the stack comes in (_hung_stack)."""
+        if w.hung_pending is not None:
+            return  # a report is on its way already
+        w.hung_reported = True
+        pid = w.proc.popen.pid
+        self._flush(w)
+        spec = w.proc.spec
+        w.hung_pending = P.ProcHung(
+            node=self.node,
+            name=spec.name,
+            rank=spec.rank,
+            pid=pid,
+            why=why,
+            state=procmod.describe_state(procmod.proc_state(pid)),
+            since_ns=w.progress_ns,
+            ts_ns=time.time_ns(),
+            wchan=procmod.wchan(pid),
+            tail=tuple(list(w.recent)[-20:]),
+        )
+
+        def take_stack() -> None:
+            self.inbox.put(("stack", w, procmod.py_stack(pid)))
+
+        threading.Thread(target=take_stack, name="py-spy", daemon=True).start()
+
+    def _hung_stack(self, w: Watched, stack: str) -> None:
+        """The stack for a pending ProcHung: send it, then the exit it held back, if any."""
+        msg, w.hung_pending = w.hung_pending, None
+        if msg is None or not any(w is x for x in self.watched):
+            return  # a later attempt replaced it
+        self.send(dataclasses.replace(msg, stack=stack))
+        if not w.proc.alive:
+            self._report_exit(w)
+
+    def _report_exit(self, w: Watched) -> None:
+        p = w.proc
+        if p.reported or p.returncode is None:
+            return
+        w.drained = self._flush(w, final=True)
+        p.reported = True
+        exitcode, sig, signum = procmod.describe_exit(p.returncode)
+        recent = list(w.recent)
+        self.send(
+            P.ProcExited(
+                node=self.node,
+                name=p.spec.name,
+                rank=p.spec.rank,
+                pid=p.popen.pid,
+                exitcode=exitcode,
+                signal=sig,
+                signum=signum,
+                ts_ns=p.exit_ts_ns,
+                stopped_by_agent=p.stop_sent,
+                tail=tuple(recent[-20:]),
+                traceback=extract_traceback(recent) if exitcode != 0 else None,
+            )
+        )
+
+
+def _unpack(archive: str, dest: str) -> None:
+    import tarfile
+
+    os.makedirs(dest, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+                return
+            # Python < 3.12 without the backport: refuse paths that escape dest
+            root = os.path.realpath(dest)
+            for member in tar.getmembers():
+                target = os.path.realpath(os.path.join(dest, member.name))
+                if (
+                    not (target == root or target.startswith(root + os.sep))
+                    or member.issym()
+                    or member.islnk()
+                ):
+                    raise UnsafeArchive("unsafe member %r" % member.name)
+            tar.extractall(dest)
+    except tarfile.TarError as exc:
+        raise UnsafeArchive(str(exc)) from exc

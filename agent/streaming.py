@@ -1,0 +1,148 @@
+"""Streaming a node's processes to the console: their logs as sequence-numbered LogBatch
+messages, their metrics (written to MSCON_METRICS, else parsed from the log), MindSpore's own
+blame lines, and device telemetry. Lines wait in the files while the console is behind, never
+dropped. A mixin of ``main.Agent``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+from . import procs as procmod
+from . import protocol as P
+from .evidence import blame
+from .metrics import LineParser
+from .metrics import from_record as metric_from_record
+from .tail import FileTail, LineMetrics, parse_metrics_line
+
+_TAIL_KEEP = 200  # lines kept per process for the exit report
+_BATCH_MAX = 500  # lines per LogBatch message
+
+
+class Watched:
+    """Per-process streaming state."""
+
+    def __init__(self, proc: procmod.Proc) -> None:
+        self.proc = proc
+        # Each attempt has its own folder, so both files are read from their start.
+        self.log = FileTail(proc.log_path)
+        self.metrics = FileTail(proc.metrics_path)
+        self.seq = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=_TAIL_KEEP)
+        self.has_metrics_file = False
+        self.progress_ns = time.time_ns()  # last log line or metric read (start counts as progress)
+        self.stopped_since: float | None = None  # monotonic time state T was first seen
+        self.hung_reported = False
+        # A ProcHung waiting for its py-spy stack (taken by a thread): its exit is reported after it.
+        self.hung_pending: P.ProcHung | None = None
+        self.drained = False  # its log read to the end after its exit (held back while the console is behind)
+        self._parser: LineParser | None = None
+
+    def parser(self, node: str, line_metrics: LineMetrics) -> LineParser:
+        """This process's parser of printed metrics (it keeps the last TimeMonitor step time)."""
+        if self._parser is None or self._parser.line_metrics is not line_metrics:
+            self._parser = LineParser(node, self.proc.spec.name, self.proc.spec.rank, line_metrics)
+        return self._parser
+
+
+class Streaming:
+    """Logs, metrics, evidence and telemetry of the watched processes (``main.Agent``'s state)."""
+
+    def _flush(self, w: Watched, final: bool = False) -> bool:
+        """Send the process's new lines (LogBatch) and metrics (MetricBatch); False when they are
+        held back: the console is behind, and they stay in the files until it has caught up."""
+        if not self.outbox.has_room():
+            return False
+        # Structured metrics win over parsing the log: look for the file before parsing lines.
+        if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
+            w.has_metrics_file = True
+        lines = w.log.read_lines(final=final)
+        if lines:
+            w.progress_ns = time.time_ns()
+        parsed: list[P.Metric] = []
+        for start in range(0, len(lines), _BATCH_MAX):
+            chunk = lines[start : start + _BATCH_MAX]
+            w.recent.extend(chunk)
+            spec = w.proc.spec
+            self.send(
+                P.LogBatch(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    seq=w.seq,
+                    lines=tuple(chunk),
+                    ts_ns=time.time_ns(),
+                )
+            )
+            w.seq += len(chunk)
+            # One substring test of the whole chunk spares the per-line tests of most chunks:
+            # these are blame()'s own first tests (agent/evidence.py).
+            text = "\n".join(chunk)
+            if "imed out" in text or "emote" in text or "eer rank" in text:
+                for line in chunk:
+                    self._evidence(w, line)
+            if not w.has_metrics_file:
+                for line in self.line_metrics.candidates(chunk, text):
+                    metric = w.parser(self.node, self.line_metrics).parse(line)
+                    if metric is not None:
+                        parsed.append(metric)
+        self._flush_metrics(w, final, parsed)
+        return True
+
+    def _evidence(self, w: Watched, line: str) -> None:
+        found = blame(line)
+        if found is None:
+            return
+        spec = w.proc.spec
+        self.send(
+            P.Evidence(
+                node=self.node,
+                name=spec.name,
+                rank=spec.rank,
+                ranks=tuple(found.ranks),
+                kind=found.kind,
+                text=found.text,
+                ts_ns=time.time_ns(),
+            )
+        )
+
+    def _flush_metrics(self, w: Watched, final: bool, parsed: list[P.Metric] | None = None) -> None:
+        """Every metric of this flush (parsed from the log, or read from MSCON_METRICS) in one
+        MetricBatch: one message per rank and flush, not one per step."""
+        spec = w.proc.spec
+        batch = parsed or []
+        if w.has_metrics_file:
+            for line in w.metrics.read_lines(final=final):
+                obj = parse_metrics_line(line)
+                if obj is None:
+                    continue
+                w.progress_ns = time.time_ns()
+                batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
+        if batch:
+            self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
+
+    def _telemetry(self) -> None:
+        items = []
+        for w in self.watched:
+            if not w.proc.alive:
+                continue
+            cpu, rss = w.proc.sample()
+            local = w.proc.spec.local_rank
+            dev = self.devices.latest.get(local) if self.devices is not None and local >= 0 else None
+            items.append(
+                P.Telemetry(
+                    node=self.node,
+                    name=w.proc.spec.name,
+                    rank=w.proc.spec.rank,
+                    cpu_percent=cpu,
+                    rss_bytes=rss,
+                    ts=time.time(),
+                    device_util=dev.util if dev else None,
+                    device_mem_bytes=dev.used if dev else None,
+                    device_mem_total=dev.total if dev else None,
+                )
+            )
+        if items:  # the node's processes in one message a second, not one each
+            self.send(P.TelemetryBatch(node=self.node, items=tuple(items)))
