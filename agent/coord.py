@@ -23,6 +23,7 @@ only they cost a thread (their link's reader).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import json
@@ -42,9 +43,9 @@ from .streams import ACCEPT_BACKOFF_S, Backoff, LineSplitter, LineTooLong, close
 HANDSHAKE_S = 10.0
 # Handshakes in progress at once, each one socket: well below the 1,024 descriptors an agent often
 # has (its ranks' logs and pipes need theirs), well above the followers that dial at once. Over the
-# cap the oldest is closed at once: a follower answers within one round trip, so it is never the
-# oldest, and a flood of connections that never authenticate cannot hold the port or the agent's
-# descriptors.
+# cap one is closed at once: the oldest of the address that holds the most, so a flood of
+# connections that never authenticate cannot hold the port or the agent's descriptors, and pushes
+# out its own connections rather than a follower's (one handshake from its address).
 PENDING_MAX = 64
 HELLO_MAX = 4096  # bytes in a handshake line (a hello is about 200)
 LINE_MAX = 16 << 20  # bytes in a signed line: a Start carries every rank's argv and env
@@ -166,8 +167,9 @@ class PeerLink:
 class _Handshake:
     """A connection that has not proved it holds the secret yet."""
 
-    def __init__(self, conn: socket.socket, nonce: str, deadline: float) -> None:
+    def __init__(self, conn: socket.socket, host: str, nonce: str, deadline: float) -> None:
         self.conn = conn
+        self.host = host  # the peer's address
         self.nonce = nonce
         self.deadline = deadline
         self.split = LineSplitter(HELLO_MAX)
@@ -186,7 +188,8 @@ class CoordServer:
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind(addr)
-            self.sock.listen(128)
+            # A burst waits in the kernel's queue (no descriptor of ours) rather than being refused.
+            self.sock.listen(1024)
             self.sock.setblocking(False)
         except OSError:
             self.sock.close()
@@ -194,6 +197,7 @@ class CoordServer:
         self.port = self.sock.getsockname()[1]
         self._pending: dict = {}  # socket -> _Handshake, oldest first
         self._backoff = Backoff("coordinator port %d" % self.port)
+        self._paused_until: float | None = None  # out of descriptors: the port is not watched till then
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="coord-accept", daemon=True)
         self._thread.start()
@@ -203,11 +207,10 @@ class CoordServer:
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self.sock, selectors.EVENT_READ)
-        paused_until: float | None = None  # out of descriptors: the port is not watched till then
         try:
             while not self._closed:
                 try:
-                    paused_until = self._turn(sel, paused_until)
+                    self._turn(sel)
                 except Exception:  # noqa: BLE001 - a bug here must not end the listener
                     note("coordinator port: %s" % traceback.format_exc().strip())
                     time.sleep(ACCEPT_BACKOFF_S)  # a back-off: nothing waits on it
@@ -217,31 +220,30 @@ class CoordServer:
             sel.close()
             self.sock.close()
 
-    def _turn(self, sel: selectors.BaseSelector, paused_until: float | None) -> float | None:
+    def _turn(self, sel: selectors.BaseSelector) -> None:
         now = time.monotonic()
-        if paused_until is not None and now >= paused_until:
-            paused_until = None
+        if self._paused_until is not None and now >= self._paused_until:
             sel.register(self.sock, selectors.EVENT_READ)
+            self._paused_until = None
         wake = [now + _POLL_S] + [h.deadline for h in self._pending.values()]
-        if paused_until is not None:
-            wake.append(paused_until)
+        if self._paused_until is not None:
+            wake.append(self._paused_until)
         for key, _ in sel.select(max(0.0, min(wake) - now)):
             if key.fileobj is self.sock:
                 if self._accept(sel):
+                    self._paused_until = time.monotonic() + ACCEPT_BACKOFF_S
                     sel.unregister(self.sock)
-                    paused_until = time.monotonic() + ACCEPT_BACKOFF_S
             else:
                 self._advance(sel, key.data)
         now = time.monotonic()
         for h in [h for h in self._pending.values() if h.deadline <= now]:
             self._drop(sel, h)
-        return paused_until
 
     def _accept(self, sel: selectors.BaseSelector) -> bool:
         """Take what waits; True: out of descriptors (or worse), pause the port."""
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _ = self.sock.accept()
+                conn, addr = self.sock.accept()
             except BlockingIOError:
                 return False
             except OSError as exc:
@@ -250,9 +252,9 @@ class CoordServer:
                 continue
             self._backoff.accepted()
             if len(self._pending) >= PENDING_MAX:
-                self._drop(sel, next(iter(self._pending.values())))
+                self._drop(sel, self._victim())
             nonce = os.urandom(16).hex()
-            h = _Handshake(conn, nonce, time.monotonic() + HANDSHAKE_S)
+            h = _Handshake(conn, str(addr[0]), nonce, time.monotonic() + HANDSHAKE_S)
             hello = _line({"nonce": nonce})
             try:
                 conn.setblocking(False)
@@ -264,6 +266,12 @@ class CoordServer:
                 continue
             self._pending[conn] = h
         return False
+
+    def _victim(self) -> _Handshake:
+        """Over the cap: the oldest handshake of the address that holds the most."""
+        counts = collections.Counter(h.host for h in self._pending.values())
+        most = max(counts.values())
+        return next(h for h in self._pending.values() if counts[h.host] == most)
 
     def _advance(self, sel: selectors.BaseSelector, h: _Handshake) -> None:
         if h.conn not in self._pending:

@@ -48,7 +48,7 @@ class DetachedRun:
         self.role = msg.role
         self.hang_timeout_s = msg.hang_timeout_s
         self.watchdog_s = max(pol.WATCHDOG_FLOOR_S, agent.start_cmd.watchdog_s if agent.start_cmd else 0.0)
-        self.server = SocketServer(agent.run_dir, agent.inbox)
+        self.server = SocketServer(agent.run_dir, agent.inbox, node=agent.node)
         self.socket_path = self.server.path
         self.clients: list = []
         self.controller: Client | None = None
@@ -72,13 +72,15 @@ class DetachedRun:
                         max_restarts=msg.restarts_left,
                         backoff_s=msg.backoff_s,
                         grace_s=agent.grace(),
-                        hang_timeout_s=0.0,  # each agent watches its own ranks (ranks.Ranks._check_silent)
+                        inspects=False,  # each agent watches its own ranks (ranks.Ranks._check_silent)
                         can_reconnect=False,  # SSH is the console's
                         operator_wait_s=msg.operator_wait_s or None,
                     )
                 )
                 self.policy.resume(agent.start_cmd.attempt, time.monotonic())
-                self.coord_server = CoordServer(msg.secret, self.nodes[1:], agent.inbox)
+                # On the scheduler's address only (node 0's, where the followers reach it).
+                host = msg.coordinator_host or "0.0.0.0"
+                self.coord_server = CoordServer(msg.secret, self.nodes[1:], agent.inbox, host=host)
                 self.coordinator_port = self.coord_server.port
             else:
                 self.link = dial(

@@ -28,7 +28,7 @@ from .checks.mesh import MeshListener
 from .journal import Journal, RunStatus, write_state
 from .layout import CACHE_DIR
 from .outbox import ConsoleGone, Outbox
-from .policy import DEFAULT_GRACE_S
+from .policy import DEFAULT_GRACE_S, HangRule
 from .ranks import Ranks
 from .relay import hello
 from .services import Services, resolve
@@ -59,6 +59,7 @@ class Agent(Ranks, Streaming, Services):
         self.outbox = Outbox(out or sys.stdout)  # never blocks: a slow console must not stall the loop
         self.inbox: queue.Queue = queue.Queue()
         self.watched: list[Watched] = []
+        self.hang = HangRule()
         self.start_cmd: P.Start | None = None
         self.last_heard = time.monotonic()
         self.line_metrics = LineMetrics()
@@ -77,6 +78,7 @@ class Agent(Ranks, Streaming, Services):
         self.to_console = True  # False once a detached agent's console left: output goes to clients
         self.exit_now = False
         self._state_extra: dict = {}
+        self._noted: set = set()
 
     # ------------------------------------------------------------ I/O
 
@@ -142,7 +144,10 @@ class Agent(Ranks, Streaming, Services):
                     )
                     self._final_state()
                     return 0
-                self.tick()
+                try:
+                    self.tick()
+                except OSError as exc:  # out of descriptors reading a log, say: the ranks go on
+                    self._note_once("tick: %s" % exc)
                 if self.detached is not None:
                     self._guarded(self.detached.tick)
                 if self.exit_now:
@@ -155,6 +160,12 @@ class Agent(Ranks, Streaming, Services):
         except KeyboardInterrupt:
             self.stop_and_wait("agent interrupted", self.grace(), report=False)
             return 130
+
+    def _note_once(self, what: str) -> None:
+        """One stderr line (agent.err once detached) per kind of trouble, not one per tick."""
+        if what not in self._noted:
+            self._noted.add(what)
+            print("mscon agent: %s" % what, file=sys.stderr, flush=True)
 
     def _guarded(self, fn, *args) -> None:  # noqa: ANN001
         """A detached run's extras (clients, links, policy) must never take the ranks down with
@@ -198,9 +209,12 @@ class Agent(Ranks, Streaming, Services):
             self.stop_and_wait("shutdown", self.grace())
             return False
         elif isinstance(msg, P.Inspect):
+            # The console saw silence on its clock; a rank whose lines it has not read yet (a
+            # console behind at scale) is not hung: only a rank silent here too is reported.
+            cutoff = time.time_ns() - int(msg.silent_s * 1e9)
             for w in self.watched:
-                if w.proc.spec.name in msg.names and w.proc.alive:
-                    self._report_hung(w, "no progress")
+                if w.proc.spec.name in msg.names and w.proc.alive and w.progress_ns <= cutoff:
+                    self._report_hung(w, msg.reason or "no progress")
         elif isinstance(msg, P.Resolve):
             self.send(resolve(self.node, msg.host))
         elif isinstance(msg, P.RunChecks):

@@ -28,6 +28,10 @@ STOP_CONFIRM_S = 15.0  # beyond the grace period: a node that has not confirmed 
 WATCHDOG_FLOOR_S = 5.0
 DEFAULT_GRACE_S = 3.0  # SIGTERM -> SIGKILL, when neither the inventory nor a message says
 DETACHED_OPERATOR_WAIT_S = 900.0  # a detached run that failed with no budget waits this long for `r`
+# The hang limit when the inventory sets none (hang.timeout_s), derived from what each rank did:
+FIRST_STEPS_LIMIT_S = 900.0  # until a rank's steps have a pace (start-up, cluster join, compile)
+STEADY_FLOOR_S = 5.0
+STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the attempt
 
 
 def watchdog_s(keepalive_s: float) -> float:
@@ -39,6 +43,39 @@ def watchdog_s(keepalive_s: float) -> float:
 def silent_too_long(last_progress: float, now: float, timeout_s: float) -> bool:
     """The hang rule, on whichever clock the caller keeps (both arguments on the same one)."""
     return timeout_s > 0 and now - last_progress > timeout_s
+
+
+class HangRule:
+    """How long a rank may stay silent (no log line, no metric) before it is inspected.
+
+    ``fixed_s`` (the inventory's ``hang.timeout_s``) wins. Otherwise the limit follows the job, as
+    NVIDIA's fault-tolerance launcher derives its timeouts: until a rank's step reports have a pace
+    (two of them), ``FIRST_STEPS_LIMIT_S`` (start-up and graph compile take minutes); then
+    ``STEADY_FACTOR`` times the longest gap between its step reports so far, never under
+    ``STEADY_FLOOR_S``. Gaps are measured on the rank's own clock (the metric's ``ts``), so a
+    console that reads late does not stretch them."""
+
+    def __init__(self, fixed_s: float | None = None) -> None:
+        self.fixed_s = fixed_s
+        self._last: dict[str, float] = {}  # rank -> ts of its last step report
+        self._gap: dict[str, float] = {}  # rank -> longest gap between two of its step reports
+
+    def stepped(self, name: str, ts: float) -> None:
+        last = self._last.get(name)
+        if last is None or ts > last:
+            if last is not None and ts - last > self._gap.get(name, 0.0):
+                self._gap[name] = ts - last
+            self._last[name] = ts
+
+    def limit(self, name: str) -> tuple[float, str]:
+        """Seconds, and why that long (the summary says which limit fired)."""
+        if self.fixed_s is not None:
+            return self.fixed_s, "hang.timeout_s"
+        gap = self._gap.get(name)
+        if gap is None:
+            return FIRST_STEPS_LIMIT_S, "the limit before its steps have a pace (start-up, compile)"
+        limit = max(STEADY_FLOOR_S, STEADY_FACTOR * gap)
+        return limit, "%g x its longest gap between steps, %.3g s" % (STEADY_FACTOR, gap)
 
 
 class _Str(str, enum.Enum):
@@ -210,6 +247,7 @@ class Inspect:
     node: str
     names: tuple[str, ...]
     reason: str
+    silent_s: float  # the limit they passed: their agent checks it on its own clock
 
 
 @dataclass(frozen=True)
@@ -285,7 +323,8 @@ class PolicyConfig:
     max_restarts: int = 0
     backoff_s: float = 0.0
     grace_s: float = DEFAULT_GRACE_S
-    hang_timeout_s: float = 0.0  # 0: the host asks for no inspections (a detached agent checks itself)
+    hang_timeout_s: float | None = None  # None: derived from each rank's pace (HangRule)
+    inspects: bool = True  # False on a detached coordinator: each agent watches its own ranks
     can_reconnect: bool = True  # False on a detached coordinator: a lost node ends the run
     operator_wait_s: float | None = None  # None: no operator to wait for; inf: wait while it stays
 
@@ -309,6 +348,7 @@ class _Attempt:
     sched_stopped: bool = False
     progress: dict[str, float] = field(default_factory=dict)
     inspected: set[str] = field(default_factory=set)
+    hang: HangRule = field(default_factory=HangRule)
 
 
 class RunPolicy:
@@ -330,12 +370,20 @@ class RunPolicy:
 
     def resume(self, attempt: int, now: float) -> None:
         """Take over an attempt already running (a detached run's coordinator)."""
-        self.att = _Attempt(attempt, now)
+        self.att = _Attempt(attempt, now, hang=HangRule(self.config.hang_timeout_s))
         self.phase = Phase.RUNNING
 
     def progress(self, name: str, now: float) -> None:
         """A rank made progress (a log line, a metric): kept apart from ``step`` for its rate."""
-        self.att.progress[name] = now
+        att = self.att
+        att.progress[name] = now
+        if att.inspected:
+            att.inspected.discard(name)  # alive after all (its agent saw it too): watched again
+
+    def stepped(self, name: str, ts: float, now: float) -> None:
+        """A step report of a rank (its clock's ``ts``): progress, and the pace its hang limit follows."""
+        self.progress(name, now)
+        self.att.hang.stepped(name, ts)
 
     # ------------------------------------------------------------ the dispatcher
 
@@ -518,7 +566,7 @@ class RunPolicy:
             self._tick(now, out)
 
     def _start(self, number: int, now: float, out: list[Action]) -> None:
-        self.att = _Attempt(number, now)
+        self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s))
         self.restart_at = None
         self.phase = Phase.RUNNING
         out.append(StartAttempt(number))
@@ -554,12 +602,12 @@ class RunPolicy:
             if now - att.workers_done_at > SCHEDULER_LINGER_S:
                 att.sched_stopped = True
                 out.append(StopScheduler())
-        if self.phase is Phase.RUNNING and cfg.hang_timeout_s > 0:
-            silent: dict[str, list[str]] = {}
+        if self.phase is Phase.RUNNING and cfg.inspects:
+            silent: dict[tuple[str, float, str], list[str]] = {}
             for name in sorted(att.live - att.inspected):
-                if silent_too_long(att.progress.get(name, att.started), now, cfg.hang_timeout_s):
-                    silent.setdefault(cfg.workers[name], []).append(name)
-            reason = "no progress for %g s" % cfg.hang_timeout_s
-            for node, names in silent.items():
+                limit, why = att.hang.limit(name)
+                if silent_too_long(att.progress.get(name, att.started), now, limit):
+                    silent.setdefault((cfg.workers[name], limit, why), []).append(name)
+            for (node, limit, why), names in silent.items():
                 att.inspected.update(names)
-                out.append(Inspect(node, tuple(names), reason))
+                out.append(Inspect(node, tuple(names), "no progress for %g s (%s)" % (limit, why), limit))

@@ -48,6 +48,7 @@ def by_rank(name: str) -> tuple[int, str]:
     rank = rank_of(name)
     return (rank if rank is not None else 1 << 62, name)
 
+
 _REGISTRY: dict[str, type[Message]] = {}
 
 
@@ -206,7 +207,8 @@ class Inspect(Message):
 
     type: ClassVar[str] = "inspect"
     names: tuple[str, ...] = ()
-    reason: str = ""
+    reason: str = ""  # why, with the limit that fired: it becomes the ProcHung's ``why``
+    silent_s: float = 0.0  # the limit they passed on the console's clock: the agent checks its own
 
 
 @dataclass(frozen=True)
@@ -448,7 +450,7 @@ class Detach(Message):
     type: ClassVar[str] = "detach"
     role: str = Role.FOLLOWER
     secret: str = ""  # authenticates followers to the coordinator (HMAC; never sent back)
-    coordinator_host: str = ""  # followers: where the coordinator listens
+    coordinator_host: str = ""  # where the coordinator listens (followers dial it, it binds it)
     coordinator_port: int = 0
     nodes: tuple[str, ...] = ()  # coordinator: every node of the run, itself first
     restarts_left: int = 0

@@ -14,6 +14,7 @@ from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
 from .layout import attempt_folder
+from .policy import HangRule
 from .streaming import Watched
 from .tail import LineMetrics, extract_traceback
 
@@ -43,6 +44,7 @@ class Ranks:
             target = cmd.procs[0].env.get("DEVICE_TARGET", "") if cmd.procs else ""
             self.devices = DeviceSampler(target)
         self.watched = []
+        self.hang = HangRule()  # each rank's pace this attempt (the detached hang check's limits)
         self.all_exited_sent = False
         self.failed = False
         log_dir = attempt_folder(cmd.run_dir, cmd.attempt)
@@ -151,8 +153,8 @@ class Ranks:
         if now - self._last_state_check >= _STATE_CHECK_S:
             self._last_state_check = now
             self._check_stopped(now)
-            if self.detached is not None and self.detached.hang_timeout_s > 0:
-                self._check_silent(self.detached.hang_timeout_s)
+            if self.detached is not None:
+                self._check_silent(self.detached.hang_timeout_s or None)
         if all(w.proc.reported and w.drained for w in self.watched):
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
@@ -170,13 +172,16 @@ class Ranks:
             else:
                 w.stopped_since = None
 
-    def _check_silent(self, limit_s: float) -> None:
-        """Detached, nobody sends Inspect: a rank silent for hang.timeout_s is reported here."""
-        cutoff = time.time_ns() - int(limit_s * 1e9)
+    def _check_silent(self, fixed_s: float | None) -> None:
+        """Detached, nobody sends Inspect: a rank silent past its limit is reported here (the
+        inventory's hang.timeout_s, else the one its own pace gives: policy.HangRule)."""
+        now_ns = time.time_ns()
         for w in self.watched:
-            if w.proc.alive and not w.hung_reported and not w.proc.stop_sent and w.progress_ns < cutoff:
-                if not w.proc.spec.is_scheduler:  # the scheduler is quiet by nature
-                    self._report_hung(w, "no progress")
+            if not w.proc.alive or w.hung_reported or w.proc.stop_sent or w.proc.spec.is_scheduler:
+                continue  # the scheduler is quiet by nature
+            limit, why = (fixed_s, "hang.timeout_s") if fixed_s else self.hang.limit(w.proc.spec.name)
+            if now_ns - w.progress_ns > limit * 1e9:
+                self._report_hung(w, "no progress for %g s (%s)" % (limit, why))
 
     def _report_hung(self, w: Watched, why: str) -> None:
         """Report a rank that makes no progress, with its Python stack: py-spy takes up to 10 s,

@@ -120,6 +120,8 @@ class Streaming:
                     continue
                 w.progress_ns = time.time_ns()
                 batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
+        for m in batch:
+            self.hang.stepped(spec.name, m.ts or time.time())
         if batch:
             self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
 

@@ -51,7 +51,8 @@ class RestartSpec:
 
 @dataclass(frozen=True)
 class HangSpec:
-    timeout_s: float = 120.0  # a rank silent this long counts as hung
+    # A rank silent this long counts as hung; None: derived from each rank's pace (policy.HangRule)
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

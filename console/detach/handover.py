@@ -50,6 +50,7 @@ async def hand_over(
         Detach(
             role=Role.COORDINATOR,
             secret=secret,
+            coordinator_host=sched,  # where it listens: the scheduler's address, node 0's own
             nodes=tuple(names),
             restarts_left=policy.restarts_left,
             backoff_s=policy.config.backoff_s,

@@ -295,7 +295,7 @@ class ClusterState:
                     detail=(
                         f"stopped by a signal: process state {msg.state}"
                         if stopped
-                        else f"no progress; process state {msg.state}"
+                        else f"{msg.why or 'no progress'}; process state {msg.state}"
                         + (f", waiting in {msg.wchan}" if msg.wchan else "")
                     ),
                     tail=msg.tail,

@@ -405,8 +405,8 @@ class Supervisor:
         if isinstance(msg, LogBatch):
             self.policy.progress(msg.name, now)
         elif isinstance(msg, Metric | MetricBatch):
-            self.policy.progress(msg.name, now)
             for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
+                self.policy.stepped(m.name, m.ts or time.time(), now)
                 if m.checksum is not None:
                     divergence = self.replicas.observe(m.name, m.step, m.checksum)
                     if divergence is not None:
@@ -433,7 +433,7 @@ class Supervisor:
         elif isinstance(act, policy_mod.StopScheduler):
             await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
         elif isinstance(act, policy_mod.Inspect):
-            await session.send(act.node, Inspect(names=act.names, reason=act.reason))
+            await session.send(act.node, Inspect(names=act.names, reason=act.reason, silent_s=act.silent_s))
         elif isinstance(act, policy_mod.CutOff):
             for name in act.nodes:
                 await session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it

@@ -552,7 +552,7 @@ class Preflight:
                 resume_args=(),
                 metrics_pattern=None,
             )
-            hang = HangSpec(timeout_s=max(inv.hang.timeout_s, self.options.smoke_timeout_s + 60))
+            hang = HangSpec(timeout_s=max(inv.hang.timeout_s or 0.0, self.options.smoke_timeout_s + 60))
             smoke_inv = dataclasses.replace(inv, job=job, restart=RestartSpec(max_restarts=0), hang=hang)
             lines: list[str] = []
 

@@ -169,7 +169,7 @@ def test_a_hung_ranks_stack_is_taken_beside_the_loop(tmp_path: Path) -> None:
         assert _reaped(pids["r0"])  # the agent has seen the exit; its report waits for the ProcHung
         release.touch()
         hung = a.until(lambda m: isinstance(m, P.ProcHung))
-        assert hung.name == "r0" and hung.why == "no progress"
+        assert hung.name == "r0" and hung.why == "test"  # the Inspect's reason: the limit that fired
         assert hung.stack == f"Thread 1 (idle): fake stack of pid {pids['r0']}"
         a.until(lambda m: isinstance(m, P.AllExited), timeout=10.0)
         hung_at = a.index(lambda m: isinstance(m, P.ProcHung))
@@ -181,3 +181,36 @@ def test_a_hung_ranks_stack_is_taken_beside_the_loop(tmp_path: Path) -> None:
     finally:
         a.close()
         release.touch()
+
+
+# A rank that prints a line every 20 ms: never silent.
+CHATTY = """\
+import time
+print("up", flush=True)
+while True:
+    print("step", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_an_inspect_for_a_rank_the_agent_sees_alive_is_not_a_hang(tmp_path: Path) -> None:
+    """The console asks after a silence on its own clock (it may read late); the agent reports the
+    rank hung only when it has been silent that long on the node too."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    a = Agent()
+    try:
+        a.until(lambda m: isinstance(m, P.Hello))
+        a.send(_start(tmp_path, (sys.executable, str(script)), n=1))
+        _started(a, 1)
+        a.send(P.Inspect(names=("r0",), reason="no progress for 30 s (test)", silent_s=30.0))
+        assert _resolve(a).address is not None  # answered after the Inspect, in order
+        seen = len([m for m in a.received if isinstance(m, P.LogBatch)])
+        a.until(lambda m: len([x for x in a.received if isinstance(x, P.LogBatch)]) >= seen + 3)
+        assert not any(isinstance(m, P.ProcHung) for m in a.received)
+        # The same rank asked after with a limit it did pass (0 s): reported, with the console's reason.
+        a.send(P.Inspect(names=("r0",), reason="no progress for 0 s (test)", silent_s=0.0))
+        hung = a.until(lambda m: isinstance(m, P.ProcHung))
+        assert hung.name == "r0" and hung.why == "no progress for 0 s (test)"
+    finally:
+        a.close()

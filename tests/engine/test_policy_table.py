@@ -24,7 +24,7 @@ HOSTS: dict[str, dict[str, Any]] = {
     # console/engine/supervisor.py (a live console: inf; headless: None, see the headless rows)
     "console": {"can_reconnect": True, "operator_wait_s": math.inf, "hang_timeout_s": 10.0},
     # agent/detached.py
-    "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "hang_timeout_s": 0.0},
+    "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "inspects": False},
 }
 LINGER = P.SCHEDULER_LINGER_S
 CONFIRM = P.STOP_CONFIRM_S
@@ -39,7 +39,9 @@ def summary(act: P.Action) -> str:
     if isinstance(act, P.StopScheduler):
         return "stop the scheduler"
     if isinstance(act, P.Inspect):
-        return f"inspect {act.node}: {','.join(act.names)}"
+        return f"inspect {act.node}: {','.join(act.names)}" + (
+            f" ({act.reason})" if "x its" in act.reason else ""
+        )
     if isinstance(act, P.CutOff):
         return f"cut {','.join(act.nodes)}"
     if isinstance(act, P.Force):
@@ -337,14 +339,92 @@ TABLE = [
 ]
 
 
+def stepped(t: float, ts: float, *names: str) -> list[P.Input]:
+    """Step reports: ``ts`` on the ranks' clocks, seen by the console at ``t``."""
+    return [_Stepped(n, ts, t) for n in names or tuple(WORKERS)]
+
+
+@dataclass(frozen=True)
+class _Stepped:
+    """Not a policy input: the host calls ``RunPolicy.stepped`` for metrics (kept off ``step``)."""
+
+    name: str
+    ts: float
+    now: float
+
+
+DERIVED = {"hang_timeout_s": None}
+
+TABLE += [
+    Row(
+        "derived limit: a silent rank in a job stepping every 50 ms is inspected within 5 s",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (stepped(1.0, 1.00), []),
+            (stepped(1.05, 1.05), []),
+            (stepped(1.10, 1.10, "r0", "r2", "r3"), []),  # r1 goes silent after 1.05
+            (stepped(5.0, 5.0, "r0", "r2", "r3"), []),
+            (P.Tick(5.0), []),
+            (
+                P.Tick(6.2),
+                {
+                    "console": [
+                        "inspect a: r1 (no progress for 5 s (20 x its longest gap between steps, 0.05 s))"
+                    ],
+                    "coordinator": [],
+                },
+            ),
+        ],
+        DERIVED,
+    ),
+    Row(
+        "derived limit: a first step that takes minutes to compile is not a hang",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.Tick(180.0), []),
+            (P.Tick(899.0), []),
+            (stepped(899.5, 899.5), []),
+            (stepped(899.6, 899.6), []),
+            (P.Tick(900.5), []),
+        ],
+        DERIVED,
+    ),
+    Row(
+        "derived limit: no step at all for 900 s is a hang (the start-up limit)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.Tick(900.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+        ],
+        DERIVED,
+    ),
+    Row(
+        "a rank inspected but alive (its agent saw progress) is watched again",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.Tick(10.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+            ([P.Tick(11.0)], []),
+            (stepped(12.0, 12.0, "r0"), []),
+            (P.Tick(22.5), {"console": ["inspect a: r0"], "coordinator": []}),
+        ],
+    ),
+]
+
+
 def run_row(row: Row, host: str) -> None:
     cfg = P.PolicyConfig(nodes=NODES, workers=dict(WORKERS), **{**HOSTS[host], **row.settings})
     policy = P.RunPolicy(cfg)
     for i, (inputs, expected) in enumerate(row.steps):
         want = expected[host] if isinstance(expected, dict) else expected
-        got = [
-            summary(a) for ev in (inputs if isinstance(inputs, list) else [inputs]) for a in policy.step(ev)
-        ]
+        got = []
+        for ev in inputs if isinstance(inputs, list) else [inputs]:
+            if isinstance(ev, _Stepped):
+                policy.stepped(ev.name, ev.ts, ev.now)
+            else:
+                got += [summary(a) for a in policy.step(ev)]
         assert got == want, f"{row.name!r}, {host}, step {i}"
 
 

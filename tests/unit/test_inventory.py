@@ -341,7 +341,7 @@ def test_fifo_and_devices_are_refused_promptly(tmp_path: Path) -> None:
 def test_new_fields_and_their_defaults(tmp_path: Path) -> None:
     inv = load_inventory(_write(tmp_path, GOOD))
     assert inv.restart == RestartSpec(max_restarts=0, backoff_s=2.0)
-    assert inv.hang == HangSpec(timeout_s=120.0)
+    assert inv.hang == HangSpec(timeout_s=None)  # derived from each rank's pace (policy.HangRule)
     assert inv.ssh.keepalive_s == 5.0 and inv.ssh.keepalive_interval_s == 5.0
     assert inv.job.resume_args == () and inv.job.metrics_pattern is None
     extra = (
