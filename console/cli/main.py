@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -20,7 +19,14 @@ from mscon.console.config.inventory import Inventory, InventoryError, load_inven
 from mscon.console.engine import exit_codes
 from mscon.console.engine.commands import StopJob
 from mscon.console.engine.events import RunResult
-from mscon.console.engine.summary import add_to_summary, summary_file
+from mscon.console.engine.summary import (
+    add_to_summary,
+    is_stdout,
+    json_target,
+    summary_file,
+    write_json,
+    write_summary,
+)
 from mscon.console.engine.supervisor import RunOptions, Supervisor
 from mscon.console.preflight.report import CheckReporter, preflight_record
 from mscon.console.preflight.runner import Preflight, PreflightOptions, all_check_names, known_check
@@ -35,6 +41,10 @@ def _version() -> str:
         return "unknown"
 
 
+_JSON_HELP = (
+    "also write the run summary as JSON to PATH; - writes it to stdout, and the rank output then "
+    "goes to stderr with mscon's own lines, so stdout holds only the JSON"
+)
 _SLURM_HELP = (
     "the nodes of the Slurm allocation this runs in (salloc, sbatch), reached through srun "
     "(as nodes: {from: slurm} in the inventory)"
@@ -48,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 2 usage/inventory error, 3 preflight failed, 4 node unreachable, "
         "130 interrupted; a failed run exits with its root-cause rank's code (128 + signal).",
     )
-    parser.add_argument("--version", action="version", version=f"mscon {_version()}")
+    parser.add_argument("-V", "--version", action="version", version=f"mscon {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
@@ -64,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="inventory YAML (default: the embedded local inventory: ranks on this machine)",
     )
     run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
-    run.add_argument("--json", metavar="PATH", type=Path, help="also write the run summary as JSON to PATH")
+    run.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
     run.add_argument(
         "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
     )
@@ -124,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         usage="mscon check [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
     )
     check.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
-    check.add_argument("--json", metavar="PATH", type=Path, help="also write every result as JSON to PATH")
+    check.add_argument(
+        "--json",
+        metavar="PATH",
+        type=json_target,
+        help="also write every result as JSON to PATH; - writes it to stdout, and the table then goes "
+        "to stderr, so stdout holds only the JSON",
+    )
     check.add_argument(
         "--skip-check", action="append", default=[], metavar="NAME", help="do not run this check (repeatable)"
     )
@@ -342,20 +358,26 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
         stop = StopJob("output closed (stdout)", exit_codes.OUTPUT_CLOSED)
         loop.call_soon_threadsafe(sup.submit, stop)
 
-    reporter = HeadlessReporter(json_path=args.json, quiet_states=args.quiet, on_output_closed=output_closed)
+    # --json is written here once the run is over, preflight included (stdout cannot be rewritten).
+    rank_out = sys.stderr if is_stdout(args.json) else None
+    reporter = HeadlessReporter(out=rank_out, quiet_states=args.quiet, on_output_closed=output_closed)
     sup.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
     checks = None
     if options.preflight is not None:
         checks = CheckReporter(full=False)
         sup.bus.add_sink("checks", checks.handle)
     result = await _supervise(sup, args, loop)
+    sections: dict[str, object] = {}
     if checks is not None and checks.finished is not None:
-        record = preflight_record(checks.results, checks.finished)
-        # The run's summary (summary.json, --json) also says what preflight found and skipped; where
-        # no summary was written, the run said why.
-        for path in (summary_file(sup.logs_dir), args.json):
-            if path is not None:
-                add_to_summary(path, preflight=record)
+        sections["preflight"] = preflight_record(checks.results, checks.finished)
+        # The run's summary also says what preflight found and skipped; where no summary was
+        # written, the run said why.
+        add_to_summary(summary_file(sup.logs_dir), **sections)
+    if args.json is not None:
+        try:
+            write_summary(args.json, result, **sections)
+        except OSError as exc:
+            reporter.note(f"cannot write {args.json}: {exc.strerror or exc}")
     return result.exit_code
 
 
@@ -413,15 +435,18 @@ async def _supervise(sup: Supervisor, args: argparse.Namespace, loop: asyncio.Ab
 async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     sup = Supervisor(inv, options)
-    reporter = CheckReporter(full=True)
+    # --json -: stdout holds only the JSON, so the table goes to stderr.
+    reporter = CheckReporter(out=sys.stderr if is_stdout(args.json) else None, full=True)
     sup.bus.add_sink("checks", reporter.handle)
     result = await _supervise(sup, args, loop)
     if args.json is not None:
         doc = reporter.document(result)
         assert options.preflight is not None
         doc["preflight_s"] = options.preflight.wall_s  # the checks alone, without connecting
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        try:
+            write_json(args.json, doc)
+        except OSError as exc:
+            reporter.note(f"cannot write {args.json}: {exc.strerror or exc}")
     return result.exit_code
 
 

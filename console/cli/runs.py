@@ -21,8 +21,14 @@ from mscon.console.engine.commands import DetachRun
 from mscon.console.engine.events import AgentEvent, Event, RunFinished
 from mscon.console.engine.plan import build_plan
 from mscon.console.engine.session import ClusterSession
+from mscon.console.engine.summary import json_target
 from mscon.console.transport.base import printable
 from mscon.console.views.headless.reporter import HeadlessReporter, StdoutWriter
+
+_JSON_HELP = (
+    "write the run summary as JSON to PATH; - writes it to stdout, and the rank output then goes to "
+    "stderr with mscon's own lines, so stdout holds only the JSON"
+)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -35,14 +41,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     _common(attach)
     attach.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
     attach.add_argument("--read-only", action="store_true", help="watch only (another console may steer)")
-    attach.add_argument("--json", metavar="PATH", type=Path, help="write the run summary as JSON to PATH")
+    attach.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
     stop = sub.add_parser(
         "stop",
         help="stop a detached run and fetch its logs",
         description="Stop every rank of a detached run.",
     )
     _common(stop)
-    stop.add_argument("--json", metavar="PATH", type=Path, help="write the run summary as JSON to PATH")
+    stop.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
     logs = sub.add_parser(
         "logs",
         help="print (or follow) the logs of a run on its nodes",
@@ -102,6 +108,10 @@ def attach_main(args: argparse.Namespace, command: str) -> int:
     if isinstance(setup, int):
         return setup
     inv, record = setup
+    if command in ("attach", "stop") and not (args.logs_dir / args.run_id).exists():
+        refused = _refuse_unknown_run(inv, args)
+        if refused is not None:
+            return refused
     options = AttachOptions(
         run_id=args.run_id,
         logs_root=args.logs_dir,
@@ -117,6 +127,28 @@ def attach_main(args: argparse.Namespace, command: str) -> int:
         return asyncio.run(_attach(attacher, args, command))
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
+
+
+def _refuse_unknown_run(inv: Inventory, args: argparse.Namespace) -> int | None:
+    """A run this logs folder never held: ask the nodes, as ``mscon ls`` does, before anything is
+    shown or created. None where a node holds it; else one line and the exit code."""
+    try:
+        runs, errors = asyncio.run(_list(inv, args.accept_new_host_keys))
+    except KeyboardInterrupt:
+        return exit_codes.INTERRUPTED
+    if any(r.run_id == args.run_id for r in runs):
+        return None
+    folder = args.logs_dir.as_posix() if args.logs_dir.is_absolute() else f"./{args.logs_dir.as_posix()}"
+    for error in errors:
+        print(f"mscon: {printable(error)}", file=sys.stderr)
+    if errors:  # the run may be on a node that did not answer
+        print(f"mscon: no run {args.run_id}: not in {folder} nor on the nodes that answered", file=sys.stderr)
+        return exit_codes.UNREACHABLE
+    print(
+        f"mscon: no run {args.run_id}: not in {folder} and no node holds it (mscon ls lists runs)",
+        file=sys.stderr,
+    )
+    return exit_codes.USAGE
 
 
 def _wants_tui(args: argparse.Namespace, command: str) -> bool:

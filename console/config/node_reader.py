@@ -21,6 +21,7 @@ from mscon.console.config.errors import InventoryError
 from mscon.console.config.limits import MAX_ENV_KEY, MAX_HOST, MAX_ITEMS, MAX_TEXT, MAX_VALUE
 from mscon.console.config.scalars import (
     NULLS,
+    core_type,
     describe_char,
     first_bad_char,
     is_plain,
@@ -121,12 +122,20 @@ class NodeReader:
         *,
         allow_empty: bool = False,
         allowed_controls: str = "",
+        noun: str = "",
     ) -> str:
-        """A string field: the scalar's text as written (a plain 010 stays "010"), never null."""
+        """A string field: the scalar's text as written (a plain 010 stays "010"), never null.
+        With ``noun`` (a name, a path, a host) the field takes strings only: a plain number or
+        boolean there is a slip (``name: 7``, ``python: true``), refused with the quoted spelling."""
         s = self._scalar(node, where, what)
         if is_plain(s) and s.value in NULLS:
             raise self.fail(node, where, f"expected {what}, got nothing")
         value = s.value
+        kind = core_type(value) if noun and is_plain(s) else None
+        if kind is not None:
+            if len(value) > 40:
+                raise self.fail(node, where, f"expected {noun}, got the {kind} {value[:40]}... (quote it)")
+            raise self.fail(node, where, f'expected {noun}, got the {kind} {value} (quote it: "{value}")')
         if not allow_empty and not value.strip():
             raise self.fail(node, where, f"expected {what}, got {value!r}")
         if len(value) > maxlen:
@@ -136,8 +145,10 @@ class NodeReader:
             raise self.fail(node, where, f"contains {describe_char(bad)}")
         return value
 
-    def matching(self, node: yaml.Node, where: str, pattern: re.Pattern[str], what: str, maxlen: int) -> str:
-        value = self.text(node, where, what, maxlen)
+    def matching(
+        self, node: yaml.Node, where: str, pattern: re.Pattern[str], what: str, maxlen: int, noun: str = ""
+    ) -> str:
+        value = self.text(node, where, what, maxlen, noun=noun)
         if not pattern.fullmatch(value):
             raise self.fail(node, where, f"expected {what}, got {show_value(node)}")
         return value
@@ -207,13 +218,13 @@ class NodeReader:
         return tuple(self.word(item, f"{where}[{i}]") for i, item in enumerate(self.sequence(node, where)))
 
     def path_text(self, node: yaml.Node, where: str) -> str:
-        value = self.text(node, where, "a path")
+        value = self.text(node, where, "a path", noun="a path")
         if value.startswith("-"):
             raise self.fail(node, where, f"a path must not start with '-', got {show_value(node)}")
         return value
 
     def host(self, node: yaml.Node, where: str) -> str:
-        value = self.text(node, where, HOST_WHAT, MAX_HOST)
+        value = self.text(node, where, HOST_WHAT, MAX_HOST, noun="a host")
         problem = host_problem(value)
         if problem is None:
             raise self.fail(node, where, f"expected {HOST_WHAT}, got {show_value(node)}")
@@ -222,7 +233,7 @@ class NodeReader:
         return value
 
     def address(self, node: yaml.Node, where: str) -> str:
-        value = self.text(node, where, ADDRESS_WHAT, MAX_HOST)
+        value = self.text(node, where, ADDRESS_WHAT, MAX_HOST, noun="an address")
         if not (ip_literal(value) or (is_hostname(value) and not DOTTED_NUMBERS.fullmatch(value))):
             raise self.fail(
                 node,

@@ -68,6 +68,20 @@ def plain_number(text: str) -> _Num:
     return _Num()
 
 
+_CORE_INT = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
+
+
+def core_type(text: str) -> str | None:
+    """What YAML 1.2's core schema makes of a plain scalar that is not a string: "number" or
+    "boolean" (None for a string; nulls are the caller's). Only the core schema's own forms count:
+    1:30 or 1_000 are strings there, and a host such as 1:2:3:4:5:6:7:8 stays one."""
+    if text in _BOOLS:
+        return "boolean"
+    if _CORE_INT.fullmatch(text) or _FLOAT.fullmatch(text) or _SPECIAL.fullmatch(text):
+        return "number"
+    return None
+
+
 def is_plain(node: yaml.ScalarNode) -> bool:
     return node.style is None or node.style == ""
 

@@ -73,7 +73,7 @@ _JOB_KEYS = {
 def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
     """The inventory at ``path`` from its composed root node; relative paths resolve against its folder."""
     top = r.mapping(root, "", _TOP)
-    name = r.matching(top["name"], "name", LABEL_RE, NAME_WHAT, MAX_NAME)
+    name = r.matching(top["name"], "name", LABEL_RE, NAME_WHAT, MAX_NAME, noun="a name")
     target = r.choice(top["device_target"], "device_target", DEVICE_TARGETS)
 
     defaults: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def _nodes(r: NodeReader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tu
         if world > MAX_WORLD_SIZE:
             raise r.fail(m["devices"], f"{where}.devices", f"the world size exceeds {MAX_WORLD_SIZE} ranks")
         if "name" in m:
-            node_name = r.matching(m["name"], f"{where}.name", LABEL_RE, NAME_WHAT, MAX_NAME)
+            node_name = r.matching(m["name"], f"{where}.name", LABEL_RE, NAME_WHAT, MAX_NAME, noun="a name")
         elif LABEL_RE.fullmatch(host) and len(host) <= MAX_NAME:
             node_name = host
         else:
@@ -244,11 +244,12 @@ def _node_fields(r: NodeReader, m: dict[str, yaml.Node], where: str) -> dict[str
             USER_RE,
             f"a login name ([A-Za-z_][A-Za-z0-9._-]*, at most {MAX_USER})",
             MAX_USER,
+            noun="a login name",
         )
     if "port" in m:
         out["port"] = r.integer(m["port"], f"{where}.port", 1, 65535)
     if "python" in m:
-        py = r.text(m["python"], f"{where}.python", "an absolute path or a command name")
+        py = r.text(m["python"], f"{where}.python", "an absolute path or a command name", noun="a path")
         if not (PY_ABS.fullmatch(py) or PY_BARE.fullmatch(py)):
             raise r.fail(
                 m["python"],
@@ -298,7 +299,10 @@ def _job(r: NodeReader, node: yaml.Node, path: Path) -> JobSpec:
         script=script,
         args=r.words(m["args"], "job.args") if "args" in m else (),
         env=r.env_map(m["env"], "job.env") if "env" in m else {},
-        exclude=tuple(r.text(n, f"job.exclude[{i}]", "a glob pattern") for i, n in enumerate(excludes)),
+        exclude=tuple(
+            r.text(n, f"job.exclude[{i}]", "a glob pattern", noun="a glob pattern")
+            for i, n in enumerate(excludes)
+        ),
         resume_args=r.words(m["resume_args"], "job.resume_args") if "resume_args" in m else (),
         metrics_pattern=pattern,
     )

@@ -32,7 +32,7 @@ async def hand_over(
     policy: RunPolicy,
     next_starts: list[Start],
     sched: str,
-    hang_timeout_s: float,
+    hang_timeout_s: float | None,
 ) -> str | None:
     """Hand the run to the nodes (in the session's order, node 0 first); the error (the run then
     stays attached, nothing changed) or None."""
@@ -54,7 +54,7 @@ async def hand_over(
             nodes=tuple(names),
             restarts_left=policy.restarts_left,
             backoff_s=policy.config.backoff_s,
-            hang_timeout_s=hang_timeout_s,
+            hang_timeout_s=hang_timeout_s or 0.0,  # 0: each agent derives its ranks' limits
             next_start=next_starts[0].to_dict(),
             workers=dict(policy.config.workers),
             operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,
@@ -70,7 +70,7 @@ async def hand_over(
         secret=secret,
         coordinator_host=sched,
         coordinator_port=lead.coordinator_port,
-        hang_timeout_s=hang_timeout_s,
+        hang_timeout_s=hang_timeout_s or 0.0,
         console=console,
     )
     answers = await asyncio.gather(

@@ -7,6 +7,7 @@ plus sections added after the run such as ``preflight``) wherever it is written.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,18 @@ from mscon.console.engine.events import JobState, RunResult
 from mscon.console.engine.state import ClusterState
 
 SUMMARY_JSON = "summary.json"
+# ``--json -``: the summary goes to stdout (and the rank output to stderr, so the JSON stays whole).
+STDOUT = Path("-")
+
+
+def json_target(text: str) -> Path:
+    """``--json``'s argument: ``-`` is stdout; any other path is made absolute, so a file that is
+    really named ``-`` can still be written as ``./-``."""
+    return STDOUT if text == "-" else Path(text).absolute()
+
+
+def is_stdout(path: Path | None) -> bool:
+    return path == STDOUT
 
 
 def summary_file(logs_dir: Path) -> Path:
@@ -26,24 +39,31 @@ def write_summary(path: Path, result: RunResult, **sections: Any) -> None:
     """Write ``result`` (and any extra top-level ``sections``) to ``path``; OSError if it cannot."""
     doc = result.to_json()
     doc.update(sections)
-    _write(path, doc)
+    write_json(path, doc)
 
 
 def add_to_summary(path: Path, **sections: Any) -> bool:
     """Add top-level sections to a summary already written; False where there is none to add to
     (it was not written, and the run said why) or it cannot be rewritten."""
+    if is_stdout(path):
+        return False  # what went to stdout cannot be read back: write it whole, once, instead
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(doc, dict):
             return False
         doc.update(sections)
-        _write(path, doc)
+        write_json(path, doc)
     except (OSError, ValueError):
         return False
     return True
 
 
-def _write(path: Path, doc: dict[str, Any]) -> None:
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write a JSON document to ``path`` (``STDOUT``: to stdout); OSError if it cannot."""
+    if is_stdout(path):
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.flush()
+        return
     # Written in place, not renamed over: --json may name a pipe or /dev/stdout.
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -1,8 +1,8 @@
 """SSH nodes through asyncssh: one connection per node, SFTP for files, one exec channel for the agent.
 
-Host keys are checked against known_hosts by default, exactly as ``ssh`` does (a missing file is
-explained; ``accept_new_host_keys`` creates it and records first-seen keys; a changed key is always
-refused); agent forwarding is never requested. The remote command is one fixed string with no
+Host keys are checked in the files ``ssh`` would read (``host_keys.py``), for the node and for each
+ProxyJump host on its way; ``accept_new_host_keys`` records a first-seen key over that same route,
+and a changed key is always refused. Agent forwarding is never requested. The remote command is one fixed string with no
 inventory value in it (``bundle.AGENT_COMMAND``); the python path and node name go over stdin.
 """
 
@@ -27,8 +27,10 @@ from mscon.console.transport.bundle import (
     agent_command,
     agent_stdin_header,
 )
+from mscon.console.transport.host_keys import HostKeyCheck, Target, config_paths, host_key_files
 
 _FETCH_PARALLEL = 8  # files copied back at once
+_MAX_JUMPS = 8  # nested ProxyJump lists followed (a config can loop)
 PREFERRED_CIPHERS = (
     "aes128-gcm@openssh.com",
     "aes256-gcm@openssh.com",
@@ -44,6 +46,32 @@ _DEFAULT_CIPHERS = tuple(a.encode() for a in PREFERRED_CIPHERS)
 class SshOptions:
     accept_new_host_keys: bool = False  # like StrictHostKeyChecking=accept-new; changed keys still fail
     connect_semaphore: asyncio.Semaphore | None = None
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One connection to make: to the node or to one of its jump hosts."""
+
+    host: str  # as given: an ssh config alias or a name
+    kwargs: dict
+    who: str  # how errors name it
+    opts: asyncssh.SSHClientConnectionOptions  # what the ssh config says for it
+    target: Target
+    check: HostKeyCheck
+
+
+def _parse_jump(hop: str) -> tuple[str | None, str, int | None]:
+    """``[ssh://][user@]host[:port]`` (``[v6addr]:port`` too) from a ProxyJump list."""
+    hop = hop.strip().removeprefix("ssh://")
+    user, _, host = hop.rpartition("@")
+    port: int | None = None
+    if host.startswith("[") and "]" in host:
+        host, _, rest = host[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    elif host.count(":") == 1:
+        host, _, text = host.partition(":")
+        port = int(text) if text.isdigit() else None
+    return user or None, host, port
 
 
 class SshChannel(AgentChannel):
@@ -91,23 +119,22 @@ class SshTransport(NodeTransport):
         self.options = options
         self.conn: asyncssh.SSHClientConnection | None = None
         self.sftp: asyncssh.SFTPClient | None = None
+        self._hops: list[asyncssh.SSHClientConnection] = []  # ProxyJump hosts, first to last
 
     @property
     def _where(self) -> str:
         port = f":{self.node.port}" if self.node.port else ""
         return f"{self.node.name} ({self.node.host}{port})"
 
-    def _known_hosts_path(self) -> str:
-        return os.path.expanduser(self.inv.ssh.known_hosts or "~/.ssh/known_hosts")
-
     def _keepalive_s(self) -> float:
         ssh = self.inv.ssh
         old_name = getattr(ssh, "keepalive_interval_s", SshSpec.keepalive_s)
         return float(getattr(ssh, "keepalive_s", None) or old_name)
 
-    def _connect_kwargs(self) -> dict:
+    def _base_kwargs(self) -> dict:
+        """What every connection of this node gets, jump hosts included; host keys are not set here
+        (``_open`` always passes its own check: no config may turn it off)."""
         kw: dict = {
-            "known_hosts": self._known_hosts_path(),
             "agent_forwarding": False,
             "x11_forwarding": False,
             "connect_timeout": self.inv.ssh.connect_timeout_s,
@@ -118,6 +145,10 @@ class SshTransport(NodeTransport):
         }
         if self.inv.ssh.config:
             kw["config"] = [self.inv.ssh.config]
+        return kw
+
+    def _connect_kwargs(self) -> dict:
+        kw = self._base_kwargs()
         # Only what the inventory sets; the rest comes from ~/.ssh/config as with `ssh HOST`.
         if self.node.port:
             kw["port"] = self.node.port
@@ -136,25 +167,12 @@ class SshTransport(NodeTransport):
                 await self._connect()
 
     async def _connect(self) -> None:
-        kh = self._known_hosts_path()
+        kwargs = {**self._connect_kwargs(), **self._ciphers()}
         try:
-            if not os.path.exists(kh):
-                if not self.options.accept_new_host_keys:
-                    host, port = self._resolved()
-                    raise NodeUnreachable(
-                        f"{self._where}: no known host keys yet ({kh} does not exist): verify the host "
-                        f"key and add it (ssh-keyscan -p {port} {host} >> {kh}), "
-                        "or pass --accept-new-host-keys"
-                    )
-                await self._learn_host_key()  # creates the file (and its folder)
-            kwargs = {**self._connect_kwargs(), **self._ciphers()}
-            try:
-                self.conn = await asyncssh.connect(self.node.host, **kwargs)
-            except asyncssh.HostKeyNotVerifiable:
-                if not self.options.accept_new_host_keys or self._host_is_known():
-                    raise
-                await self._learn_host_key()
-                self.conn = await asyncssh.connect(self.node.host, **kwargs)
+            route = self._route(self.node.host, kwargs, self._where)
+            self._refuse_early(route)  # before any hop is opened
+            via = await self._jumps(route.opts.tunnel, 0)
+            self.conn = await self._open(route, via)
             try:
                 self.sftp = await self.conn.start_sftp_client()
             except asyncssh.ChannelOpenError as exc:
@@ -165,34 +183,111 @@ class SshTransport(NodeTransport):
                     f"the server said: {exc.reason})"
                 ) from None
             home = await self.sftp.realpath(".")
-        except asyncssh.HostKeyNotVerifiable:
-            if self._host_is_known():
-                raise NodeUnreachable(
-                    f"{self._where}: HOST KEY MISMATCH: the server's key differs from the one in "
-                    f"{kh}; refusing to connect (possible man-in-the-middle). "
-                    "If the host was reinstalled, remove its old entry (ssh-keygen -R HOST)."
-                ) from None
-            host, port = self._resolved()
-            raise NodeUnreachable(
-                f"{self._where}: unknown host key (no entry in {kh}); verify it and add it "
-                f"(ssh-keyscan -p {port} {host} >> {kh}), or pass --accept-new-host-keys"
-            ) from None
-        except asyncssh.PermissionDenied as exc:
-            raise NodeUnreachable(f"{self._where}: authentication failed: {exc.reason}") from None
-        except TimeoutError:
-            raise NodeUnreachable(
-                f"{self._where}: connect timed out after {self.inv.ssh.connect_timeout_s:g} s"
-            ) from None
-        except (OSError, asyncssh.Error) as exc:
-            reason = getattr(exc, "reason", None) or exc.strerror if isinstance(exc, OSError) else None
-            if isinstance(exc, OSError) and exc.errno and str(reason).startswith("Connect call failed"):
-                reason = os.strerror(exc.errno)  # asyncio's words for a refusal name no reason
-            raise NodeUnreachable(f"{self._where}: cannot connect: {reason or exc}") from None
+        except NodeUnreachable:
+            await self.close()
+            raise
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
+            await self.close()
+            raise self._unreachable(self._where, exc) from None
         # Every remote path is built under the home the server reports: it must be a plain
         # absolute path, or a hostile server could steer uploads and fetches elsewhere.
         if not home.startswith("/") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in home):
             raise NodeUnreachable(f"{self._where}: the server reported an unusable home folder {home!r}")
         self.home = posixpath.normpath(home)
+
+    def _unreachable(self, who: str, exc: BaseException) -> NodeUnreachable:
+        """One line for a failed connection (to the node, or to a jump host on the way)."""
+        if isinstance(exc, asyncssh.PermissionDenied):
+            return NodeUnreachable(f"{who}: authentication failed: {exc.reason}")
+        if isinstance(exc, TimeoutError):
+            return NodeUnreachable(f"{who}: connect timed out after {self.inv.ssh.connect_timeout_s:g} s")
+        reason = getattr(exc, "reason", None) or exc.strerror if isinstance(exc, OSError) else None
+        if isinstance(exc, OSError) and exc.errno and str(reason).startswith("Connect call failed"):
+            reason = os.strerror(exc.errno)  # asyncio's words for a refusal name no reason
+        if reason is None:
+            reason = getattr(exc, "reason", None)
+        return NodeUnreachable(f"{who}: cannot connect: {reason or exc}")
+
+    def _route(self, host: str, kwargs: dict, who: str) -> _Route:
+        """What the ssh config says about ``host`` (HostName, Port, User, ProxyJump) and where its
+        host keys are looked up."""
+        keys = ("config", "port", "username")
+        try:
+            opts = asyncssh.SSHClientConnectionOptions(
+                host=host, client_keys=None, **{k: v for k, v in kwargs.items() if k in keys}
+            )
+        except (OSError, ValueError, asyncssh.Error) as exc:
+            raise NodeUnreachable(f"{who}: cannot read the ssh config: {exc}") from None
+        target = Target(
+            alias=host,
+            hostname=str(opts.host or host),
+            port=int(opts.port or 22),
+            user=str(opts.username),
+            host_key_alias=opts.host_key_alias,
+        )
+        try:
+            files = host_key_files(target, config_paths(self.inv.ssh.config), self.inv.ssh.known_hosts)
+        except ValueError as exc:
+            raise NodeUnreachable(f"{who}: {exc}") from None
+        check = HostKeyCheck(files, self.options.accept_new_host_keys)
+        return _Route(host, kwargs, who, opts, target, check)
+
+    @staticmethod
+    def _refuse_early(route: _Route) -> None:
+        direct = not route.opts.tunnel and not route.opts.proxy_command
+        early = route.check.missing_files(route.target, direct)
+        if early is not None:
+            raise NodeUnreachable(f"{route.who}: {early}")
+
+    async def _jumps(self, spec: object, depth: int) -> asyncssh.SSHClientConnection | None:
+        """The connection to the last jump host of a ``ProxyJump`` list (None: none), each hop's
+        host key checked exactly as the node's (and learned only with --accept-new-host-keys). The
+        first hop's own ProxyJump is followed, as ssh does; later hops go through the one before."""
+        if not isinstance(spec, str) or not spec or spec.lower() == "none":
+            return None
+        if depth >= _MAX_JUMPS:
+            raise NodeUnreachable(f"{self._where}: ProxyJump chains deeper than {_MAX_JUMPS} (a loop?)")
+        via: asyncssh.SSHClientConnection | None = None
+        for i, hop in enumerate(spec.split(",")):
+            user, host, port = _parse_jump(hop)
+            kwargs = self._base_kwargs()
+            if port:
+                kwargs["port"] = port
+            if user:
+                kwargs["username"] = user
+            route = self._route(host, kwargs, f"{self._where}: jump host {hop.strip()}")
+            self._refuse_early(route)
+            if i == 0:
+                via = await self._jumps(route.opts.tunnel, depth + 1)
+            try:
+                via = await self._open(route, via)
+            except (TimeoutError, OSError, asyncssh.Error) as exc:
+                raise self._unreachable(route.who, exc) from None
+            self._hops.append(via)
+        return via
+
+    async def _open(
+        self, route: _Route, via: asyncssh.SSHClientConnection | None
+    ) -> asyncssh.SSHClientConnection:
+        """One SSH connection, through ``via`` when given (never through a ProxyJump asyncssh would
+        open itself: its hops would be checked against asyncssh's defaults, not these files)."""
+        check = route.check
+        direct = via is None and not route.opts.proxy_command
+        try:
+            return await asyncssh.connect(
+                route.host,
+                known_hosts=check.lookup,
+                client_factory=check.client_factory(),
+                tunnel=via,
+                **route.kwargs,
+            )
+        except asyncssh.HostKeyNotVerifiable:
+            raise NodeUnreachable(f"{route.who}: {check.refused(route.target, direct)}") from None
+        except asyncssh.KeyExchangeFailed as exc:
+            if check.lookup.known and "server host key" in str(exc.reason):
+                # Known with another key type only: asyncssh offers just the recorded types.
+                raise NodeUnreachable(f"{route.who}: {check.refused(route.target, direct)}") from None
+            raise
 
     def _config_options(self) -> asyncssh.SSHClientConnectionOptions | None:
         """What ~/.ssh/config (or the inventory's ssh config) says for this node, as ``ssh`` reads it;
@@ -202,13 +297,6 @@ class SshTransport(NodeTransport):
             return asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
         except (OSError, ValueError, asyncssh.Error):
             return None
-
-    def _resolved(self) -> tuple[str, int]:
-        """(host, port) after ~/.ssh/config (HostName, Port, HostKeyAlias): what known_hosts is keyed by."""
-        opts = self._config_options()
-        if opts is None:
-            return self.node.host, self.node.port or 22
-        return (opts.host_key_alias or opts.host or self.node.host), int(opts.port or 22)
 
     def resolved_host(self) -> str:
         opts = self._config_options()
@@ -223,51 +311,6 @@ class SshTransport(NodeTransport):
         if opts is None or set(opts.encryption_algs) != set(_DEFAULT_CIPHERS):
             return {}  # chosen in the ssh config: as chosen
         return {"encryption_algs": list(PREFERRED_CIPHERS)}
-
-    def _host_is_known(self) -> bool:
-        path = self._known_hosts_path()
-        if not os.path.exists(path):
-            return False
-        try:
-            kh = asyncssh.read_known_hosts(path)
-        except (OSError, ValueError):
-            return False
-        host, port = self._resolved()
-        host_keys, ca_keys, *_ = kh.match(host, "", port)
-        return bool(host_keys or ca_keys)
-
-    async def _learn_host_key(self) -> None:
-        """Record the server's current key (``--accept-new-host-keys``), creating the file with mode
-        0600 (and its folder with mode 0700) when they do not exist yet."""
-        host, port = self._resolved()
-        try:
-            key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(host, port=port), self.inv.ssh.connect_timeout_s
-            )
-        except TimeoutError:
-            raise  # reported as a connect timeout
-        except (OSError, asyncssh.Error) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise NodeUnreachable(f"{self._where}: cannot connect: {reason}") from None
-        if key is None:
-            raise NodeUnreachable(f"{self._where}: the server offered no host key")
-        entry = host if port == 22 else f"[{host}]:{port}"
-        line = f"{entry} {key.export_public_key().decode().strip()}\n"
-        path = Path(self._known_hosts_path())
-        try:
-            if not path.parent.is_dir():
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                os.chmod(path.parent, 0o700)
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    line = "\n" + line  # never glue the new entry onto an unterminated last line
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise NodeUnreachable(f"{self._where}: cannot record the host key in {path}: {exc}") from None
 
     def _require(self) -> tuple[asyncssh.SSHClientConnection, asyncssh.SFTPClient]:
         if self.conn is None or self.sftp is None:
@@ -391,9 +434,11 @@ class SshTransport(NodeTransport):
     async def close(self) -> None:
         if self.sftp is not None:
             self.sftp.exit()
-        if self.conn is not None:
-            self.conn.close()
+        conns = ([self.conn] if self.conn is not None else []) + self._hops[::-1]  # the node, then its hops
+        self.sftp, self.conn, self._hops = None, None, []
+        for conn in conns:
+            conn.close()
             try:
-                await asyncio.wait_for(self.conn.wait_closed(), 5)
+                await asyncio.wait_for(conn.wait_closed(), 5)
             except (TimeoutError, asyncssh.Error, OSError):
                 pass

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import local_inventory, mscon
+from conftest import kill_run, local_inventory, mscon, run_processes, wait_gone
 
 
 def test_help_and_version(tmp_path: Path) -> None:
@@ -65,3 +68,94 @@ def test_node_side_run_dir_is_never_reused(tmp_path: Path) -> None:
         "run", "--no-tui", "-q", inv, "--run-id", run_id, "--logs-dir", tmp_path / "b", cwd=tmp_path
     )
     assert again.code == 4 and "already holds logs" in again.err, again.err
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version_flags(tmp_path: Path, flag: str) -> None:
+    done = mscon(flag, cwd=tmp_path)
+    assert done.code == 0 and done.out == f"mscon {metadata.version('mscon')}\n" and done.err == ""
+
+
+FAKE = "bench/fake_rank.py"
+
+
+def test_json_dash_writes_the_summary_to_stdout_and_the_ranks_to_stderr(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "3", "--rate", "0"])
+    done = mscon("run", "--no-tui", "-q", inv, "--json", "-", cwd=tmp_path)
+    assert done.code == 0, done.err
+    summary = json.loads(done.out)  # stdout is the JSON and nothing else
+    assert summary["status"] == "succeeded" and {r["name"] for r in summary["ranks"]} == {"sched", "r0", "r1"}
+    assert summary["preflight"]["fail"] == 0  # the sections added after the run are in it too
+    assert "[local r0] epoch: 1 step: 3, loss is" in done.err and "[local r1] training finished" in done.err
+    assert not (tmp_path / "-").exists()
+    logs = Path(summary["logs_dir"])
+    assert json.loads((logs / "summary.json").read_text())["run_id"] == summary["run_id"]
+    for command in ("run", "check", "attach", "stop"):
+        assert "- writes it to stdout" in " ".join(mscon(command, "--help", cwd=tmp_path).out.split())
+
+
+def test_json_to_a_file_named_dash_is_still_possible(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, ["--steps", "1", "--rate", "0"])
+    done = mscon("run", "--no-tui", "-q", "--no-check", inv, "--json", "./-", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert json.loads((tmp_path / "-").read_text())["status"] == "succeeded"
+    assert "[local r0] training finished" in done.out
+
+
+def test_check_json_dash_writes_the_results_to_stdout(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
+    done = mscon("check", "--quick", inv, "--json", "-", cwd=tmp_path)
+    assert done.code == 0, done.err
+    doc = json.loads(done.out)
+    assert doc["status"] == "succeeded" and doc["nodes"] == ["local"] and doc["results"]
+    assert "protocol" in done.err  # the table went to stderr
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("command", ["attach", "stop"])
+def test_attach_or_stop_of_an_unknown_run_is_one_line(tmp_path: Path, command: str) -> None:
+    done = mscon(command, "nonexistent", cwd=tmp_path)
+    assert done.code == 2
+    assert done.err == (
+        "mscon: no run nonexistent: not in ./mscon-runs and no node holds it (mscon ls lists runs)\n"
+    )
+    assert done.out == ""
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    rid = f"cli-json-{secrets.token_hex(3)}"
+    yield rid
+    kill_run(rid)
+
+
+def test_attach_json_dash_of_a_detached_run(tmp_path: Path, run_id: str) -> None:
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "20", "--rate", "20"])
+    first = mscon("run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, cwd=tmp_path)
+    assert first.code == 0, first.err
+    done = mscon("attach", run_id, "--no-tui", "--json", "-", cwd=tmp_path, timeout=60)
+    assert done.code == 0, done.err
+    summary = json.loads(done.out)
+    assert summary["run_id"] == run_id and summary["status"] == "succeeded"
+    assert "[local r1] training finished" in done.err
+    assert not (tmp_path / "-").exists()
+
+
+def test_stop_json_dash_of_a_run_only_a_node_holds(tmp_path: Path, run_id: str) -> None:
+    """No folder for the run here (another --logs-dir): the node still holds it, so stop goes ahead."""
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "3000", "--rate", "20"])
+    started = mscon(
+        "run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, "--logs-dir", tmp_path / "a",
+        cwd=tmp_path,
+    )
+    assert started.code == 0, started.err
+    assert run_processes(run_id)
+    stopped = mscon(
+        "stop", run_id, inv, "--logs-dir", tmp_path / "b", "--json", "-", cwd=tmp_path, timeout=60
+    )
+    assert stopped.code == 130, stopped.err
+    summary = json.loads(stopped.out)
+    assert summary["run_id"] == run_id and summary["status"] == "interrupted"
+    assert summary["logs_dir"] == str((tmp_path / "b" / run_id).resolve())
+    assert wait_gone(run_processes(run_id), 5) == []

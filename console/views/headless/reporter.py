@@ -1,4 +1,5 @@
-"""The headless view: rank output prefixed on stdout, mscon's own lines and the summary on stderr.
+"""The headless view: rank output prefixed on stdout, mscon's own lines and the summary on stderr
+(with ``--json -`` the rank output goes to stderr too, and stdout carries only the summary JSON).
 
 Stdout is written by a thread of its own straight to the file descriptor, so a reader that stops
 reading never holds up the engine (its lines pile up, bounded, and the excess is counted), and a
@@ -48,7 +49,7 @@ from mscon.console.engine.events import (
     StragglerFlagged,
 )
 from mscon.console.engine.state import describe, who_is
-from mscon.console.engine.summary import write_summary
+from mscon.console.engine.summary import is_stdout, write_summary
 
 _PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours
 _PENDING_LIMIT = 32 * 2**20  # bytes of rank output held for a stdout that does not keep up
@@ -142,13 +143,14 @@ class HeadlessReporter:
         quiet_states: bool = False,
         on_output_closed: Callable[[], None] | None = None,
     ) -> None:
-        stream = out or sys.stdout
+        self.err = err or sys.stderr
+        # --json -: stdout carries the summary JSON alone, so the rank output joins mscon's lines.
+        stream = out or (self.err if is_stdout(json_path) else sys.stdout)
         # Colour the prefixes only for a person at a terminal (and never with NO_COLOR set).
         self.colour = stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         stream.flush()
         self.writer = StdoutWriter(stream.fileno(), on_output_closed)
         self._prefixes: dict[tuple[str, str], str] = {}
-        self.err = err or sys.stderr
         self.json_path = json_path
         self.quiet_states = quiet_states
         self.result: RunResult | None = None
