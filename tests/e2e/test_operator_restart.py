@@ -11,37 +11,17 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import REPO, free_port, needs_mindspore, run_processes, wait_gone, write_inventory
 from mscon.agent import layout
+from tmux_screen import capture, keys, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"
 )
-
-
-def _capture(session: str) -> str:
-    return subprocess.run(
-        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
-    ).stdout
-
-
-def _wait(cond, timeout: float, what: str, session: str):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; screen:\n{_capture(session)}")
-
-
-def _keys(session: str, *keys: str) -> None:
-    subprocess.run(["tmux", "send-keys", "-t", session, *keys], check=True)
 
 
 @needs_mindspore
@@ -84,37 +64,41 @@ def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path
     )
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "45", cmd], check=True)
     try:
-        _wait(lambda: "Overview" in _capture(session), 60, "the console", session)
+        wait_for(session, lambda: "Overview" in capture(session), 60, "the console")
 
         def ranks_past_a_checkpoint() -> list[psutil.Process]:
-            ranks = [p for p in run_processes(run_id) if "train.py" in " ".join(p.cmdline())]
+            ranks = _workers(run_id)
             return ranks if len(ranks) == 2 and _checkpointed(run_id) else []
 
-        ranks = _wait(ranks_past_a_checkpoint, 240, "two training ranks past their first checkpoint", session)
+        ranks = wait_for(
+            session, ranks_past_a_checkpoint, 240, "two training ranks past their first checkpoint"
+        )
         victim = min(ranks, key=lambda p: p.pid)
         victim.kill()  # kill -9
-        _wait(
-            lambda: "awaiting operator" in _capture(session), 60, "the run to wait for the operator", session
+        wait_for(
+            session, lambda: "awaiting operator" in capture(session), 60, "the run to wait for the operator"
         )
         # Every process of the failed attempt is gone, and the run still waits: this is when r matters.
         assert wait_gone(ranks, 30) == []
-        _wait(lambda: run_processes(run_id) == [], 30, "the scheduler to go", session)
-        assert not done.exists() and "awaiting operator" in _capture(session)
-        _keys(session, "r")
-        _wait(lambda: "Restart the whole group?" in _capture(session), 20, "the restart question", session)
-        _keys(session, "y")
-        resumed = _wait(lambda: _resumed_step(run_id), 240, "attempt 1 to resume from a checkpoint", session)
+        wait_for(session, lambda: run_processes(run_id) == [], 30, "the scheduler to go")
+        assert not done.exists() and "awaiting operator" in capture(session)
+        keys(session, "r")
+        wait_for(session, lambda: "Restart the whole group?" in capture(session), 20, "the restart question")
+        keys(session, "y")
+        resumed = wait_for(
+            session, lambda: _resumed_step(run_id), 240, "attempt 1 to resume from a checkpoint"
+        )
         assert resumed > 0
-        _wait(
-            lambda: len([p for p in run_processes(run_id) if "train.py" in " ".join(p.cmdline())]) == 2,
+        wait_for(
+            session,
+            lambda: len(_workers(run_id)) == 2,
             60,
             "attempt 1's two ranks",
-            session,
         )
-        _keys(session, "q")
-        _wait(lambda: "Quit mscon?" in _capture(session), 20, "the quit question", session)
-        _keys(session, "s")
-        _wait(done.exists, 90, "mscon to exit", session)
+        keys(session, "q")
+        wait_for(session, lambda: "Quit mscon?" in capture(session), 20, "the quit question")
+        keys(session, "s")
+        wait_for(session, done.exists, 90, "mscon to exit")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert done.read_text().strip() == "exit=130"
@@ -124,6 +108,18 @@ def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path
         (1, "interrupted"),
     ]
     assert summary["attempts"][0]["root_cause"]["signal"] == "SIGKILL"
+
+
+def _workers(run_id: str) -> list[psutil.Process]:
+    """The run's training ranks (the scheduler runs the same script, as MS_SCHED)."""
+    found = []
+    for p in run_processes(run_id):
+        try:
+            if p.environ().get("MS_ROLE") == "MS_WORKER":
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _node_run_dir(run_id: str) -> Path:

@@ -49,8 +49,10 @@ def test_attach_to_an_unknown_run_is_one_line(tmp_path: Path) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
     done = mscon("attach", "no-such-run", inv, "--no-tui", cwd=tmp_path)
     assert done.code == 2
-    assert "local: no run no-such-run on this node" in done.err
-    assert "Traceback" not in done.err
+    assert done.err == (
+        "mscon: no run no-such-run: not in ./mscon-runs and no node holds it (mscon ls lists runs)\n"
+    )
+    assert not (tmp_path / layout.LOGS_DIR).exists()
 
 
 @pytest.mark.parametrize("bad", ["../etc", "a/b", ".", "x\ny"])

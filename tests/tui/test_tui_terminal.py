@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, free_port, needs_mindspore, run_processes, wait_gone, write_inventory
+from tmux_screen import capture, wait_screen
 
 needs_tmux = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"
@@ -27,23 +28,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ, TERM="xterm-256color")
     env.pop("NO_COLOR", None)
     return env
-
-
-def _capture(session: str) -> str:
-    return subprocess.run(
-        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
-    ).stdout
-
-
-def _wait_screen(session: str, cond, timeout: float, what: str) -> str:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = _capture(session)
-        if cond(screen):
-            return screen
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
 
 
 @needs_tmux
@@ -76,31 +60,31 @@ def test_mscon_up_with_two_mindspore_ranks_in_tmux(tmp_path: Path) -> None:
     )
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "45", cmd], check=True)
     try:
-        _wait_screen(session, lambda s: "Overview" in s and "Devices" in s, 60, "the console")
+        wait_screen(session, lambda s: "Overview" in s and "Devices" in s, 60, "the console")
         subprocess.run(["tmux", "send-keys", "-t", session, "2"], check=True)
 
         def two_panes_with_loss(s: str) -> bool:
             return "r0 · local" in s and "r1 · local" in s and len(re.findall(r"loss \d+\.\d{4}", s)) >= 2
 
-        screen = _wait_screen(session, two_panes_with_loss, 180, "two rank panes with loss values")
+        screen = wait_screen(session, two_panes_with_loss, 180, "two rank panes with loss values")
         assert screen.count("● running") >= 2
         subprocess.run(["tmux", "send-keys", "-t", session, "?"], check=True)
-        screen = _wait_screen(session, lambda s: "Keys: Cluster" in s, 20, "the help")
+        screen = wait_screen(session, lambda s: "Keys: Cluster" in s, 20, "the help")
         assert "Restart group" in screen and "Stop run" in screen and "Quit" in screen
         subprocess.run(["tmux", "send-keys", "-t", session, "Escape"], check=True)
-        _wait_screen(session, lambda s: "Keys: Cluster" not in s, 20, "the help to close")
+        wait_screen(session, lambda s: "Keys: Cluster" not in s, 20, "the help to close")
         ranks = run_processes(run_id)
         assert len(ranks) >= 2
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        _wait_screen(session, lambda s: "Quit mscon?" in s, 20, "the quit question")
+        wait_screen(session, lambda s: "Quit mscon?" in s, 20, "the quit question")
         subprocess.run(["tmux", "send-keys", "-t", session, "s"], check=True)
         deadline = time.monotonic() + 60
         while not done.exists():
-            assert time.monotonic() < deadline, _capture(session)
+            assert time.monotonic() < deadline, capture(session)
             time.sleep(0.3)
         assert done.read_text().strip() == "exit=130"
         assert wait_gone(ranks, 5) == [] and run_processes(run_id) == []
-        assert "interrupted" in _capture(session)  # the summary, printed after the console closed
+        assert "interrupted" in capture(session)  # the summary, printed after the console closed
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
