@@ -540,7 +540,7 @@ class Preflight:
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix="mscon-smoke-"))
         try:
-            source = resources.files("mscon.console").joinpath("smoke_allreduce.py")
+            source = resources.files("mscon.console.preflight").joinpath("smoke.py")
             (tmp / "smoke_allreduce.py").write_bytes(source.read_bytes())
             inv = sup.job.inv
             job = dataclasses.replace(
@@ -613,7 +613,9 @@ class Preflight:
 
     def _finish(self, sup: RunHost) -> None:
         failed = tuple(f"{r.node}: {r.name}" for r in self.results if r.status is CheckStatus.FAIL)
-        self.finished = ChecksFinished(sup.attempt_no, failed=failed, skipped=self.options.skip)
+        self.finished = ChecksFinished(
+            sup.attempt_no, failed=failed, skipped=self.options.skip, ts_ns=time.time_ns()
+        )
         sup.emit(self.finished)
 
     def _verdict(self, run: _Run) -> Verdict:
