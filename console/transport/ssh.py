@@ -2,8 +2,9 @@
 
 Host keys are checked in the files ``ssh`` would read (``host_keys.py``), for the node and for each
 ProxyJump host on its way; ``accept_new_host_keys`` records a first-seen key over that same route,
-and a changed key is always refused. Agent forwarding is never requested. The remote command is one fixed string with no
-inventory value in it (``bundle.AGENT_COMMAND``); the python path and node name go over stdin.
+and a changed key is always refused. Agent forwarding is never requested. The remote command is one
+fixed string with no inventory value in it (``bundle.AGENT_COMMAND``); the python path and node name
+go over stdin.
 """
 
 from __future__ import annotations
