@@ -81,7 +81,9 @@ class Client:
             self.send_line(P.encode(error))
             self.end()
         else:
-            self.close()
+            # The peer is done sending (a relay half-closes after its Attach): what is queued for
+            # it still goes out, then the writer closes (and ends: no thread left behind).
+            self.end()
         self.inbox.put(("client", self, None))
 
     def close(self) -> None:

@@ -215,8 +215,11 @@ class DetachedRun:
             return
         client.read_only = msg.read_only
         client.console = msg.console
-        stops = {w.proc.spec.name: w.seq for w in self.agent.watched}
-        metric_ends = {w.proc.spec.name: w.metrics.consumed for w in self.agent.watched}
+        if msg.follow:  # the replay stops where the live stream takes over
+            stops = {w.proc.spec.name: w.seq for w in self.agent.watched}
+            metric_ends = {w.proc.spec.name: w.metrics.consumed for w in self.agent.watched}
+        else:  # mscon logs: everything the files hold now, streamed by this agent yet or not
+            stops, metric_ends = None, None
         attempt = self.agent.start_cmd.attempt
 
         def send(m: P.Message) -> None:

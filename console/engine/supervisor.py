@@ -277,24 +277,13 @@ class Supervisor:
                     break
                 continue
             item = getter.result()
-            if isinstance(item, Tick):
-                self._inputs.tick_pending = False
-            elif isinstance(item, DetachRun):
+            self._observe(item)
+            if isinstance(item, DetachRun):
                 self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
             elif isinstance(item, StopJob):
                 break
             elif isinstance(item, RestartGroup):
                 self._later.append(item)  # for the policy, once it runs (a restart during a reopen)
-            elif isinstance(item, tuple):
-                node, msg = item
-                if msg is None:
-                    self.emit(
-                        NodeUpdate(
-                            self.attempt_no, node, NodeState.LOST, self._link_error(node), time.time_ns()
-                        )
-                    )
-                else:
-                    self.emit(AgentEvent(self.attempt_no, msg))  # late telemetry between attempts
         if task.done():
             return task.result()
         with contextlib.suppress(Exception):
@@ -373,12 +362,27 @@ class Supervisor:
             for ev in await self._take(session, item):
                 pending.extend(policy.step(ev))
 
-    async def _take(self, session: ClusterSession, item: Input) -> list[policy_mod.Input]:
-        """One input as the policy's events (and the console's own events on the way)."""
-        assert self.policy is not None and self._inputs is not None
-        now = time.monotonic()
+    def _observe(self, item: Input) -> None:
+        """What an input means to the console's own picture, whoever takes it (the policy, or a
+        wait before it runs): agent messages and lost links become events, a tick is taken."""
+        assert self._inputs is not None
         if isinstance(item, Tick):
             self._inputs.tick_pending = False
+        elif isinstance(item, tuple):
+            node, msg = item
+            if msg is None:
+                self.emit(
+                    NodeUpdate(self.attempt_no, node, NodeState.LOST, self._link_error(node), time.time_ns())
+                )
+            else:
+                self.emit(AgentEvent(self.attempt_no, msg))
+
+    async def _take(self, session: ClusterSession, item: Input) -> list[policy_mod.Input]:
+        """One input as the policy's events (and the console's own events on the way)."""
+        assert self.policy is not None
+        self._observe(item)
+        now = time.monotonic()
+        if isinstance(item, Tick):
             return [policy_mod.Tick(now)]
         if isinstance(item, StopJob):
             return [policy_mod.StopRequested(item.reason, item.exit_code, now)]
@@ -393,10 +397,7 @@ class Supervisor:
             return self._policy(item.node, item.msg, now)
         node, msg = item
         if msg is None:
-            error = self._link_error(node)
-            self.emit(NodeUpdate(self.attempt_no, node, NodeState.LOST, error, time.time_ns()))
-            return [policy_mod.NodeLost(node, error, now)]
-        self.emit(AgentEvent(self.attempt_no, msg))
+            return [policy_mod.NodeLost(node, self._link_error(node), now)]
         return self._policy(node, msg, now)
 
     def _policy(self, node: str, msg: Message, now: float) -> list[policy_mod.Input]:

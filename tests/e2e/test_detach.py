@@ -321,7 +321,7 @@ def test_ls_logs_follow_second_attach_and_stop(tmp_path: Path, sshd_cluster: Ssh
     logs = mscon("logs", run_id, inv, "--rank", "1", cwd=tmp_path, timeout=60)
     assert logs.code == 0, logs.err
     lines = logs.out.splitlines()
-    assert lines and all(line.startswith("[node2 r1] ") for line in lines)
+    assert lines and all(line.startswith("[node2 r1] ") for line in lines), logs.err
     follower = mscon_popen("logs", run_id, inv, "-f", cwd=tmp_path)
     steering = mscon_popen("attach", run_id, "--no-tui", cwd=tmp_path)
     _wait(
