@@ -29,17 +29,15 @@ import hashlib
 import hmac
 import json
 import os
-import posixpath
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tarfile
 import threading
 
 try:
-    from .layout import WORK_DIR, cache_folder, plain
+    from .layout import cache_folder, fetched_entries, plain
 except ImportError:  # exec'd by the Slurm boot, not imported: layout.py's source came first
     pass
 
@@ -172,7 +170,7 @@ class Dial:
         out = _Chunks(self, rid)
         try:
             with tarfile.open(fileobj=out, mode="w|gz", format=tarfile.PAX_FORMAT) as tar:
-                _add_tree(tar, fd, "", top=True)
+                _add_tree(tar, fd)
         finally:
             os.close(fd)
         out.flush()
@@ -256,41 +254,18 @@ class _Chunks:
         self.dial.send({"id": self.rid, "chunk": base64.b64encode(data).decode("ascii")})
 
 
-def _add_tree(tar, dir_fd, prefix, top=False) -> None:  # noqa: ANN001
-    """Folders and regular files under ``dir_fd``, each opened relative to its parent without
-    following links, so nothing outside the run folder is ever read."""
-    for name in sorted(os.listdir(dir_fd)):
-        if (top and name == WORK_DIR) or not plain(name):
-            continue  # the synced workdir is not a log
-        arc = posixpath.join(prefix, name) if prefix else name
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
+def _add_tree(tar, dir_fd) -> None:  # noqa: ANN001
+    """The run folder into ``tar``, as layout.fetched_entries walks it."""
+    for path, fd in fetched_entries(dir_fd):
+        info = tarfile.TarInfo(path)
+        if fd is None:
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
             continue
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
-            except OSError:
-                continue
-            try:
-                info = tarfile.TarInfo(arc)
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-                _add_tree(tar, fd, arc)
-            finally:
-                os.close(fd)
-        elif stat.S_ISREG(st.st_mode):
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=dir_fd)
-            except OSError:
-                continue
-            with os.fdopen(fd, "rb") as f:
-                fst = os.fstat(f.fileno())
-                if not stat.S_ISREG(fst.st_mode):
-                    continue
-                info = tarfile.TarInfo(arc)
-                info.size, info.mode, info.mtime = fst.st_size, 0o644, int(fst.st_mtime)
-                tar.addfile(info, _Exactly(f, fst.st_size))
+        fst = os.fstat(fd)
+        info.size, info.mode, info.mtime = fst.st_size, 0o644, int(fst.st_mtime)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            tar.addfile(info, _Exactly(f, fst.st_size))
 
 
 class _Exactly:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 
 CACHE_DIR = ".cache/mscon"  # under the node user's home
 AGENT_PREFIX = "agent-"  # + the bundle's digest
@@ -134,3 +135,43 @@ def socket_file(run_dir: str) -> str:
 
 def errors_file(run_dir: str) -> str:
     return posixpath.join(run_dir, ERRORS)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def fetched_entries(dir_fd: int, prefix: str = "", top: bool = True):  # noqa: ANN201 - a generator
+    """What is fetched of a run folder open as ``dir_fd``: ``(path, fd)`` for each folder (fd
+    None, before what it holds) and each regular file (an fd open for reading, valid until the
+    next item), under their plain names, sorted. Every entry is opened relative to its parent
+    without following links, so a link (or one swapped in meanwhile) never reads anything outside
+    the run folder; the synced workdir is no log and is left out."""
+    for name in sorted(os.listdir(dir_fd)):
+        if (top and name == WORK_DIR) or not plain(name):
+            continue
+        path = posixpath.join(prefix, name) if prefix else name
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                yield path, None
+                yield from fetched_entries(fd, path, top=False)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    yield path, fd
+            finally:
+                os.close(fd)

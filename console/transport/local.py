@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
 from mscon.agent import layout
-from mscon.console.config.safepath import is_plain_name, within
+from mscon.console.config.safepath import within
 from mscon.console.transport.base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
 from mscon.console.transport.bundle import (
     AGENT_PACKAGE,
@@ -136,7 +135,7 @@ class LocalTransport(NodeTransport):
             raise
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            _copy_tree(fd, dest, top=True)
+            _copy_tree(fd, dest)
         finally:
             os.close(fd)
 
@@ -144,45 +143,15 @@ class LocalTransport(NodeTransport):
         return None
 
 
-def _copy_tree(src_fd: int, dest: Path, top: bool = False) -> None:
-    """Copy the folder open as ``src_fd`` into ``dest``: plain names, regular files and folders
-    only, every entry opened relative to its parent's descriptor without following links, so a
-    link (or one swapped in while copying) never reads anything outside the run folder."""
-    with os.scandir(src_fd) as it:
-        entries = list(it)
-    for entry in entries:
-        name = entry.name
-        if (top and name == layout.WORK_DIR) or not is_plain_name(name):
-            continue  # the synced workdir is not a log; odd names are not copied
-        try:
-            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
-        except OSError:
+def _copy_tree(src_fd: int, dest: Path) -> None:
+    """Copy the run folder open as ``src_fd`` into ``dest``, as layout.fetched_entries walks it."""
+    for path, fd in layout.fetched_entries(src_fd):
+        target = within(dest, path)
+        if fd is None:
+            target.mkdir(exist_ok=True)
             continue
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=src_fd)
-            except OSError:
-                continue
-            try:
-                sub = within(dest, name)
-                sub.mkdir(exist_ok=True)
-                _copy_tree(fd, sub)
-            finally:
-                os.close(fd)
-        elif stat.S_ISREG(st.st_mode):
-            _copy_file(src_fd, name, within(dest, name))
-
-
-def _copy_file(src_fd: int, name: str, target: Path) -> None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=src_fd)
-    except OSError:
-        return
-    with os.fdopen(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-            return
         if target.is_symlink():
             target.unlink()  # never write through a link in the destination either
         out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
-        with os.fdopen(out_fd, "wb") as out:
+        with os.fdopen(os.dup(fd), "rb") as src, os.fdopen(out_fd, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
