@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING
 from . import procs as procmod
 from . import protocol as P
 from .checks.mesh import MeshListener
+from .detached.relay import hello
 from .journal import Journal, RunStatus, write_state
 from .layout import CACHE_DIR
 from .outbox import ConsoleGone, Outbox
 from .policy import DEFAULT_GRACE_S, HangRule
 from .ranks import Ranks
-from .relay import hello
 from .services import Services, resolve
 from .streaming import Streaming, Watched
 from .streams import read_lines
 from .tail import LineMetrics
 
 if TYPE_CHECKING:
-    from .detached import DetachedRun
+    from .detached.run import DetachedRun
     from .devices import DeviceSampler
 
 # Imported where first used, not here: detaching (detached, coord, daemon), device sampling, the
@@ -249,7 +249,7 @@ class Agent(Ranks, Streaming, Services):
             self.send(P.Detached(node=self.node, socket=self.detached.socket_path, error="already detached"))
             return
         try:
-            from .detached import DetachedRun
+            from .detached.run import DetachedRun
 
             run = DetachedRun(self, msg)
         except Exception as exc:  # noqa: BLE001 - told to the console, which stays attached
@@ -329,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 def serve(node: str, attach: str | None = None, ls: bool = False, cache: str | None = None) -> int:
     """Be this node's agent; or relay to a detached run's agent (``attach``); or list runs (``ls``)."""
     if ls:
-        from .relay import ls_main
+        from .detached.relay import ls_main
 
         return ls_main(node, cache)
     if attach:
-        from .relay import relay_main
+        from .detached.relay import relay_main
 
         return relay_main(node, attach, cache)
     return Agent(node).run()

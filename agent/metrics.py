@@ -7,6 +7,7 @@ One place builds them, for the live tail (main.py) and for the replay an attachi
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 from . import protocol as P
@@ -25,6 +26,28 @@ def from_record(node: str, name: str, rank: int, obj: dict) -> P.Metric:
         ts=_opt_float(obj.get("ts")) or time.time(),
         source="metrics",
         **{field: read(obj.get(key)) for field, key, read in _RECORD_FIELDS},
+    )
+
+
+def phase_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase | None:
+    """A RankPhase from an MSCON_METRICS line that is a phase record (``{"phase": "joined", "ts":
+    1700000000.5}``, the rank's own clock); None for any other line. Only the milestones a rank
+    records (``Milestone.RECORDED``) are taken: the first step is the agent's to say."""
+    if '"phase"' not in line:  # most lines are metrics: no JSON parse for them
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("phase") not in P.Milestone.RECORDED:
+        return None
+    ts = _opt_float(obj.get("ts"))
+    return P.RankPhase(
+        node=node,
+        name=name,
+        rank=rank,
+        phase=obj["phase"],
+        ts_ns=int(ts * 1e9) if ts is not None else time.time_ns(),
     )
 
 

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 # 2: attempts, hang reports, blame evidence, name resolution; 3: detach/attach, metric and
 # telemetry batches
 # 4: typed coordinator links, the run's policy in agent/policy.py (one outcome vocabulary)
-PROTOCOL_VERSION = 4
+# 5: rank start-up milestones (RankPhase)
+PROTOCOL_VERSION = 5
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -408,6 +409,31 @@ class Evidence(Message):
     ts_ns: int
 
 
+class Milestone:
+    """A rank's start-up milestones (``RankPhase.phase``; plain strings on the wire)."""
+
+    IMPORTED = "imported"  # the script imported MindSpore
+    JOINED = "joined"  # MindSpore's cluster init() returned
+    READY = "ready"  # model and data built: the first step begins
+    COMPILED = "compiled"  # the first step returned (its graphs compiled and ran once)
+    FIRST_STEP = "first_step"  # the agent read the rank's first metric (any script)
+    # What a rank may write to MSCON_METRICS as {"phase": NAME, "ts": seconds}; FIRST_STEP is the agent's.
+    RECORDED = (IMPORTED, JOINED, READY, COMPILED)
+
+
+@dataclass(frozen=True)
+class RankPhase(Message):
+    """A rank reached a start-up milestone (``Milestone``) at ``ts_ns``, by its own node's clock."""
+
+    type: ClassVar[str] = "rank_phase"
+    journaled: ClassVar[bool] = True  # an attaching console's start-up breakdown comes from the journal
+    node: str
+    name: str
+    rank: int
+    phase: str
+    ts_ns: int
+
+
 @dataclass(frozen=True)
 class Resolved(Message):
     type: ClassVar[str] = "resolved"
@@ -536,7 +562,7 @@ class Coord(Message):
 
 
 # ---------------------------------------------------------------- the coordinator link
-# Between a detached run's coordinator (node 0) and its followers, signed by agent/coord.py.
+# Between a detached run's coordinator (node 0) and its followers, signed by agent/detached/coord.py.
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from . import procs as procmod
 from . import protocol as P
 from .evidence import blame
-from .metrics import LineParser
+from .metrics import LineParser, phase_from_line
 from .metrics import from_record as metric_from_record
 from .tail import FileTail, LineMetrics, parse_metrics_line
 
@@ -38,6 +38,7 @@ class Watched:
         # A ProcHung waiting for its py-spy stack (taken by a thread): its exit is reported after it.
         self.hung_pending: P.ProcHung | None = None
         self.drained = False  # its log read to the end after its exit (held back while the console is behind)
+        self.first_step_said = False  # its Milestone.FIRST_STEP was sent
         self._parser: LineParser | None = None
 
     def parser(self, node: str, line_metrics: LineMetrics) -> LineParser:
@@ -117,11 +118,20 @@ class Streaming:
             for line in w.metrics.read_lines(final=final):
                 obj = parse_metrics_line(line)
                 if obj is None:
+                    phase = phase_from_line(self.node, spec.name, spec.rank, line)
+                    if phase is not None:  # before the metrics that follow it in the file
+                        w.progress_ns = time.time_ns()
+                        self.send(phase)
                     continue
                 w.progress_ns = time.time_ns()
                 batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
         for m in batch:
             self.hang.stepped(spec.name, m.ts or time.time())
+        if batch and not w.first_step_said:
+            w.first_step_said = True
+            first = batch[0].ts
+            ts_ns = int(first * 1e9) if first else time.time_ns()
+            self.send(P.RankPhase(self.node, spec.name, spec.rank, P.Milestone.FIRST_STEP, ts_ns))
         if batch:
             self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
 

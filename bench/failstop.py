@@ -75,7 +75,7 @@ from launch import (  # bench/ is on sys.path when run as a script
     start_msrun_node,
     wait_idle,
 )
-from procstat import layout, node_runs, sshd_nodes, tool_env
+from procstat import layout, node_runs, phase_medians, sshd_nodes, start_up, tool_env
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = tool_env("msrun")  # the running Python's environment, else .venv's
@@ -237,6 +237,8 @@ class Trial:
     resumed_line: str = ""
     first_named: str = ""  # msrun: the first error line naming any rank, and which
     backoff: float | None = None
+    # mscon: its own start-up breakdown per attempt, from its summary (procstat.start_up)
+    phases: list[tuple[int, str, list[tuple[str, float]]]] = field(default_factory=list)
 
     @property
     def shared(self) -> bool:
@@ -250,6 +252,10 @@ class Trial:
         return None if t is None or self.t_fault is None else t - self.t_fault
 
     def line(self) -> str:
+        breakdown = "".join(f"\n  mscon attempt {n}: {text}" for n, text, _ in self.phases)
+        return self._line() + breakdown
+
+    def _line(self) -> str:
         shared = ""
         if self.shared:
             shared = (
@@ -628,6 +634,7 @@ def run_mscon(
         leftovers.discard(os.getpid())
         _kill_marked(sorted(leftovers), f"mscon {trial.fault} #{trial.index}")
         shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
+        trial.phases = start_up(tmp / f"{run_id}.json")
 
 
 def _restart_trial(
@@ -916,6 +923,10 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
             ("every rank of attempt 1 at its first step", [_val(t, t.attempt1_all) for t in ok]),
         ):
             print(f"  {label:<46}{_fmt(vals, a.cap):>20}")
+        timed = [took for t in ok for n, _, took in t.phases if n == 1]
+        if timed:
+            print("  mscon's own breakdown of the restart (median s, each after the one before):")
+            print(f"    {phase_medians(timed)}")
         for t in rs:
             steps = ", ".join(f"r{r} {s}" for r, (_, s) in sorted(t.attempt1_first.items()))
             verdict = f"exit {t.rcs[0] if t.rcs else '?'}" if t.ok else f"NOT OK: {t.error}"
@@ -923,6 +934,11 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
                 f"  #{t.index}: attempt 1's first steps: {steps or '-'}; {t.resumed_line or 'no resume line'}"
             )
             print(f"      {verdict}")
+        print()
+    launches = [took for t in trials if t.ok for n, _, took in t.phases if n == 0]
+    if launches:
+        print("mscon's own breakdown of its launches (median s, each after the one before, every trial):")
+        print(f"  {phase_medians(launches)}")
         print()
     shared = [f"{t.launcher} {t.fault} #{t.index}" for t in trials if t.shared]
     if shared:

@@ -8,6 +8,8 @@ LossMonitor-style lines. Knobs, all optional:
   --fail-rank R      this rank exits with --fail-code at --fail-step
   --hang-rank R      this rank stops making progress at --fail-step (sleeps forever)
   --metrics          also write MSCON_METRICS JSON lines (with a parameter checksum every 5 steps)
+  --phases           with --metrics: the trainer's start-up phase records first (imported, joined,
+                     ready, compiled), --phase-gap seconds apart (default 0.05)
   --diverge-rank R   this rank's checksum differs from the others' (a broken replica)
   --slow-rank R --slow X  this rank takes X times as long per step (a straggler)
 The scheduler role exits at once with 0 (there is no real cluster to coordinate).
@@ -32,6 +34,8 @@ def main() -> int:
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--hang-rank", type=int, default=-2)
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--phases", action="store_true")
+    p.add_argument("--phase-gap", type=float, default=0.05)
     p.add_argument("--diverge-rank", type=int, default=-2)
     p.add_argument("--slow-rank", type=int, default=-2)
     p.add_argument("--slow", type=float, default=1.0)
@@ -42,6 +46,11 @@ def main() -> int:
     rank = int(os.environ.get("RANK_ID", "0"))
     metrics = open(os.environ["MSCON_METRICS"], "a") if a.metrics and "MSCON_METRICS" in os.environ else None
     print(f"fake rank {rank} of {os.environ.get('RANK_SIZE', '1')} starting", flush=True)
+    if metrics is not None and a.phases:
+        for name in ("imported", "joined", "ready", "compiled"):
+            time.sleep(a.phase_gap)
+            metrics.write(json.dumps({"phase": name, "ts": time.time()}) + "\n")
+            metrics.flush()
     loss = 2.5
     filler = "x" * 60
     period = (1.0 / a.rate if a.rate > 0 else 0.0) * (a.slow if rank == a.slow_rank else 1.0)

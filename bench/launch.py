@@ -49,7 +49,9 @@ from procstat import (  # bench/ is on sys.path when run as a script
     layout,
     ms_ports,
     node_runs,
+    phase_medians,
     sshd_nodes,
+    start_up,
     tool_env,
 )
 
@@ -87,6 +89,9 @@ class Trial:
     tail: list[str] = field(default_factory=list)
     foreign: int = 0  # peak count of other jobs' MindSpore processes during the trial
     foreign_cpu: float = 0.0  # CPU seconds other jobs used during the trial
+    # mscon: where its start-up went, from its summary (the line it prints, and each milestone's seconds)
+    phases_line: str = ""
+    phases: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def shared(self) -> bool:
@@ -118,6 +123,7 @@ class Trial:
             f"{self.launcher} #{self.index}: launcher up {up} s, scheduler up {first} s; "
             f"first step {per_rank}; all ranks {self.all_ranks:.2f} s; last step {self.last_step:.2f} s; "
             f"total wall {self.wall:.2f} s{shared}"
+            + (f"\n  mscon's own breakdown, {self.phases_line}" if self.phases_line else "")
         )
 
 
@@ -294,6 +300,8 @@ def run_mscon(
         str(tmp / layout.LOGS_DIR),
         "--run-id",
         run_id,
+        "--json",
+        str(tmp / f"{run_id}.json"),
         "--",
         SCRIPT,
         *train_args,
@@ -360,6 +368,8 @@ def run_mscon(
         trial.error = f"only ranks {sorted(trial.first_step)} of {world} printed a step"
     else:
         trial.ok = True
+    for _, line, took in start_up(tmp / f"{run_id}.json")[:1]:
+        trial.phases_line, trial.phases = line, took
     _reap_leftovers(port, "mscon")
     # The "nodes" share this machine's home: drop the node-side run folder (logs + unpacked workdir),
     # which mscon keeps forever; the fetched copy under tmp goes with tmp.
@@ -518,6 +528,9 @@ def report(trials: list[Trial]) -> None:
         a = [v for t in ok["mscon"] if (v := get(t)) is not None]
         b = [v for t in ok["msrun"] if (v := get(t)) is not None]
         print(f"{label:<28}{_stats(a):>22}{_stats(b):>22}{_ratio(a, b):>14}")
+    timed = [t.phases for t in ok["mscon"] if t.phases]
+    if timed:
+        print(f"mscon's start-up by milestone (median s, each after the one before): {phase_medians(timed)}")
     shared = [f"{t.launcher} #{t.index}" for t in trials if t.shared]
     if shared:
         print(f"WARNING: other jobs used the machine during {', '.join(shared)}: those timings are inflated")

@@ -4,8 +4,10 @@ the sshd test-node module and a snapshot of /proc."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pwd
+import statistics
 import sys
 import types
 from dataclasses import dataclass
@@ -111,3 +113,35 @@ def ms_ports() -> list[str]:
             port = next((v[14:] for v in env if v.startswith(b"MS_SCHED_PORT=")), b"?")
             ports.append(port.decode(errors="replace"))
     return ports
+
+
+# ---------------------------------------------------------------- mscon's start-up breakdown
+
+
+def start_up(summary: Path) -> list[tuple[int, str, list[tuple[str, float]]]]:
+    """Each attempt's start-up breakdown from an mscon summary (``--json``: ``attempts[].phases``,
+    console/engine/phases.py): (attempt, the line mscon prints, [(milestone, seconds it took)])."""
+    try:
+        doc = json.loads(summary.read_text(encoding="utf-8"))
+        from mscon.console.engine.phases import describe_phases, phases_from_json, steps
+    except (OSError, ValueError, ImportError):
+        return []
+    out = []
+    for a in doc.get("attempts") or []:
+        if a.get("phases"):
+            p = phases_from_json(a["phases"])
+            out.append((int(a["attempt"]), describe_phases(p), steps(p)))
+    return out
+
+
+def phase_medians(runs: list[list[tuple[str, float]]]) -> str:
+    """Median seconds of each milestone over several runs' breakdowns (``start_up``'s third item),
+    in the order of the first run that has it: "connected 0.31, agents up 1.20, ..."."""
+    order: list[str] = []
+    took: dict[str, list[float]] = collections.defaultdict(list)
+    for run in runs:
+        for label, seconds in run:
+            if label not in took:
+                order.append(label)
+            took[label].append(seconds)
+    return ", ".join(f"{label} {statistics.median(took[label]):.2f}" for label in order)

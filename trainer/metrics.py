@@ -20,6 +20,12 @@ class MetricsWriter:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self.out.write(json.dumps({**clean, "ts": _now()}) + "\n")
 
+    def phase(self, name: str) -> None:
+        """A start-up milestone (imported, joined, ready, compiled), timed by this rank's clock: the
+        console's breakdown of where a launch or restart spent its time (agent/protocol.py Milestone)."""
+        if self.out is not None:
+            self.out.write(json.dumps({"phase": name, "ts": _now()}) + "\n")
+
     def close(self) -> None:
         if self.out is not None:
             self.out.close()

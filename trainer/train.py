@@ -164,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     if cluster.is_scheduler:
         return run_scheduler(cluster)
 
+    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
     import mindspore as ms
+
+    metrics.phase("imported")
     from mindspore import nn
     from mindspore.communication import get_group_size, get_rank, init
 
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if cluster.in_cluster:
         init()
         rank, size = get_rank(), get_group_size()
+    metrics.phase("joined")
     if size != cluster.size:
         fail(f"the cluster has {size} ranks but the launcher announced {cluster.size}")
     say = rank == 0 or not args.log_rank0_only
@@ -219,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
-    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
     step = start
     for epoch in range(start // steps_per_epoch, args.epochs):
@@ -230,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
             next(batches)
         while step < (epoch + 1) * steps_per_epoch:
             profiling.before(step + 1)
+            if step == start:  # model and data set built: the first batch, compile and step follow
+                metrics.phase("ready")
             t0 = time.perf_counter()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             loss, overflow = runner.step([next(batches) for _ in range(args.grad_accum)])
             dt = time.perf_counter() - t0
+            if step == start:  # this attempt's first step: its graphs are compiled now
+                metrics.phase("compiled")
             step += 1
             in_epoch = step - epoch * steps_per_epoch
             if say:

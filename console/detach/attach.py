@@ -1,6 +1,6 @@
 """Attaching to a detached run: the same events, state and views as a run the console started.
 
-The ``Attacher`` reaches every node's agent through a relay (``agent/relay.py``), asks each for its
+The ``Attacher`` reaches every node's agent through a relay (``agent/detached/relay.py``), asks each for its
 journal and the log lines this console has not printed yet (``Attach``), rebuilds ClusterState
 from the journals, merged attempt by attempt, and then follows the run live. Policy stays with the
 node-0 coordinator: the operator's stop and restart go to it as ``RunCommand``. Leaving (Ctrl-C, or
@@ -332,7 +332,7 @@ class Attacher:
                     self.emit(ev)
             return
         if msg.kind == CoordKind.STOPPING:
-            self.emit(Stopping(msg.attempt, msg.reason, msg.trigger))
+            self.emit(Stopping(msg.attempt, msg.reason, msg.trigger, msg.ts_ns))
         elif msg.kind == CoordKind.NODE_LOST and msg.trigger:
             self.emit(NodeUpdate(msg.attempt, msg.trigger, NodeState.LOST, msg.reason, msg.ts_ns))
         elif msg.kind == CoordKind.ATTEMPT_ENDED:

@@ -90,6 +90,15 @@ class CheckStatus(enum.StrEnum):
     NA = "n/a"
 
 
+class PhaseOrigin(enum.StrEnum):
+    """What an attempt's start-up breakdown counts from (``AttemptPhases.origin``)."""
+
+    LAUNCH = "launch"  # the console began connecting to the nodes (the run's first attempt)
+    FAULT = "fault"  # the previous attempt's root cause failed (a hang: its last progress)
+    STOP = "stop"  # the previous attempt began stopping (a restart no failure caused: the operator's)
+    START = "start"  # the attempt's own start: nothing earlier is known (an attached console)
+
+
 class FailureKind(enum.StrEnum):
     EXIT = "exit"  # exited with a non-zero code on its own
     SIGNAL = "signal"  # killed by a signal nobody in mscon sent
@@ -168,6 +177,30 @@ class RankSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptPhases:
+    """Where an attempt's start-up went: seconds from ``origin`` to each milestone, None where it is
+    unknown or was not reached (computed by ClusterState, console/engine/phases.py). A milestone of
+    several nodes or ranks is the last of them to reach it; rank milestones count workers only, each
+    by its node's clock (the console's for connected .. launched). The fields are in time order."""
+
+    origin: PhaseOrigin
+    # a restart's way down (the previous attempt)
+    detected: float | None = None  # mscon began stopping every rank
+    stopped: float | None = None  # its last process exited
+    # the way up
+    connected: float | None = None  # every node connected (a restart: a node reconnected)
+    agent_up: float | None = None  # every agent up
+    checks_done: float | None = None  # the preflight finished
+    launched: float | None = None  # the console started the attempt (a restart: after its backoff)
+    spawned: float | None = None  # every process of the attempt started
+    imported: float | None = None  # every worker imported MindSpore (the rank's own record)
+    joined: float | None = None  # MindSpore's cluster init() returned on every worker (same)
+    ready: float | None = None  # model and data built on every worker: first steps begin (same)
+    compiled: float | None = None  # every worker's first step returned: graphs compiled (same)
+    first_step: float | None = None  # every worker reported its first step (any script)
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptSummary:
     attempt: int
     outcome: AttemptOutcome
@@ -175,6 +208,7 @@ class AttemptSummary:
     wall_s: float
     root_cause: Failure | None
     ranks: tuple[RankSummary, ...]
+    phases: AttemptPhases | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +296,7 @@ class Stopping(Event):
     attempt: int
     reason: str
     trigger: str | None = None  # rank or node name
+    ts_ns: int = 0  # console clock (a detached run's: its coordinator's); 0: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +415,7 @@ class ChecksFinished(Event):
     attempt: int
     failed: tuple[str, ...] = ()  # "node: check" of each fail
     skipped: tuple[str, ...] = ()  # checks the operator skipped (--skip-check), recorded
+    ts_ns: int = 0  # console clock; 0: not known
 
 
 @dataclass(frozen=True, slots=True)

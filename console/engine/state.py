@@ -20,6 +20,7 @@ from mscon.agent.protocol import (
     ProcExited,
     ProcHung,
     ProcStarted,
+    RankPhase,
     Telemetry,
     TelemetryBatch,
     by_rank,
@@ -32,6 +33,7 @@ from mscon.console.engine.events import (
     AgentEvent,
     AttemptEnded,
     AttemptOutcome,
+    AttemptPhases,
     AttemptStarted,
     AttemptSummary,
     AwaitingOperator,
@@ -56,6 +58,7 @@ from mscon.console.engine.events import (
     StragglerFlagged,
     StragglerSummary,
 )
+from mscon.console.engine.phases import PhaseClock
 
 _STRONG = KIND_STRENGTH["node_timed_out"]  # the scheduler's own verdicts and up
 _TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
@@ -135,6 +138,7 @@ class ClusterState:
         self.flagged: dict[str, StragglerFlagged] = {}  # stragglers of this attempt not cleared since
         self._straggled: dict[tuple[int, str], StragglerSummary] = {}  # every one of the run, for the summary
         self.events = 0
+        self._clock = PhaseClock()  # where each attempt's start-up time went (phases())
         # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
         # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
         self._workers = 0
@@ -154,6 +158,7 @@ class ClusterState:
         elif isinstance(ev, NodeUpdate):
             self._node(ev)
         elif isinstance(ev, AttemptStarted):
+            self._clock.started(ev)
             self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns))
             self.job = JobState.RUNNING
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
@@ -164,8 +169,10 @@ class ClusterState:
             att = self.attempt
             if att is not None and att.stop_reason is None:
                 att.stop_reason = ev.reason
+                self._clock.stopping(ev.ts_ns)
             self.job = JobState.STOPPING
         elif isinstance(ev, AttemptEnded):
+            self._clock.ended(ev)
             att = self.attempt
             if att is not None:
                 att.outcome, att.reason, att.root, att.ended_ns = (
@@ -192,6 +199,7 @@ class ClusterState:
             self.checks[(ev.node, ev.name)] = ev
         elif isinstance(ev, ChecksFinished):
             self.checks_finished = ev
+            self._clock.checks_done(ev.ts_ns)
         elif isinstance(ev, RunFinished):
             self.result = ev.result
             self.job = ev.result.status
@@ -213,6 +221,7 @@ class ClusterState:
     def _node(self, ev: NodeUpdate) -> None:
         view = self.nodes.setdefault(ev.node, NodeView(ev.node))
         view.state, view.detail = ev.state, ev.detail
+        self._clock.node(ev)
         if ev.state is not NodeState.LOST:
             return
         view.lost_ns = ev.ts_ns
@@ -268,6 +277,7 @@ class ClusterState:
             if r is not None:
                 _telemetry(r, msg)
         elif isinstance(msg, ProcStarted):
+            self._clock.spawned(msg)
             r = self.ranks.get(msg.name)
             if r is not None:
                 r.state, r.pid, r.started_ns = RankState.STARTING, msg.pid, msg.ts_ns
@@ -276,6 +286,7 @@ class ClusterState:
             if node is not None and node.state is NodeState.READY:
                 node.state = NodeState.RUNNING
         elif isinstance(msg, ProcExited):
+            self._clock.exited(msg.ts_ns)
             self._exited(msg, att)
         elif isinstance(msg, ProcHung):
             r = self.ranks.get(msg.name)
@@ -306,6 +317,8 @@ class ClusterState:
             # What MindSpore says once we are stopping is about ranks we stopped: not evidence.
             if att is not None and att.stop_reason is None:
                 att.evidence.append(msg)
+        elif isinstance(msg, RankPhase):
+            self._clock.rank_phase(msg)
         elif isinstance(msg, AllExited):
             node = self.nodes.get(msg.node)
             if node is not None and node.state in (NodeState.RUNNING, NodeState.READY):
@@ -502,13 +515,22 @@ class ClusterState:
         """Every rank flagged during the run, by attempt and rank (RunResult.stragglers)."""
         return tuple(self._straggled[k] for k in sorted(self._straggled, key=_straggler_order))
 
+    def phases(self, att: AttemptView | None = None) -> AttemptPhases | None:
+        """Where this attempt's (default: the current one's) start-up time went, so far."""
+        att = att or self.attempt
+        return self._clock.phases(att.number) if att is not None else None
+
     def attempt_summaries(self) -> tuple[AttemptSummary, ...]:
         out = []
         for att in self.attempts:
             if att.outcome is None:
                 continue
             wall = ((att.ended_ns or att.started_ns) - att.started_ns) / 1e9
-            out.append(AttemptSummary(att.number, att.outcome, att.reason, wall, att.root, att.summary))
+            out.append(
+                AttemptSummary(
+                    att.number, att.outcome, att.reason, wall, att.root, att.summary, self.phases(att)
+                )
+            )
         return tuple(out)
 
 

@@ -429,7 +429,7 @@ class Supervisor:
             return await self._start_attempt(session, act.attempt)
         if isinstance(act, policy_mod.StopAll):
             if act.announce:
-                self.emit(Stopping(number, act.reason, act.trigger))
+                self.emit(Stopping(number, act.reason, act.trigger, time.time_ns()))
             await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))
         elif isinstance(act, policy_mod.StopScheduler):
             await session.broadcast(Stop(reason=act.reason, grace_s=self.inv.stop.grace_s))

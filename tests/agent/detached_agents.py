@@ -20,7 +20,7 @@ from mscon.agent import protocol as P
 # The agent with its handshake deadline shortened, so that a test sees connections cut off in
 # seconds; everything else is the agent as the console starts it.
 _AGENT = (
-    "import sys; from mscon.agent import coord; coord.HANDSHAKE_S = float(sys.argv.pop(1)); "
+    "import sys; from mscon.agent.detached import coord; coord.HANDSHAKE_S = float(sys.argv.pop(1)); "
     "from mscon.agent.main import main; sys.exit(main(sys.argv[1:]))"
 )
 

@@ -69,4 +69,4 @@ def test_a_chunk_without_loss_lines_is_not_parsed_line_by_line(
     assert calls == ["epoch: 1 step: 1, loss is 0.5"]  # the 100 fillers never reached the parser
     agent.outbox.close(5.0)  # written by the outbox's thread: let it finish
     sent = [json.loads(line) for line in agent.outbox.out.getvalue().splitlines()]  # type: ignore[attr-defined]
-    assert [m["type"] for m in sent] == ["log", "metrics"]
+    assert [m["type"] for m in sent] == ["log", "rank_phase", "metrics"]  # its first step, then the metric

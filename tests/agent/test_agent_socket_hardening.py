@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from detached_agents import DetachedAgent, wait_until
-from mscon.agent import daemon
 from mscon.agent import protocol as P
+from mscon.agent.detached import daemon
 from mscon.agent.streams import LineSplitter, LineTooLong, read_lines
 
 

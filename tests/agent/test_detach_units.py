@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from mscon.agent import coord, layout
+from mscon.agent import layout
 from mscon.agent import protocol as P
+from mscon.agent.detached import coord
 from mscon.agent.journal import Journal, log_lines, read_journal, write_state
 from mscon.agent.tail import FileTail
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from detached_agents import DetachedAgent, wait_until
-from mscon.agent import coord
 from mscon.agent import protocol as P
+from mscon.agent.detached import coord
 
 SECRET = "s3cret"
 
@@ -339,7 +339,7 @@ def test_garbage_or_an_oversized_line_ends_that_link_only(
 
 _CHILD = """
 import queue, resource, sys, threading
-from mscon.agent import coord
+from mscon.agent.detached import coord
 coord.HANDSHAKE_S = 2.0
 inbox = queue.Queue()
 server = coord.CoordServer("s3cret", ["node2"], inbox, host="127.0.0.1")

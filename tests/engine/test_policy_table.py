@@ -23,7 +23,7 @@ NODES = ("a", "b")
 HOSTS: dict[str, dict[str, Any]] = {
     # console/engine/supervisor.py (a live console: inf; headless: None, see the headless rows)
     "console": {"can_reconnect": True, "operator_wait_s": math.inf, "hang_timeout_s": 10.0},
-    # agent/detached.py
+    # agent/detached/run.py
     "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "inspects": False},
 }
 LINGER = P.SCHEDULER_LINGER_S

@@ -146,7 +146,15 @@ def test_stop_json_dash_of_a_run_only_a_node_holds(tmp_path: Path, run_id: str) 
     """No folder for the run here (another --logs-dir): the node still holds it, so stop goes ahead."""
     inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "3000", "--rate", "20"])
     started = mscon(
-        "run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, "--logs-dir", tmp_path / "a",
+        "run",
+        "--no-tui",
+        "--detach",
+        "--no-check",
+        inv,
+        "--run-id",
+        run_id,
+        "--logs-dir",
+        tmp_path / "a",
         cwd=tmp_path,
     )
     assert started.code == 0, started.err

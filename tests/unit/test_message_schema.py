@@ -8,7 +8,7 @@ import json
 
 import pytest
 from mscon.agent import protocol as P
-from mscon.agent.metrics import from_record
+from mscon.agent.metrics import from_record, phase_from_line
 
 
 def _tags(attr: str) -> set[str]:
@@ -24,6 +24,7 @@ def test_journaled_are_the_lifecycle_messages_and_streamed_the_bulk_ones() -> No
         "agent_error",
         "evidence",
         "coord",
+        "rank_phase",
     }
     assert _tags("streamed") == {"log", "metric", "metrics", "telemetry", "telemetry_batch"}
     assert _tags("sampled") == {"metric", "metrics", "telemetry", "telemetry_batch"}  # not logs
@@ -106,3 +107,51 @@ def test_a_lagging_view_skips_samples_but_never_log_lines_or_exits() -> None:
         assert sub.put(AgentEvent(attempt=0, msg=msg))
     assert sub.dropped == 2
     assert [e.msg for e in sub._items] == [log, log, exited]  # type: ignore[union-attr]
+
+
+def test_a_rank_phase_is_a_small_journaled_lifecycle_message() -> None:
+    msg = P.RankPhase(node="n", name="r1", rank=1, phase=P.Milestone.JOINED, ts_ns=5)
+    line = P.encode(msg)
+    assert line == '{"type":"rank_phase","node":"n","name":"r1","rank":1,"phase":"joined","ts_ns":5}\n'
+    assert P.decode(line) == msg
+    assert msg.journaled and not (msg.streamed or msg.sampled or msg.reported)  # never skipped by a view
+    assert P.Milestone.FIRST_STEP not in P.Milestone.RECORDED  # the agent's word, not the rank's
+
+
+@pytest.mark.parametrize(
+    ("line", "phase", "ts_ns"),
+    [
+        ('{"phase": "imported", "ts": 12.5}', "imported", 12_500_000_000),
+        ('{"phase": "compiled", "ts": 3}', "compiled", 3_000_000_000),
+        ('{"phase": "first_step", "ts": 1.0}', None, None),
+        ('{"phase": "bogus", "ts": 1.0}', None, None),
+        ('{"phase": ["joined"], "ts": 1.0}', None, None),
+        ('{"step": 1, "loss": 0.5, "ts": 1.0}', None, None),
+        ('{"phase": "joined", "ts', None, None),  # a line a killed rank cut short
+    ],
+)
+def test_a_phase_record_becomes_a_rank_phase(line: str, phase: str | None, ts_ns: int | None) -> None:
+    got = phase_from_line("n", "r2", 2, line)
+    if phase is None:
+        assert got is None
+    else:
+        assert got == P.RankPhase(node="n", name="r2", rank=2, phase=phase, ts_ns=ts_ns or 0)
+
+
+def test_a_phase_record_without_a_time_is_stamped_when_read() -> None:
+    got = phase_from_line("n", "r2", 2, '{"phase": "ready", "ts": "soon"}')
+    assert got is not None and got.ts_ns > 1_600_000_000 * 10**9
+
+
+def test_existing_messages_keep_their_wire() -> None:
+    # Adding RankPhase changed no other message's bytes.
+    started = P.ProcStarted(node="n", name="r0", rank=0, pid=7, ts_ns=9, log_path="/l")
+    assert P.encode(started) == (
+        '{"type":"proc_started","node":"n","name":"r0","rank":0,"pid":7,"ts_ns":9,"log_path":"/l"}\n'
+    )
+    m = P.Metric(node="n", name="r0", rank=0, step=3, loss=0.5, ts=1.5, source="metrics")
+    batch = P.MetricBatch(node="n", name="r0", rank=0, metrics=(m,))
+    assert P.encode(batch) == (
+        '{"type":"metrics","node":"n","name":"r0","rank":0,'
+        '"metrics":[{"step":3,"loss":0.5,"ts":1.5,"source":"metrics"}]}\n'
+    )

@@ -48,6 +48,7 @@ from mscon.console.engine.events import (
     StragglerCleared,
     StragglerFlagged,
 )
+from mscon.console.engine.phases import describe_phases
 from mscon.console.engine.state import describe, who_is
 from mscon.console.engine.summary import is_stdout, write_summary
 
@@ -299,6 +300,11 @@ def format_summary(result: RunResult) -> str:
             lines.append(f"  {a.attempt}: {a.outcome.value} after {a.wall_s:.1f} s: {printable(what)}")
             if a.root_cause is not None and a.root_cause is not result.root_cause:
                 lines += ["    " + printable(t) for t in _last_lines(a.root_cause)[-3:]]
+    timed = [f"  {a.attempt}: {describe_phases(a.phases)}" for a in result.attempts if a.phases is not None]
+    if timed:
+        lines.append("")
+        lines.append("start-up, per attempt (each milestone when the last node or rank reached it):")
+        lines += timed
     rc = result.root_cause
     if rc is not None:
         lines.append("")

@@ -1,10 +1,12 @@
-"""Start-up progress (connect, deploy, checks, ranks), computed from ClusterState alone."""
+"""Start-up progress (connect, deploy, checks, ranks, and where the time went), computed from
+ClusterState alone."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from mscon.console.engine.events import CheckStatus, NodeState
+from mscon.console.engine.phases import describe_phases
 from mscon.console.engine.state import ClusterState
 
 _CONNECTED = {NodeState.DEPLOYING, NodeState.READY, NodeState.RUNNING, NodeState.DONE, NodeState.LOST}
@@ -45,10 +47,26 @@ def phases(state: ClusterState) -> tuple[Phase, ...]:
 
 
 def starting(state: ClusterState) -> bool:
-    """Still starting up: the panel shows until every rank of the first attempt has started."""
+    """Still starting up: the panel shows until every worker of the current attempt has reached its
+    first step (its breakdown, ``ClusterState.phases``, is complete), or the attempt has ended."""
     if state.job.final:
         return False
-    return not all(p.complete for p in phases(state))
+    if not all(p.complete for p in phases(state)):
+        return True
+    att = state.attempt
+    if att is None or att.outcome is not None:
+        return False
+    timed = state.phases()
+    if timed is not None and timed.first_step is not None:
+        return False
+    # An agent that says no first step (a recording made before it did): the workers' metrics do.
+    return not all(r.last_step is not None for r in state.workers())
+
+
+def breakdown(state: ClusterState) -> str | None:
+    """The current attempt's start-up so far, in words (``phases.describe_phases``)."""
+    timed = state.phases()
+    return describe_phases(timed) if timed is not None else None
 
 
 def checks_verdict(state: ClusterState) -> CheckStatus | None:

@@ -6,9 +6,10 @@ from mscon.console.engine.state import describe
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
-from mscon.console.views.tui.startup import phases, starting
+from mscon.console.views.tui.startup import breakdown, phases, starting
 from mscon.console.views.tui.widgets.node_table import NodeTable
 from mscon.console.views.tui.widgets.plots import SeriesPlot
+from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -34,8 +35,9 @@ def summary_text(model: ViewModel) -> Text:
     return text
 
 
-def startup_table(model: ViewModel) -> Table:
-    """One progress bar per start-up phase: connect, deploy, checks, ranks."""
+def startup_table(model: ViewModel) -> RenderableType:
+    """One progress bar per start-up phase (connect, deploy, checks, ranks), then the attempt's
+    milestones so far: how long each took."""
     grid = Table.grid(padding=(0, 2))
     for p in phases(model.state):
         if p.skipped:
@@ -44,7 +46,10 @@ def startup_table(model: ViewModel) -> Table:
         bar = ProgressBar(total=max(p.total, 1), completed=p.done + p.failed, width=40)
         note = f"{p.done}/{p.total}" + (f", {p.failed} failed" if p.failed else "")
         grid.add_row(p.name, bar, Text(note, style="bold red" if p.failed else ""))
-    return grid
+    timed = breakdown(model.state)
+    if timed is None:
+        return grid
+    return Group(grid, Text(f"start-up {timed}", style="dim"))
 
 
 def root_text(model: ViewModel) -> Text | None:
@@ -71,7 +76,9 @@ class OverviewView(Vertical):
     def __init__(self, model: ViewModel, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.model = model
-        self.started = False  # start-up is over: its panel (a scan of every node and rank) is done
+        # The attempt whose start-up is over: its panel (a scan of every node and rank) is done
+        # until the next attempt starts up.
+        self.started: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="startup")
@@ -84,13 +91,15 @@ class OverviewView(Vertical):
 
     def show(self, ch: Changes | None) -> None:
         model = self.model
-        if not self.started:
+        att = model.state.attempt
+        if att is None or self.started != att.number:
             panel = self.query_one("#startup", Static)
             shown = starting(model.state)
             panel.set_class(shown, "-shown")
             if shown:
                 panel.update(startup_table(model))
-            self.started = not shown and model.state.attempt is not None
+            elif att is not None:
+                self.started = att.number
         self.query_one("#summary", Static).update(summary_text(model))
         if ch is None or ch.failure or ch.structure:
             root = root_text(model)

@@ -35,7 +35,7 @@ import threading
 import time
 import traceback
 
-from .streams import ACCEPT_BACKOFF_S, Backoff, LineSplitter, LineTooLong, close_socket, note, read_lines
+from ..streams import ACCEPT_BACKOFF_S, Backoff, LineSplitter, LineTooLong, close_socket, note, read_lines
 
 # The whole handshake (nonce out, hello in, proof out), however the peer paces its bytes: a
 # connection that sends one byte every few seconds is cut off all the same (a per-read timeout

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from . import policy as pol
-from . import protocol as P
+from .. import policy as pol
+from .. import protocol as P
+from ..journal import RunStatus
 from .coord import CoordServer, PeerLink, dial
 from .daemon import Client, SocketServer, daemonize
-from .journal import RunStatus
 from .relay import hello, replay
 
 _PING_S = 1.0

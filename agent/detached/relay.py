@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 
-from . import protocol as P
-from .journal import RunStatus, log_lines, read_journal, read_state
-from .layout import SOCKET, attempt_folder, log_file, metrics_file, run_folder, runs_root, socket_file
-from .metrics import LineParser
-from .metrics import from_record as metric_from_record
-from .tail import LineMetrics, parse_metrics_line
+from .. import protocol as P
+from ..journal import RunStatus, log_lines, read_journal, read_state
+from ..layout import SOCKET, attempt_folder, log_file, metrics_file, run_folder, runs_root, socket_file
+from ..metrics import LineParser
+from ..metrics import from_record as metric_from_record
+from ..tail import LineMetrics, parse_metrics_line
 
 _METRICS_KEPT = 512  # as many points as the console's charts keep per rank
 

@@ -17,9 +17,9 @@ import socket
 import struct
 import threading
 
-from . import protocol as P
-from .layout import ERRORS, SOCKET
-from .streams import LineTooLong, accept_forever, close_socket, read_lines
+from .. import protocol as P
+from ..layout import ERRORS, SOCKET
+from ..streams import LineTooLong, accept_forever, close_socket, read_lines
 
 _CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
 # Bytes in one line from a client: an Attach is a few KiB, a RunCommand less; anything longer is a
