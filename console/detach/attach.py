@@ -62,8 +62,9 @@ from mscon.console.engine.events import (
     Stopping,
 )
 from mscon.console.engine.plan import build_plan
+from mscon.console.engine.root_cause import describe
 from mscon.console.engine.session import ClusterSession, TransportFactory
-from mscon.console.engine.state import ClusterState, describe
+from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
 from mscon.console.transport import make_transport

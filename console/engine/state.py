@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field, replace
 
-from mscon.agent.evidence import KIND_STRENGTH
 from mscon.agent.protocol import (
     AgentError,
     AllExited,
@@ -25,7 +24,6 @@ from mscon.agent.protocol import (
     TelemetryBatch,
     by_rank,
     is_scheduler,
-    rank_name,
 )
 from mscon.console.engine.events import (
     HANG_EXIT_CODE,
@@ -59,8 +57,8 @@ from mscon.console.engine.events import (
     StragglerSummary,
 )
 from mscon.console.engine.phases import PhaseClock
+from mscon.console.engine.root_cause import first_failure
 
-_STRONG = KIND_STRENGTH["node_timed_out"]  # the scheduler's own verdicts and up
 _TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
 _HISTORY = 512  # (step, loss) points kept per rank for plots
 
@@ -410,62 +408,9 @@ class ClusterState:
         return bool(ws) and all(r.exited is not None and r.exited.ok for r in ws)
 
     def root_cause(self, att: AttemptView | None = None) -> Failure | None:
-        """The one verdict: which rank (or node) made this attempt fail.
-
-        - A rank that MindSpore itself names (``worker N is the first one timed out``, HCCL's
-          ``remote rank``) is the cause: the scheduler that reports a timeout is only the witness.
-        - Otherwise the first failure of a worker by the agents' clocks (a hung or stopped rank
-          counts from its last progress), or a node lost while the attempt ran.
-        - The scheduler is the cause only when no worker failed and none was named.
-        Ranks stopped by mscon are victims, never causes.
-        """
+        """The one verdict: which rank (or node) made this attempt fail (root_cause.py)."""
         att = att or self.attempt
-        if att is None:
-            return None
-        if att.root is not None:
-            return att.root
-        failures = att.failures + att.lost_nodes
-        workers = [f for f in failures if not is_scheduler(f.rank)]  # lost nodes (rank None) too
-        named = self._named(att, strong=True) or ([] if workers else self._named(att, strong=False))
-        if named:
-            accused = [f for f in workers if f.rank in named]
-            if accused:
-                best = min(accused, key=lambda f: (named.index(f.rank), f.ts_ns))  # type: ignore[arg-type]
-                return _with_evidence(best, named_line(att, best.rank))
-            return self._named_failure(att, named[0])
-        if workers:
-            return min(workers, key=lambda f: f.ts_ns)
-        return min(failures, key=lambda f: f.ts_ns) if failures else None
-
-    def _named(self, att: AttemptView, strong: bool) -> list[int]:
-        """Ranks MindSpore named, strongest evidence first.
-
-        The scheduler's heartbeat verdicts are strong: they override the clocks. HCCL's
-        ``remote rank`` lines are weak (in a ring every survivor names the neighbour it waited
-        for, and sub-communicator ranks are not global ranks): used only when no worker failed.
-        """
-        found = [ev for ev in att.evidence if (KIND_STRENGTH.get(ev.kind, 0) >= _STRONG) == strong]
-        found.sort(key=lambda ev: -KIND_STRENGTH.get(ev.kind, 0))
-        out: list[int] = []
-        for ev in found:
-            out.extend(r for r in ev.ranks if r not in out and rank_name(r) in self.ranks)
-        return out
-
-    def _named_failure(self, att: AttemptView, rank: int) -> Failure:
-        r = self.ranks[rank_name(rank)]
-        line = named_line(att, rank)
-        return Failure(
-            kind=FailureKind.NAMED,
-            node=r.node,
-            name=r.name,
-            rank=rank,
-            ts_ns=r.last_progress_ns or 0,
-            clock=f"agent on {r.node}",
-            code=HANG_EXIT_CODE,
-            detail="named by MindSpore as the rank that stopped responding",
-            tail=tuple(r.tail)[-20:],
-            evidence=line,
-        )
+        return None if att is None else first_failure(att, self.ranks)
 
     def rank_summaries(self, att: AttemptView | None = None) -> tuple[RankSummary, ...]:
         att = att or self.attempt
@@ -544,37 +489,3 @@ def _telemetry(r: RankView, msg: Telemetry) -> None:
     r.device_util = msg.device_util
     if msg.device_mem_bytes is not None:  # the device's own figure beats the trainer's
         r.device_memory_bytes, r.device_memory_total = msg.device_mem_bytes, msg.device_mem_total
-
-
-def named_line(att: AttemptView, rank: int | None) -> str | None:
-    for ev in att.evidence:
-        if rank in ev.ranks:
-            return f"{ev.name} on {ev.node}: {ev.text}"
-    return None
-
-
-def _with_evidence(f: Failure, line: str | None) -> Failure:
-    if line is None or f.evidence:
-        return f
-    from dataclasses import replace
-
-    return replace(f, evidence=line)
-
-
-def who_is(name: str, rank: int | None, node: str) -> str:
-    """A process in words: "r3 on node2", "the scheduler on node1"."""
-    return f"the scheduler on {node}" if is_scheduler(rank) else f"{name} on {node}"
-
-
-def describe(f: Failure | None) -> str:
-    """The verdict in one line: who failed first, and how."""
-    if f is None:
-        return "no failure was recorded"
-    if f.kind is FailureKind.NODE_LOST:
-        return f.detail
-    if f.kind is FailureKind.AGENT:
-        return f"{f.node} could not start its processes: {f.detail}"
-    who = who_is(f.name, f.rank, f.node)
-    if f.kind in (FailureKind.STOPPED, FailureKind.HUNG, FailureKind.NAMED):
-        return f"{who} hung first ({f.detail})"
-    return f"{who} failed first ({f.detail})"

@@ -59,9 +59,10 @@ from mscon.console.engine.events import (
 from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
 from mscon.console.engine.plan import build_plan, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
+from mscon.console.engine.root_cause import describe
 from mscon.console.engine.sched_address import scheduler_address
 from mscon.console.engine.session import ClusterSession, TransportFactory
-from mscon.console.engine.state import ClusterState, describe
+from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
 from mscon.console.preflight.runner import JobView, Preflight

@@ -11,7 +11,8 @@ from mscon.agent import protocol as P
 from mscon.console.config.inventory import load_inventory_or_default
 from mscon.console.engine.events import AgentEvent, AttemptStarted, FailureKind, RankRef
 from mscon.console.engine.plan import build_plan
-from mscon.console.engine.state import ClusterState, describe, who_is
+from mscon.console.engine.root_cause import describe, who_is
+from mscon.console.engine.state import ClusterState
 from mscon.console.views.headless.reporter import HeadlessReporter
 
 

@@ -49,7 +49,7 @@ from mscon.console.engine.events import (
     StragglerFlagged,
 )
 from mscon.console.engine.phases import describe_phases
-from mscon.console.engine.state import describe, who_is
+from mscon.console.engine.root_cause import describe, who_is
 from mscon.console.engine.summary import is_stdout, write_summary
 
 _PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours

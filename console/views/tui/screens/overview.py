@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mscon.console.engine.state import describe
+from mscon.console.engine.root_cause import describe
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
