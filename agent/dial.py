@@ -1,6 +1,6 @@
 """The node side of the Slurm transport: a TCP channel back to the console instead of SSH.
 
-``srun`` starts one task per node running a short, fixed boot (``console/transport/slurm.py``:
+``srun`` starts one task per node running a short, fixed boot (``console/transport/slurm_dial.py``:
 ``DIAL_BOOT``) that connects to the console, authenticates both ways (HMAC-SHA256 over two fresh
 nonces with the per-run key from the environment: the key itself never crosses the wire),
 receives this module's source over the same connection and calls :func:`serve`. Nothing of the

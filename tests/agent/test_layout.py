@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mscon.agent import layout
 from mscon.agent.journal import Journal, write_state
-from mscon.console.transport import slurm
+from mscon.console.transport import slurm_dial
 
 
 def test_the_layout_as_the_readme_describes_it() -> None:
@@ -78,7 +78,7 @@ def test_the_layout_runs_on_the_nodes_python_and_inside_the_slurm_dial() -> None
     env = dict(os.environ, HOME="/nowhere/home")
     out = subprocess.run(
         [sys.executable, "-I", "-c", code],
-        input=slurm._dial_source(),
+        input=slurm_dial.dial_source(),
         capture_output=True,
         env=env,
         timeout=30,

@@ -24,7 +24,8 @@ import psutil
 import pytest
 from conftest import REPO, free_port, mscon, needs_mindspore, run_processes, wait_gone, write_inventory
 from mscon.agent import layout
-from mscon.console.transport.slurm import DIAL_BOOT, ENV_CONSOLE_ADDRESS
+from mscon.console.transport.slurm_dial import DIAL_BOOT
+from mscon.console.transport.slurm_launcher import ENV_CONSOLE_ADDRESS
 from slurm_cluster import (
     SlurmCluster,
     SlurmError,

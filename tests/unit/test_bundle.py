@@ -44,7 +44,7 @@ def test_the_bundle_holds_every_agent_source_file() -> None:
     on the nodes, and the agent would fail there only when it first imports it."""
     src = Path(mscon.agent.__file__).parent
     on_disk = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "__pycache__" not in p.parts}
-    # dial.py is not part of the package: the Slurm transport sends it as source (_dial_source).
+    # dial.py is not part of the package: the Slurm transport sends it as source (slurm_dial.dial_source).
     assert set(agent_bundle().files) == on_disk - {"dial.py"}
     assert any("/" in name for name in on_disk)  # the sub-package case below is exercised
 

@@ -20,14 +20,16 @@ import pytest
 from mscon.agent import dial, layout
 from mscon.console.config.inventory import load_inventory
 from mscon.console.transport import slurm as st
+from mscon.console.transport import slurm_dial as sd
+from mscon.console.transport import slurm_launcher as sl
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def launcher(monkeypatch: pytest.MonkeyPatch) -> st.SlurmLauncher:
-    monkeypatch.setenv(st.ENV_CONSOLE_ADDRESS, "127.0.0.1")
-    return st.SlurmLauncher(load_inventory(REPO / "inventory" / "local.yaml"))
+def launcher(monkeypatch: pytest.MonkeyPatch) -> sl.SlurmLauncher:
+    monkeypatch.setenv(sl.ENV_CONSOLE_ADDRESS, "127.0.0.1")
+    return sl.SlurmLauncher(load_inventory(REPO / "inventory" / "local.yaml"))
 
 
 def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"") -> bytes:
@@ -42,7 +44,7 @@ def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"") -> by
         s.close()
 
 
-async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: st.SlurmLauncher) -> None:
+async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: sl.SlurmLauncher) -> None:
     await launcher._listen()
     try:
         # A node with another key refuses the console (it cannot prove the node's key) ...
@@ -50,7 +52,7 @@ async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: st.
             await asyncio.to_thread(_as_node, launcher.port, os.urandom(32))
         # ... and with the key, the first thing after the handshake is the dial's source.
         first = await asyncio.to_thread(_as_node, launcher.port, launcher.key)
-        assert int(first) == len(st._dial_source())
+        assert int(first) == len(sd.dial_source())
 
         def wrong_proof() -> bytes:
             s = socket.create_connection(("127.0.0.1", launcher.port), 5)
@@ -82,12 +84,12 @@ def test_boot_refuses_a_console_without_the_key() -> None:
     t.start()
     env = {
         "PATH": os.environ["PATH"],
-        st.ENV_ADDR: f"127.0.0.1:{srv.getsockname()[1]}",
-        st.ENV_KEY: os.urandom(32).hex(),
-        st.ENV_PYTHON: sys.executable,
+        sd.ENV_ADDR: f"127.0.0.1:{srv.getsockname()[1]}",
+        sd.ENV_KEY: os.urandom(32).hex(),
+        sd.ENV_PYTHON: sys.executable,
     }
     p = subprocess.run(
-        ["/bin/sh", "-c", st.DIAL_SH, st.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
+        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
     )
     t.join(10)
     srv.close()
@@ -190,7 +192,7 @@ def test_a_run_through_a_stand_in_srun(tmp_path: Path) -> None:
         "SLURM_JOB_NODELIST": "fakenode",
         "SLURM_NTASKS_PER_NODE": "2",
         "FAKE_SRUN_ARGV": str(tmp_path / "argv"),
-        st.ENV_CONSOLE_ADDRESS: "127.0.0.1",
+        sl.ENV_CONSOLE_ADDRESS: "127.0.0.1",
     }
     p = subprocess.run(
         [sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", "--no-check", str(inv)],

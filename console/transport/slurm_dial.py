@@ -1,0 +1,228 @@
+"""The console's end of the Slurm dial (``agent/dial.py`` is the node's end).
+
+The fixed boot srun runs on every node (:data:`DIAL_BOOT`), the values it takes from its
+environment, the mutual handshake (HMAC-SHA256 over two fresh nonces; the key never crosses the
+wire), the dial's source sent on a boot connection, and :class:`Control`: the requests of the
+control protocol (JSON lines with ids: ``exists``, ``put`` in parts, ``agent``, ``fetch`` in
+chunks, ``kill``) and the dial's notices (``stderr``, ``exited``). The connections are
+authenticated, not encrypted: meant for the allocation's own network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import itertools
+import json
+import posixpath
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from enum import StrEnum
+from importlib import resources
+from typing import IO, Any
+
+from mscon.console.transport.base import NodeUnreachable
+
+PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
+ENV_ADDR = "MSCON_DIAL_ADDR"
+ENV_KEY = "MSCON_DIAL_KEY"
+ENV_PYTHON = "MSCON_DIAL_PYTHON"
+AUTH_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 120.0
+PUT_CHUNK = 4 << 20
+
+# The task srun starts on each node. Fixed text: srun execs it without a shell, and /bin/sh only
+# expands the python from the environment. The boot takes the three values out of its
+# environment, connects, checks the console's proof before it sends its own, then runs the
+# source the console sends (agent/dial.py) with the authenticated socket.
+DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -c "$0"'
+DIAL_BOOT = (
+    "import os,sys,socket,hmac,hashlib\n"
+    "e=os.environ;a=e.pop('MSCON_DIAL_ADDR','');k=bytes.fromhex(e.pop('MSCON_DIAL_KEY',''));"
+    "e.pop('MSCON_DIAL_PYTHON',None)\n"
+    "k or sys.exit('mscon dial: no key in the environment')\n"
+    "M=lambda*p:hmac.new(k,'|'.join(p).encode(),hashlib.sha256).hexdigest()\n"
+    "h,_,p=a.rpartition(':');s=socket.create_connection((h,int(p)),30);f=s.makefile('rb')\n"
+    "n=os.urandom(16).hex();s.sendall(('MSCON-DIAL 1 boot %s\\n'%n).encode())\n"
+    "w=f.readline(512).decode('ascii','replace').split()\n"
+    "len(w)==2 and hmac.compare_digest(w[1],M('console',n,w[0])) or "
+    "sys.exit('mscon dial: the console did not authenticate')\n"
+    "s.sendall((M('node',w[0],n)+'\\n').encode());L=int(f.readline(32));g={'__name__':'mscon_dial'}\n"
+    "exec(compile(f.read(L),'mscon_dial','exec'),g);g['serve'](s,f,k)\n"
+)
+
+
+class DialRole(StrEnum):
+    """What a connection that authenticated is for (the third word of its first line)."""
+
+    BOOT = "boot"  # a task srun started: gets the dial's source, then is the node's control link
+    AGENT = "agent"  # the dial's second connection: the agent's stdin and stdout
+
+
+def mac(key: bytes, *parts: str) -> str:
+    return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def dial_source() -> bytes:
+    """dial.py with layout.py's source ahead of it: the dial runs from source, with no package to
+    import the layout from."""
+    agent = resources.files("mscon.agent")
+    return agent.joinpath("layout.py").read_bytes() + b"\n" + agent.joinpath("dial.py").read_bytes()
+
+
+def set_keepalive(writer: asyncio.StreamWriter, interval_s: float) -> None:
+    """A vanished node ends its connections within about three intervals (SSH's keepalives do
+    this for the SSH transport)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    ivl = max(1, int(interval_s))
+    for level, name, value in (
+        (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPIDLE", ivl),
+        (socket.IPPROTO_TCP, "TCP_KEEPINTVL", ivl),
+        (socket.IPPROTO_TCP, "TCP_KEEPCNT", 2),
+        (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", 3 * ivl * 1000),
+    ):
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, opt, value)
+
+
+async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes) -> DialRole:
+    """The console's side of the challenge-response: its proof first, then the node's is checked.
+    Raises ValueError for anything that is not a dial holding ``key``."""
+    words = (await reader.readline()).decode("ascii", "replace").split()
+    if len(words) != 4 or " ".join(words[:2]) != PROTOCOL or words[2] not in set(DialRole):
+        raise ValueError("not a dial")
+    nonce_n, nonce_c = words[3][:64], secrets.token_hex(16)
+    writer.write(f"{nonce_c} {mac(key, 'console', nonce_n, nonce_c)}\n".encode())
+    await writer.drain()
+    proof = (await reader.readline()).decode("ascii", "replace").strip()
+    if not hmac.compare_digest(proof, mac(key, "node", nonce_c, nonce_n)):
+        raise ValueError("bad proof")
+    return DialRole(words[2])
+
+
+async def send_dial(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict:
+    """Send the dial's source on an authenticated boot connection; the dial's hello."""
+    source = dial_source()
+    writer.write(f"{len(source)}\n".encode() + source)
+    await writer.drain()
+    hello = json.loads(await reader.readline())
+    if not isinstance(hello, dict) or hello.get("op") != "hello":
+        raise ValueError("no hello")
+    return hello
+
+
+def hello_home(hello: dict) -> str:
+    """The node user's home from the dial's hello: an absolute path with no control character."""
+    home = str(hello.get("home", ""))
+    if not home.startswith("/") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in home):
+        raise ValueError(f"unusable home {home!r}")
+    return posixpath.normpath(home)
+
+
+class Control:
+    """One node's dial connection: requests with ids, and the dial's notices."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: dict) -> None:
+        self.reader, self.writer = reader, writer
+        self.node = str(hello.get("node", ""))
+        self.home = str(hello.get("home", ""))
+        self.hostname = str(hello.get("hostname", ""))
+        peer = writer.get_extra_info("peername")
+        self.peer_ip = str(peer[0]) if peer else ""
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Queue[dict]] = {}
+        self.stderr = ""
+        self.agent_done = asyncio.Event()
+        self.agent_done.set()  # no agent yet
+        self.closed = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._read(), name=f"dial:{self.node}")
+
+    async def _read(self) -> None:
+        try:
+            while line := await self.reader.readline():
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                op = msg.get("op")
+                if op == "stderr":
+                    self.stderr = (self.stderr + str(msg.get("data", "")))[-8192:]
+                elif op == "exited":
+                    self.agent_done.set()
+                elif isinstance(msg.get("id"), int) and msg["id"] in self._pending:
+                    self._pending[msg["id"]].put_nowait(msg)
+        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self.closed.set()
+            self.agent_done.set()
+            for q in self._pending.values():
+                q.put_nowait({"error": "the node's connection closed"})
+
+    async def _send(self, obj: dict[str, Any]) -> None:
+        if self.closed.is_set():
+            raise NodeUnreachable(f"{self.node}: the node's connection is closed")
+        self.writer.write((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+        await self.writer.drain()
+
+    async def stream(self, op: str, **args: Any) -> AsyncIterator[dict]:
+        """The answers to one request: ``chunk`` answers (fetch), then the last one."""
+        rid = next(self._ids)
+        q: asyncio.Queue[dict] = asyncio.Queue()
+        self._pending[rid] = q
+        try:
+            await self._send({"id": rid, "op": op, **args})
+            while True:
+                msg = await asyncio.wait_for(q.get(), REQUEST_TIMEOUT_S)
+                if "error" in msg:
+                    raise NodeUnreachable(f"{self.node}: {op}: {msg['error']}")
+                yield msg
+                if "chunk" not in msg:
+                    return
+        finally:
+            self._pending.pop(rid, None)
+
+    async def request(self, op: str, **args: Any) -> dict:
+        last: dict = {}
+        async for msg in self.stream(op, **args):
+            last = msg
+        return last
+
+    async def exists(self, rel: str) -> bool:
+        return bool((await self.request("exists", path=rel)).get("exists"))
+
+    async def put(self, rel: str, data: bytes) -> None:
+        """A file under the node's mscon folder, sent in parts (the dial writes it atomically)."""
+        for start in range(0, max(len(data), 1), PUT_CHUNK):
+            chunk = data[start : start + PUT_CHUNK]
+            last = start + PUT_CHUNK >= len(data)
+            await self.request("put", path=rel, data=base64.b64encode(chunk).decode("ascii"), last=last)
+
+    async def start_agent(self, token: str, code: str) -> None:
+        """Have the dial start the agent on a second connection that presents ``token``."""
+        self.agent_done = asyncio.Event()
+        self.stderr = ""
+        await self.request("agent", token=token, code=code)
+
+    async def kill_agent(self) -> None:
+        await self.request("kill")
+
+    async def fetch(self, rel: str, out: IO[bytes]) -> None:
+        """A run folder as tar.gz, written to ``out`` as its chunks come (nothing for no folder)."""
+        async for msg in self.stream("fetch", path=rel):
+            if "chunk" in msg:
+                out.write(base64.b64decode(msg["chunk"]))
+
+    def close(self) -> None:
+        self.writer.close()

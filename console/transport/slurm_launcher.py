@@ -1,0 +1,302 @@
+"""The session's one ``srun`` step, its listening socket, and the nodes' dial connections.
+
+``srun --overlap --nodes=N --ntasks-per-node=1 ...`` runs the fixed boot (``slurm_dial.DIAL_BOOT``)
+on every node. Its command line holds no inventory value and no secret: the console's address, the
+per-run key and the node python reach the tasks through srun's environment (``--export=ALL``; the
+boot removes them from its own environment before anything else starts, so ranks never see the
+key). Closing ends every control connection: each dial ends its agent and exits, so the step
+ends; a step still there after that is signalled, and as a last resort cancelled by name
+(``scancel JOB.STEP``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import secrets
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.transport.base import LINE_LIMIT, NodeUnreachable
+from mscon.console.transport.slurm_dial import (
+    AUTH_TIMEOUT_S,
+    DIAL_BOOT,
+    DIAL_SH,
+    ENV_ADDR,
+    ENV_KEY,
+    ENV_PYTHON,
+    Control,
+    DialRole,
+    authenticate,
+    hello_home,
+    send_dial,
+    set_keepalive,
+)
+
+ENV_CONSOLE_ADDRESS = "MSCON_CONSOLE_ADDRESS"  # overrides the address the nodes dial
+CONNECT_TIMEOUT_S = 120.0  # srun step start on every node, then each node's connection
+STEP_EXIT_WAIT_S = 15.0
+
+
+def console_address(hosts: tuple[str, ...], env: Mapping[str, str] = os.environ) -> str:
+    """The address the nodes dial: ``MSCON_CONSOLE_ADDRESS``, else this machine's source address
+    (the route the kernel would take) toward the first node whose name resolves to a non-loopback
+    address, else loopback (every node is this machine)."""
+    given = env.get(ENV_CONSOLE_ADDRESS, "").strip()
+    if given:
+        try:
+            return str(ipaddress.ip_address(given))
+        except ValueError:
+            raise NodeUnreachable(f"{ENV_CONSOLE_ADDRESS}={given[:60]!r}: expected an IP address") from None
+    for host in hosts[:16]:
+        try:
+            infos = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
+        except (OSError, UnicodeError):
+            continue
+        for *_, addr in infos:
+            if ipaddress.ip_address(addr[0]).is_loopback:
+                continue
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((addr[0], 9))  # UDP: no packet is sent, the kernel only picks a route
+                return str(s.getsockname()[0])
+    return "127.0.0.1"
+
+
+class SlurmLauncher:
+    """The session's one srun step, its listening socket, and the nodes' connections."""
+
+    def __init__(self, inv: Inventory) -> None:
+        self.inv = inv
+        self.key = secrets.token_bytes(32)
+        self.step_name = f"mscon-{secrets.token_hex(4)}"  # unique: a leftover is cancelled by name
+        self.nodes: dict[str, NodeSpec] = {}  # by host name (what the dial reports)
+        self.controls: dict[str, Control] = {}
+        self.waiting: dict[str, asyncio.Future[Control]] = {}
+        self.agents: dict[str, asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self.held: set[str] = set()
+        self.python: str | None = None
+        self.server: asyncio.Server | None = None
+        self.address = ""
+        self.steps: list[asyncio.subprocess.Process] = []
+        self.step_errors: list[str] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._lock = asyncio.Lock()
+        self._started: set[str] = set()  # hosts a step was launched for
+        self.closed = False
+
+    def hold(self, node: NodeSpec) -> None:
+        self.nodes[node.host] = node
+        self.held.add(node.host)
+
+    # ------------------------------------------------------------ listening
+
+    async def _listen(self) -> None:
+        if self.server is not None:
+            return
+        self.address = await asyncio.to_thread(console_address, tuple(self.nodes))
+        self.server = await asyncio.start_server(self._accept, self.address, 0, limit=LINE_LIMIT)
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            role = await asyncio.wait_for(authenticate(reader, writer, self.key), AUTH_TIMEOUT_S)
+            if role is DialRole.BOOT:
+                await asyncio.wait_for(self._boot(reader, writer), AUTH_TIMEOUT_S)
+            else:
+                token = (await asyncio.wait_for(reader.readline(), AUTH_TIMEOUT_S)).decode("ascii", "replace")
+                fut = self.agents.pop(token.strip(), None)
+                if fut is None or fut.done():
+                    raise ValueError("unknown token")
+                set_keepalive(writer, self.inv.ssh.keepalive_s)
+                fut.set_result((reader, writer))
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.close()  # not one of ours, or it broke off: nothing is sent to it
+
+    async def _boot(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await send_dial(reader, writer)
+        host = str(hello.get("node", ""))
+        fut = self.waiting.get(host)
+        if fut is None or fut.done() or host in self.controls:
+            raise ValueError(f"unexpected node {host!r}")
+        home = hello_home(hello)
+        set_keepalive(writer, self.inv.ssh.keepalive_s)
+        ctl = Control(reader, writer, hello)
+        ctl.home = home
+        self.controls[host] = ctl
+        fut.set_result(ctl)
+
+    # ------------------------------------------------------------ the step
+
+    async def control(self, node: NodeSpec, python: str) -> Control:
+        """The node's live control connection; the first call launches the step for every held
+        node without one, a later one (a lost node coming back) a step for that node alone."""
+        async with self._lock:
+            ctl = self.controls.get(node.host)
+            if ctl is not None and not ctl.closed.is_set():
+                return ctl
+            self.controls.pop(node.host, None)
+            if self.python is not None and python != self.python:
+                raise NodeUnreachable(
+                    f"{node.name}: nodes from Slurm share one python (defaults.python); got {python!r} "
+                    f"and {self.python!r}"
+                )
+            self.python = python
+            fut = self.waiting.get(node.host)
+            if fut is None or fut.done():
+                await self._listen()
+                hosts = [h for h in self.nodes if h in self.held and not self._live(h)]
+                if node.host in self._started:
+                    hosts = [node.host]  # a lost node: its own step
+                for h in hosts:
+                    self.waiting[h] = asyncio.get_running_loop().create_future()
+                await self._start_step(hosts)
+            fut = self.waiting[node.host]
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise NodeUnreachable(
+                f"{node.name}: no connection from its agent within {CONNECT_TIMEOUT_S:g} s of srun"
+                + self._step_detail()
+            ) from None
+
+    def _live(self, host: str) -> bool:
+        ctl = self.controls.get(host)
+        return ctl is not None and not ctl.closed.is_set()
+
+    def _step_detail(self) -> str:
+        return f" (srun: {self.step_errors[-1]})" if self.step_errors else ""
+
+    async def _start_step(self, hosts: list[str]) -> None:
+        argv = [
+            "srun",
+            "--overlap",  # share the allocation with the job's own steps (sbatch's batch step)
+            f"--nodes={len(hosts)}",
+            f"--ntasks={len(hosts)}",
+            "--ntasks-per-node=1",
+            "--cpu-bind=none",  # the ranks the agent starts get every CPU, not the task's one
+            "--kill-on-bad-exit=0",  # one node's agent ending is the console's call, not srun's
+            "--export=ALL",
+            "--input=none",
+            f"--job-name={self.step_name}",
+        ]
+        if set(hosts) != set(self.nodes):
+            # A subset (a lost node): its host name, as Slurm itself listed it (checked, no value
+            # of the inventory).
+            argv.append("--nodelist=" + ",".join(hosts))
+        argv += ["/bin/sh", "-c", DIAL_SH, DIAL_BOOT]
+        assert self.python is not None and self.server is not None
+        env = {
+            **os.environ,
+            ENV_ADDR: f"{self.address}:{self.port}",
+            ENV_KEY: self.key.hex(),
+            ENV_PYTHON: self.python,
+        }
+        self._started.update(hosts)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # a terminal's Ctrl-C is the console's to handle
+            )
+        except OSError as exc:
+            error = f"cannot run srun: {exc.strerror or exc}"
+            for h in hosts:
+                self.waiting[h].set_exception(NodeUnreachable(f"{self.nodes[h].name}: {error}"))
+            return
+        self.steps.append(proc)
+        task = asyncio.get_running_loop().create_task(self._watch_step(proc, hosts), name="srun")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_step(self, proc: asyncio.subprocess.Process, hosts: list[str]) -> None:
+        assert proc.stderr is not None
+        tail: list[str] = []
+        while line := await proc.stderr.readline():
+            text = line.decode("utf-8", "replace").rstrip()
+            if text:
+                tail = [*tail[-19:], text]
+                self.step_errors.append(text)
+                del self.step_errors[:-20]
+        code = await proc.wait()
+        why = f"srun exited with {code}" + (f": {tail[-1]}" if tail else "")
+        for h in hosts:
+            fut = self.waiting.get(h)
+            if fut is not None and not fut.done():
+                fut.set_exception(NodeUnreachable(f"{self.nodes[h].name}: no agent connected; {why}"))
+
+    # ------------------------------------------------------------ agents
+
+    def expect_agent(self, token: str) -> asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        fut: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+        fut = asyncio.get_running_loop().create_future()
+        self.agents[token] = fut
+        return fut
+
+    # ------------------------------------------------------------ closing
+
+    async def release(self, host: str) -> None:
+        self.held.discard(host)
+        if not self.held and not self.closed:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close every connection; the dials end their agents and exit, so the step ends. A
+        step still there is signalled, then cancelled by name."""
+        self.closed = True
+        for ctl in self.controls.values():
+            ctl.close()
+        for fut in self.waiting.values():
+            if not fut.done():
+                fut.cancel()
+        if self.server is not None:
+            self.server.close()
+        wait_s = STEP_EXIT_WAIT_S + self.inv.stop.grace_s
+        for proc in self.steps:
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                try:
+                    await asyncio.wait_for(proc.wait(), wait_s if sig is None else 5.0)
+                    break
+                except TimeoutError:
+                    continue
+        await asyncio.to_thread(self._cancel_leftovers)
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _cancel_leftovers(self) -> None:
+        """Steps of ours Slurm still lists (srun was killed before they ended): cancel them."""
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if not self.steps or not job.isdigit():
+            return
+        try:
+            listed = subprocess.run(
+                ["squeue", "-h", "-s", "-j", job, "-o", "%i %j"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return
+        for line in listed.splitlines():
+            step, _, name = line.strip().partition(" ")
+            if name == self.step_name and step.startswith(f"{job}."):
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(
+                        ["scancel", step], stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+                    )
