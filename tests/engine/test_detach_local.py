@@ -82,3 +82,56 @@ def test_logs_follow_into_head_leaves_and_the_run_goes_on(tmp_path: Path, run_id
     stopped = mscon("stop", run_id, cwd=tmp_path)
     assert stopped.code == 130, stopped.err
     assert wait_gone(run_processes(run_id), 5) == []
+
+
+def test_a_hundred_ls_leave_the_detached_run_untouched(tmp_path: Path, run_id: str) -> None:
+    """Each `mscon ls` knocks on the detached agent's socket to see it is alive: a hundred of them
+    leave no thread behind, and the ranks go on printing."""
+    import asyncio
+
+    from mscon.console.cli.runs import _list
+    from mscon.console.config.inventory import load_inventory
+
+    inv_path = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "100000", "--rate", "20"])
+    done = mscon("run", "--no-tui", "--detach", "--no-check", inv_path, "--run-id", run_id, cwd=tmp_path)
+    assert done.code == 0, done.err
+    run_dir = layout.run_folder(None, run_id, "local")
+    agent = _detached_agent(run_dir)
+    log = Path(layout.log_path(run_dir, 0, "r0"))
+    before = agent.num_threads()
+    inv = load_inventory(inv_path)
+
+    async def many() -> list[str]:
+        statuses = []
+        for _ in range(100):
+            runs, errors = await _list(inv, False)
+            assert errors == []
+            statuses += [r.status for r in runs if r.run_id == run_id]
+        return statuses
+
+    lines_before = len(log.read_text().splitlines())
+    assert asyncio.run(many()) == ["running"] * 100
+    deadline = time.monotonic() + 10  # a client's threads end once its socket is closed
+    while agent.num_threads() > before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert agent.num_threads() <= before + 1, (before, agent.num_threads())
+    assert agent.is_running() and len(run_processes(run_id)) == 2
+    deadline = time.monotonic() + 10
+    while len(log.read_text().splitlines()) <= lines_before + 5:
+        assert time.monotonic() < deadline, "the ranks stopped printing"
+        time.sleep(0.05)
+
+
+def _detached_agent(run_dir: str):  # noqa: ANN202 - psutil.Process
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if any("mscon_agent" in w for w in p.info["cmdline"] or []) and p.cwd() == run_dir:
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no detached agent in {run_dir}")
