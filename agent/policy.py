@@ -30,8 +30,9 @@ DEFAULT_GRACE_S = 3.0  # SIGTERM -> SIGKILL, when neither the inventory nor a me
 DETACHED_OPERATOR_WAIT_S = 900.0  # a detached run that failed with no budget waits this long for `r`
 # The hang limit when the inventory sets none (hang.timeout_s), derived from what each rank did:
 FIRST_STEPS_LIMIT_S = 900.0  # until a rank's steps have a pace (start-up, cluster join, compile)
-STEADY_FLOOR_S = 5.0
+STEADY_FLOOR_S = 10.0  # MindSpore's teardown after the last step takes ~5 s of silence
 STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the attempt
+FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
 
 
 def watchdog_s(keepalive_s: float) -> float:
@@ -67,14 +68,17 @@ class HangRule:
                 self._gap[name] = ts - last
             self._last[name] = ts
 
-    def limit(self, name: str) -> tuple[float, str]:
-        """Seconds, and why that long (the summary says which limit fired)."""
+    def limit(self, name: str, finishing: bool = False) -> tuple[float, str]:
+        """Seconds, and why that long (the summary says which limit fired). ``finishing``: a
+        worker already finished, so the others may be past their last step, in teardown."""
         if self.fixed_s is not None:
             return self.fixed_s, "hang.timeout_s"
         gap = self._gap.get(name)
         if gap is None:
             return FIRST_STEPS_LIMIT_S, "the limit before its steps have a pace (start-up, compile)"
         limit = max(STEADY_FLOOR_S, STEADY_FACTOR * gap)
+        if finishing and limit < FINISHING_LIMIT_S:
+            return FINISHING_LIMIT_S, "the limit once a worker has finished (the others may be in teardown)"
         return limit, "%g x its longest gap between steps, %.3g s" % (STEADY_FACTOR, gap)
 
 
@@ -605,7 +609,7 @@ class RunPolicy:
         if self.phase is Phase.RUNNING and cfg.inspects:
             silent: dict[tuple[str, float, str], list[str]] = {}
             for name in sorted(att.live - att.inspected):
-                limit, why = att.hang.limit(name)
+                limit, why = att.hang.limit(name, finishing=bool(att.ok_workers))
                 if silent_too_long(att.progress.get(name, att.started), now, limit):
                     silent.setdefault((cfg.workers[name], limit, why), []).append(name)
             for (node, limit, why), names in silent.items():

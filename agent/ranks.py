@@ -176,10 +176,13 @@ class Ranks:
         """Detached, nobody sends Inspect: a rank silent past its limit is reported here (the
         inventory's hang.timeout_s, else the one its own pace gives: policy.HangRule)."""
         now_ns = time.time_ns()
+        finishing = any(w.proc.returncode == 0 and not w.proc.spec.is_scheduler for w in self.watched)
         for w in self.watched:
             if not w.proc.alive or w.hung_reported or w.proc.stop_sent or w.proc.spec.is_scheduler:
                 continue  # the scheduler is quiet by nature
-            limit, why = (fixed_s, "hang.timeout_s") if fixed_s else self.hang.limit(w.proc.spec.name)
+            limit, why = (
+                (fixed_s, "hang.timeout_s") if fixed_s else self.hang.limit(w.proc.spec.name, finishing)
+            )
             if now_ns - w.progress_ns > limit * 1e9:
                 self._report_hung(w, "no progress for %g s (%s)" % (limit, why))
 

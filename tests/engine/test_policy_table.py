@@ -39,9 +39,8 @@ def summary(act: P.Action) -> str:
     if isinstance(act, P.StopScheduler):
         return "stop the scheduler"
     if isinstance(act, P.Inspect):
-        return f"inspect {act.node}: {','.join(act.names)}" + (
-            f" ({act.reason})" if "x its" in act.reason else ""
-        )
+        shown = "x its" in act.reason or "finished" in act.reason  # the derived limits say why
+        return f"inspect {act.node}: {','.join(act.names)}" + (f" ({act.reason})" if shown else "")
     if isinstance(act, P.CutOff):
         return f"cut {','.join(act.nodes)}"
     if isinstance(act, P.Force):
@@ -357,20 +356,44 @@ DERIVED = {"hang_timeout_s": None}
 
 TABLE += [
     Row(
-        "derived limit: a silent rank in a job stepping every 50 ms is inspected within 5 s",
+        "derived limit: a silent rank in a job stepping every 50 ms is inspected within 10 s",
         [
             (P.Begin(0.0), ["start 0"]),
             (started(0.0), []),
             (stepped(1.0, 1.00), []),
             (stepped(1.05, 1.05), []),
             (stepped(1.10, 1.10, "r0", "r2", "r3"), []),  # r1 goes silent after 1.05
-            (stepped(5.0, 5.0, "r0", "r2", "r3"), []),
-            (P.Tick(5.0), []),
+            (stepped(9.0, 9.0, "r0", "r2", "r3"), []),
+            (P.Tick(9.0), []),  # MindSpore's teardown after a last step is ~5 s of silence: not yet
             (
-                P.Tick(6.2),
+                P.Tick(11.2),
                 {
                     "console": [
-                        "inspect a: r1 (no progress for 5 s (20 x its longest gap between steps, 0.05 s))"
+                        "inspect a: r1 (no progress for 10 s (20 x its longest gap between steps, 0.05 s))"
+                    ],
+                    "coordinator": [],
+                },
+            ),
+        ],
+        DERIVED,
+    ),
+    Row(
+        "derived limit: once a worker finished, the others may be in teardown (not hung at 10 s)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (stepped(1.0, 1.00), []),
+            (stepped(1.05, 1.05), []),
+            (exited("r2", 2.0), []),
+            (P.Tick(30.0), []),
+            (
+                P.Tick(121.2),
+                {
+                    "console": [
+                        "inspect a: r0,r1 (no progress for 120 s (the limit once a worker has finished "
+                        "(the others may be in teardown)))",
+                        "inspect b: r3 (no progress for 120 s (the limit once a worker has finished "
+                        "(the others may be in teardown)))",
                     ],
                     "coordinator": [],
                 },
