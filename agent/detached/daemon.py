@@ -80,10 +80,9 @@ class Client:
             error = P.AgentError(node=self.node, message="a line over %d bytes: connection closed" % LINE_MAX)
             self.send_line(P.encode(error))
             self.end()
-        else:
-            # The peer is done sending (a relay half-closes after its Attach): what is queued for
-            # it still goes out, then the writer closes (and ends: no thread left behind).
-            self.end()
+        # The peer is done sending (a relay half-closes after its Attach). Its end is the agent's
+        # to order: the agent loop ends the client after answering what it sent, so an answer
+        # queued after this point still goes out; then the writer closes (no thread left behind).
         self.inbox.put(("client", self, None))
 
     def close(self) -> None:

@@ -159,6 +159,7 @@ class DetachedRun:
 
     def _client_line(self, client: Client, line: str | None) -> None:
         if line is None:
+            client.end()  # after whatever its Attach queued: then its writer closes and ends
             if client in self.clients:
                 self.clients.remove(client)
             if self.controller is client:
