@@ -14,7 +14,7 @@ from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
 from .layout import attempt_folder
-from .policy import HangRule
+from .policy import HangRule, silent_too_long
 from .streaming import Watched
 from .tail import LineMetrics, extract_traceback
 
@@ -183,7 +183,7 @@ class Ranks:
             limit, why = (
                 (fixed_s, "hang.timeout_s") if fixed_s else self.hang.limit(w.proc.spec.name, finishing)
             )
-            if now_ns - w.progress_ns > limit * 1e9:
+            if silent_too_long(w.progress_ns / 1e9, now_ns / 1e9, limit):
                 self._report_hung(w, "no progress for %g s (%s)" % (limit, why))
 
     def _report_hung(self, w: Watched, why: str) -> None:
