@@ -209,13 +209,19 @@ class Attacher:
         except AttachRefused as exc:
             return JobState.ERROR, exit_codes.USAGE, str(exc)
         # Live from here: first what arrived while the journals were merged, in order per node.
+        # A node is open until its end is taken off the inbox, not while its link says so: a
+        # channel closes (mscon logs: right after the replay) before the console has read it all.
         replaying = set(names)
+        open_nodes = set(names)
         for node in names:
             for msg in buffered[node]:
-                self._live(node, msg, replaying)
+                if msg is None:
+                    open_nodes.discard(node)
+                    replaying.discard(node)
+                else:
+                    self._live(node, msg, replaying)
         if self.options.stop:
             await self._command(StopJob("stopped by mscon stop"))
-        open_nodes = {n for n in names if session.links[n].open}
         while open_nodes and self._leave is None:
             if not self.options.follow and not replaying:
                 break
@@ -252,13 +258,14 @@ class Attacher:
             return JobState.DETACHED, exit_codes.OK, "logs printed; the run goes on"
         return JobState.FAILED, exit_codes.UNREACHABLE, "the run's agents went away before it ended"
 
-    async def _rebuild(self, names: list[str]) -> dict[str, list[Message]]:
+    async def _rebuild(self, names: list[str]) -> dict[str, list[Message | None]]:
         """Collect every node's journal, then replay them merged: attempt by attempt, each
         attempt's messages in the order of the agents' clocks. Returns what came after each
-        node's journal (log replay, live messages), to be applied next."""
+        node's journal (log replay, live messages; None: the node's channel ended), to be applied
+        next."""
         journals: dict[str, list[tuple[int, Message]]] = {n: [] for n in names}
         done: dict[str, JournalDone] = {}
-        after: dict[str, list[Message]] = defaultdict(list)
+        after: dict[str, list[Message | None]] = defaultdict(list)
         while len(done) < len(names):
             item = await self._inbox.get()
             if not isinstance(item, tuple):
@@ -269,6 +276,7 @@ class Attacher:
                 if node not in done:
                     link = self.session.links[node] if self.session else None
                     raise AttachRefused(f"{node}: the relay ended early: {link.error if link else ''}")
+                after[node].append(None)
                 continue
             if node in done:
                 after[node].append(msg)
