@@ -7,9 +7,10 @@ messages, operator commands, ticks) into the events below, calls ``RunPolicy.ste
 out the actions it returns, in order. Neither host decides anything itself:
 
 - a rank fails, hangs, or a node is lost or cannot start its processes: stop every node;
-- every node has stopped: restart the group after the backoff while the budget lasts (an
-  operator's restart does not use it); with no budget left, an interactive run waits for the
-  operator (``r`` restarts, ``q`` ends with the failed attempt's verdict), a headless one ends;
+- every node has stopped: restart the group while the budget lasts (an operator's restart does
+  not use it): at once when its ranks had stepped, after the backoff when it failed in start-up;
+  with no budget left, an interactive run waits for the operator (``r`` restarts, ``q`` ends with
+  the failed attempt's verdict), a headless one ends;
 - every worker succeeded: the scheduler gets ``SCHEDULER_LINGER_S`` to exit, then it is stopped;
 - a node that has not confirmed a stop within grace + ``STOP_CONFIRM_S`` is cut off;
 - a rank silent for the hang timeout is inspected (the agent answers with a hang report).
@@ -148,6 +149,15 @@ class RankExited:
 
 
 @dataclass(frozen=True)
+class RankStepped:
+    """A rank's first step (the agent read its first metric): the attempt is past start-up."""
+
+    node: str
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
 class RankHung:
     node: str
     name: str
@@ -199,6 +209,7 @@ Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     Begin,
     RankStarted,
     RankExited,
+    RankStepped,
     RankHung,
     AgentFailed,
     NodeDone,
@@ -223,6 +234,8 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
         return AgentFailed(node, msg.message, now)
     if isinstance(msg, P.AllExited):
         return NodeDone(node, now)
+    if isinstance(msg, P.RankPhase) and msg.phase == P.Milestone.FIRST_STEP:
+        return RankStepped(node, msg.name, now)
     return None
 
 
@@ -352,6 +365,7 @@ class _Attempt:
     sched_stopped: bool = False
     progress: dict[str, float] = field(default_factory=dict)
     inspected: set[str] = field(default_factory=set)
+    stepped: bool = False  # a rank reported a step: past start-up (a failure now restarts at once)
     hang: HangRule = field(default_factory=HangRule)
 
 
@@ -387,6 +401,7 @@ class RunPolicy:
     def stepped(self, name: str, ts: float, now: float) -> None:
         """A step report of a rank (its clock's ``ts``): progress, and the pace its hang limit follows."""
         self.progress(name, now)
+        self.att.stepped = True
         self.att.hang.stepped(name, ts)
 
     # ------------------------------------------------------------ the dispatcher
@@ -433,6 +448,9 @@ class RunPolicy:
                     ev.now,
                     out,
                 )
+        elif isinstance(ev, RankStepped):
+            att.stepped = True
+            att.progress[ev.name] = ev.now
         elif isinstance(ev, RankHung):
             att.failed = True
             self._stop(
@@ -546,7 +564,7 @@ class RunPolicy:
                 )
             elif self.restarts_left > 0:
                 self.restarts_left -= 1
-                self._restart(now, "attempt %d failed" % att.number, self.config.backoff_s, out)
+                self._restart(now, "attempt %d failed" % att.number, self._failure_backoff(), out)
             elif self.config.operator_wait_s is not None and self.config.operator_wait_s > 0:
                 self.phase = Phase.AWAITING_OPERATOR
                 wait = self.config.operator_wait_s
@@ -555,6 +573,12 @@ class RunPolicy:
                 out.append(AwaitOperator(att.number, wait if finite else None))
             else:
                 self._end(Verdict(Status.FAILED), out)
+
+    def _failure_backoff(self) -> float:
+        """The wait before restarting a failed attempt: none once its ranks had stepped (a fault in
+        training: every second idle is lost time, and the cause is gone with the process), the
+        configured backoff for a failure before any step (a start-up failure repeats: do not spin)."""
+        return 0.0 if self.att.stepped else self.config.backoff_s
 
     def _lost_reason(self) -> str:
         return "lost %s: reconnecting a node needs the console (mscon attach)" % ", ".join(

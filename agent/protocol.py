@@ -193,6 +193,7 @@ class Start(Message):
     flush_interval_s: float = 0.1
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
     watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
+    keep_runs: int | None = None  # older runs of this node kept as it starts (None: retention.KEEP_RUNS)
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,7 @@ class RankPhase(Message):
 
     type: ClassVar[str] = "rank_phase"
     journaled: ClassVar[bool] = True  # an attaching console's start-up breakdown comes from the journal
+    reported: ClassVar[bool] = True  # a coordinator's policy learns the attempt got past start-up
     node: str
     name: str
     rank: int
@@ -616,6 +618,18 @@ class RunInfo(Message):
     detached: bool = False
     live: bool = False
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class PrunedRun(Message):
+    """One run folder ``mscon prune`` removed from this node (``dry_run``: would remove)."""
+
+    type: ClassVar[str] = "pruned_run"
+    node: str
+    run_id: str
+    bytes: int = 0
+    dry_run: bool = False
+    error: str = ""  # why it could not be removed; "" where it was
 
 
 @dataclass(frozen=True)

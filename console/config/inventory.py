@@ -27,15 +27,19 @@ written there only; brackets say what a missing key means where that is not a pl
     job*             workdir [the inventory's folder]: an existing directory, synced to the nodes
                      script*: a file inside workdir, given relative to it (symlinks resolved)
                      args, resume_args (appended from the second attempt on), exclude: lists
+                     (exclude: .gitignore-style patterns, as the workdir's .gitignore files);
+                     max_workdir_gib > 0: a larger workdir is refused before it is packed
                      env: as a node's env; metrics: {pattern: a regex with named groups
                      step and loss, optionally epoch}
-    restart          max_restarts 0..1000, backoff_s 0..600
+    restart          max_restarts 0..1000, backoff_s 0..600 (waited only after a failure before any step)
     hang             timeout_s 5..86400: seconds without output before a rank counts as hung
     checks           shm_min_gib 0..1024
     ssh              known_hosts, config (paths, relative to the inventory's folder);
                      connect_timeout_s (0, 600]; keepalive_s 1..300 (old name:
                      keepalive_interval_s); max_parallel_connects 1..1024
     stop             grace_s 0..600
+    retention        keep_runs 0..100000: each node's newest run folders kept (never a running or
+                     detached run; agent/retention.py)
 
 YAML: the file must be a regular file of at most 1 MiB, UTF-8 without NUL bytes, one document
 nested at most 32 deep, with at most 100,000 values after expanding aliases (billion laughs).

@@ -424,6 +424,26 @@ TABLE += [
         DERIVED,
     ),
     Row(
+        "a failure after the ranks stepped restarts at once: the backoff is for start-up failures",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (stepped(0.5, 0.5), []),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (done(1.2), ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1"]),
+            (started(1.5), []),
+            (P.RankStepped("a", "r0", 1.6), []),  # as the agents say it (any script's first metric)
+            (exited("r1", 1.7, code=7), [FAIL_R1]),
+            (done(1.8), ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed", "start 2"]),
+            (started(1.5), []),
+            (exited("r2", 2.0, code=7), ["stop: r2 on b failed (exit code 7)"]),
+            # attempt 2 failed before any step (a start-up failure, which repeats): the backoff
+            (done(2.2), ["attempt 2 failed", "restart as 3 in 2 s, 0 left: attempt 2 failed"]),
+            (P.Tick(4.3), ["start 3"]),
+        ],
+        {"max_restarts": 3, "backoff_s": 2.0},
+    ),
+    Row(
         "a rank inspected but alive (its agent saw progress) is watched again",
         [
             (P.Begin(0.0), ["start 0"]),
@@ -477,6 +497,10 @@ def test_the_wire_means_the_same_to_both_hosts() -> None:
     )
     assert P.from_message("a", wire.AllExited("a", 5), 2.0) == P.NodeDone("a", 2.0)
     assert P.from_message("a", wire.Ping(), 2.0) is None
+    first = wire.RankPhase("b", "r2", 2, wire.Milestone.FIRST_STEP, 5)
+    assert P.from_message("b", first, 3.0) == P.RankStepped("b", "r2", 3.0)
+    assert P.from_message("b", wire.RankPhase("b", "r2", 2, wire.Milestone.JOINED, 5), 3.0) is None
+    assert wire.RankPhase.reported  # a detached coordinator hears it over the link
 
 
 def test_watchdog_and_hang_rules() -> None:
