@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .checks.smi import GPU_QUERY, parse_gpus, parse_npu_smi
+from .checks.smi import GPU_FORMAT, GPU_QUERY, parse_gpus, parse_npu_smi
 from .checks.tools import find_tool, run_cmd
 
 _MIB = 2**20
@@ -30,7 +30,7 @@ def sample(target: str, timeout_s: float = 5.0) -> dict:
         tool = find_tool("nvidia-smi", env)
         if tool is None:
             return {}
-        ran = run_cmd([tool, GPU_QUERY, "--format=csv,noheader,nounits"], timeout_s)
+        ran = run_cmd([tool, GPU_QUERY, GPU_FORMAT], timeout_s)
         if ran.rc != 0:
             return {}
         out = {}
@@ -47,7 +47,7 @@ def sample(target: str, timeout_s: float = 5.0) -> dict:
         ran = run_cmd([tool, "info"], timeout_s)
         if ran.rc != 0:
             return {}
-        _, chips, _ = parse_npu_smi(ran.out)
+        chips = parse_npu_smi(ran.out).chips
         out = {}
         for i, chip in enumerate(chips):  # chips come in logical device order
             used = chip.hbm_used * _MIB if chip.hbm_used is not None else None

@@ -7,7 +7,7 @@ import re
 
 from .params import Params
 from .results import FAIL, NA, OK, WARN, oneline, result
-from .smi import GPU_QUERY, num, parse_gpu_apps, parse_gpus
+from .smi import GPU_FORMAT, GPU_QUERY, num, parse_gpu_apps, parse_gpus
 from .tools import find_tool, proc_name, run_cmd
 from .visible import visible_entries, visible_result
 
@@ -25,7 +25,7 @@ def check_gpu(p: Params) -> list:
                 "device_target GPU needs the NVIDIA driver; nvidia-smi is not on PATH",
             )
         ]
-    ran = run_cmd([tool, GPU_QUERY, "--format=csv,noheader,nounits"], p.timeout_s, env=env)
+    ran = run_cmd([tool, GPU_QUERY, GPU_FORMAT], p.timeout_s, env=env)
     gpus = parse_gpus(ran.out) if ran.rc == 0 else []
     if ran.rc != 0:
         return [
@@ -63,6 +63,17 @@ def check_gpu(p: Params) -> list:
     else:
         out.append(result("gpu.driver", OK if drivers else NA, drivers[0] if drivers else ""))
     used = [g for g in gpus if g.index in use] if use else gpus
+    mig = [g for g in used if g.mig]
+    if mig:  # only then: a node without MIG keeps its list of checks
+        out.append(
+            result(
+                "gpu.mig",
+                WARN,
+                ", ".join("GPU %s" % g.index for g in mig) + " in MIG mode",
+                "disable MIG (nvidia-smi -i N -mig 0, then reset the GPU), or give each rank a MIG device",
+                "ranks see a MIG GPU's MIG devices (nvidia-smi -L), not the GPU",
+            )
+        )
     out.append(_gpu_busy(p, env, tool, used))
     ecc = [g for g in used if g.ecc]
     if ecc:
@@ -173,8 +184,9 @@ def _gpu_busy(p: Params, env: dict, tool: str, used: list) -> dict:
     by_uuid = {g.uuid: g for g in used}
     procs = []
     if ran.rc == 0:
-        for uuid, pid, mib in parse_gpu_apps(ran.out):
-            g = by_uuid.get(uuid)
+        for app in parse_gpu_apps(ran.out):
+            pid, mib = app.pid, app.used_mib
+            g = by_uuid.get(app.uuid)
             if g is None:
                 continue
             procs.append(

@@ -40,7 +40,8 @@ def check_npu(p: Params) -> list:
                 oneline(ran.out + " " + ran.err, 1000),
             )
         ]
-    version, chips, procs = parse_npu_smi(ran.out)
+    table = parse_npu_smi(ran.out)
+    version, chips, procs = table.version, list(table.chips), table.procs
     names = sorted({c.name for c in chips})
     value = "%d x %s" % (len(chips), "/".join(names)) if chips else "0 NPUs"
     out = []
@@ -82,7 +83,9 @@ def check_npu(p: Params) -> list:
     else:
         out.append(result("npu.health", OK if used else NA, "OK" if used else ""))
     keys = {(c.npu, c.chip) for c in used}
-    busy = ["NPU %d chip %d: pid %d %s" % (n, c, pid, name) for n, c, pid, name in procs if (n, c) in keys]
+    busy = [
+        "NPU %d chip %d: pid %d %s" % (q.npu, q.chip, q.pid, q.name) for q in procs if (q.npu, q.chip) in keys
+    ]
     if busy:
         out.append(
             result(

@@ -510,11 +510,12 @@ def test_ascend_tools_missing(tools: Tools) -> None:
 
 
 def test_parse_npu_smi_table() -> None:
-    version, chips, procs = parse_npu_smi((DATA / "npu-smi-info-910b3x8-unhealthy-busy.txt").read_text())
-    assert version == "23.0.6"
+    table = parse_npu_smi((DATA / "npu-smi-info-910b3x8-unhealthy-busy.txt").read_text())
+    chips = table.chips
+    assert table.version == "23.0.6"
     assert [c.npu for c in chips] == list(range(8))
     assert chips[2].bus == "0000:81:00.0" and (chips[2].hbm_used, chips[2].hbm_total) == (52318, 65536)
-    assert procs == [(2, 0, 1712733, "python3.9")]
+    assert [(q.npu, q.chip, q.pid, q.name) for q in table.procs] == [(2, 0, 1712733, "python3.9")]
 
 
 # ------------------------------------------------------------------ shm, limits, disk
