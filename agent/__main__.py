@@ -5,7 +5,8 @@ Two ways in:
 * ``python -m <agent package> --node NAME``: by hand, and in the agent's own tests.
 * the console's boot code (``console/transport/bundle.py``: ``AGENT_BOOT``), which reads the start header
   (``{"v": 1, "node": NAME, "dir": AGENT_DIR}``, plus ``"mode": "attach", "run": RUN_ID`` to reach
-  a detached run or ``"mode": "ls"`` to list runs, with ``"cache"``: the console's cache folder on
+  a detached run, ``"mode": "ls"`` to list runs or ``"mode": "prune"`` with ``"prune": {"keep": N,
+  "older_than_days": D, "dry_run": B}`` to remove old ones, with ``"cache"``: the console's cache folder on
   the node) from stdin, puts the folder on ``sys.path`` and
   runs this module with the header in ``_BOOT_HEADER``. The node name therefore never appears in
   a command line: not in the one the node's login shell parses, not in the process list.
@@ -27,11 +28,13 @@ def _boot(header: object) -> int:
     assert isinstance(header, dict)
     mode, cache = header.get("mode"), header.get("cache")
     run = header.get("run")
+    prune = header.get("prune")
     return serve(
         node,
         attach=run if mode == "attach" and isinstance(run, str) else None,
         ls=mode == "ls",
         cache=cache if mode and isinstance(cache, str) else None,
+        prune=prune if mode == "prune" and isinstance(prune, dict) else None,
     )
 
 

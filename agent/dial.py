@@ -16,7 +16,8 @@ answered by ``{"id": N, ...}``) on that connection:
   stdout. The agent runs unchanged: it reads fd 0, writes fd 1, and stops its ranks when the
   connection closes. Its stderr and its exit come back as ``stderr`` / ``exited`` notices.
 * ``fetch``: a run folder as a tar.gz stream (``chunk`` answers, then ``ok``); regular files and
-  folders with plain names only, symbolic links never followed.
+  folders with plain names only, symbolic links never followed; less ``layout.not_fetched``
+  (``include``: the parts asked for, ``layout.FETCHED_ON_REQUEST``).
 * ``kill``: kill the agent now (its ranks die with it: parent-death signal).
 
 When the control connection ends (the console closed it, or died), the agent's connection is
@@ -37,7 +38,7 @@ import tarfile
 import threading
 
 try:
-    from .layout import cache_folder, fetched_entries, plain
+    from .layout import cache_folder, fetched_entries, not_fetched, plain
 except ImportError:  # exec'd by the Slurm boot, not imported: layout.py's source came first
     pass
 
@@ -140,7 +141,7 @@ class Dial:
                 self.agent.kill()
             self.send({"id": rid, "ok": True})
         elif op == "fetch":
-            self.fetch(rid, self.path(req["path"]))
+            self.fetch(rid, self.path(req["path"]), tuple(req.get("include") or ()))
             self.send({"id": rid, "ok": True})
         else:
             self.send({"id": rid, "error": "unknown op %r" % (op,)})
@@ -162,7 +163,7 @@ class Dial:
             f.close()
             os.replace(tmp, target)  # atomic: nodes may share a home folder
 
-    def fetch(self, rid, run_dir) -> None:  # noqa: ANN001
+    def fetch(self, rid, run_dir, include=()) -> None:  # noqa: ANN001
         try:
             fd = os.open(run_dir, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
         except OSError:
@@ -170,7 +171,7 @@ class Dial:
         out = _Chunks(self, rid)
         try:
             with tarfile.open(fileobj=out, mode="w|gz", format=tarfile.PAX_FORMAT) as tar:
-                _add_tree(tar, fd)
+                _add_tree(tar, fd, not_fetched(include))
         finally:
             os.close(fd)
         out.flush()
@@ -254,9 +255,9 @@ class _Chunks:
         self.dial.send({"id": self.rid, "chunk": base64.b64encode(data).decode("ascii")})
 
 
-def _add_tree(tar, dir_fd) -> None:  # noqa: ANN001
-    """The run folder into ``tar``, as layout.fetched_entries walks it."""
-    for path, fd in fetched_entries(dir_fd):
+def _add_tree(tar, dir_fd, skip) -> None:  # noqa: ANN001
+    """The run folder into ``tar``, as layout.fetched_entries walks it (``skip``: not_fetched)."""
+    for path, fd in fetched_entries(dir_fd, skip=skip):
         info = tarfile.TarInfo(path)
         if fd is None:
             info.type, info.mode = tarfile.DIRTYPE, 0o755

@@ -9,12 +9,14 @@
         journal.jsonl  state.json        what a later attach and `mscon ls` read (journal.py)
         agent.sock  agent.err            a detached agent's socket and stderr
         work/                            the synced workdir, unpacked (never fetched back)
-        checkpoints/                     the trainer's checkpoints
+        checkpoints/                     the trainer's checkpoints (fetched only when asked)
+        spares/<name>.log                a spare process's output until it becomes a rank (spares.py)
         attempt_<N>/<name>.log           each process's output (name: "r<rank>" or "sched")
         attempt_<N>/<name>.metrics.jsonl its MSCON_METRICS file
 
 ``<home>`` is the home the node's agent runs in (the SSH server's passwd home of the node user;
-the console's own for local nodes). The console fetches a run folder, less ``work/``, to
+the console's own for local nodes). The console fetches a run folder, less ``work/`` and (unless
+asked: ``--fetch checkpoints``) ``checkpoints/``, to
 ``<logs dir>/<run id>/<node>/`` (``LOGS_DIR`` by default): the same names inside.
 
 Stdlib only, Python 3.8 syntax (runs on the nodes). Plain string joins (``posixpath``): the
@@ -34,6 +36,7 @@ RUNS_DIR = "runs"
 SYNC_DIR = "sync"
 WORK_DIR = "work"
 CHECKPOINT_DIR = "checkpoints"
+SPARES_DIR = "spares"
 ATTEMPT_PREFIX = "attempt_"  # + the attempt number
 LOG_SUFFIX = ".log"  # a process's output: <name>.log
 METRICS_SUFFIX = ".metrics.jsonl"  # its MSCON_METRICS file
@@ -42,6 +45,14 @@ STATE = "state.json"
 SOCKET = "agent.sock"  # bound relative to the run folder: absolute paths may pass the 107-byte limit
 ERRORS = "agent.err"  # the daemon's stderr once no console holds it
 LOGS_DIR = "mscon-runs"  # the console's default folder for fetched run folders (relative to its cwd)
+# What of a run folder stays on the node unless asked for (``mscon run --fetch NAME``): NAME -> its folder.
+FETCHED_ON_REQUEST = {"checkpoints": CHECKPOINT_DIR}
+
+
+def not_fetched(include: tuple = ()) -> frozenset:
+    """The top-level names of a run folder the console does not copy back: the synced workdir
+    always (it is no log), and each of :data:`FETCHED_ON_REQUEST` not named in ``include``."""
+    return frozenset([WORK_DIR] + [d for k, d in FETCHED_ON_REQUEST.items() if k not in include])
 
 
 def plain(name: object) -> bool:
@@ -117,6 +128,29 @@ def work_folder(run_dir: str) -> str:
     return posixpath.join(run_dir, WORK_DIR)
 
 
+def spares_folder(run_dir: str) -> str:
+    return posixpath.join(run_dir, SPARES_DIR)
+
+
+def spare_log(run_dir: str, name: str) -> str:
+    return posixpath.join(run_dir, SPARES_DIR, name + LOG_SUFFIX)
+
+
+def spare_order(run_dir: str, name: str) -> str:
+    """What the agent tells a spare to become (argv, environment, folder, log): JSON."""
+    return posixpath.join(run_dir, SPARES_DIR, name + ".order.json")
+
+
+def shm_snapshot_folder(run_dir: str) -> str:
+    """Where the reference trainer keeps its per-step state copies in node memory, by default
+    (``trainer/snapshot.py``, ``candidate_dirs``: the same digest of the checkpoint folder; a test
+    holds the two equal). The agent removes it when the run ends on the node: /dev/shm is RAM."""
+    import hashlib
+
+    key = hashlib.sha256(os.path.abspath(checkpoint_folder(run_dir)).encode()).hexdigest()[:16]
+    return posixpath.join("/dev/shm", "mscon-" + key)
+
+
 def checkpoint_folder(run_dir: str) -> str:
     return posixpath.join(run_dir, CHECKPOINT_DIR)
 
@@ -141,14 +175,18 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
-def fetched_entries(dir_fd: int, prefix: str = "", top: bool = True):  # noqa: ANN201 - a generator
+def fetched_entries(  # noqa: ANN201 - a generator
+    dir_fd: int, prefix: str = "", top: bool = True, skip: frozenset | None = None
+):
     """What is fetched of a run folder open as ``dir_fd``: ``(path, fd)`` for each folder (fd
     None, before what it holds) and each regular file (an fd open for reading, valid until the
     next item), under their plain names, sorted. Every entry is opened relative to its parent
     without following links, so a link (or one swapped in meanwhile) never reads anything outside
-    the run folder; the synced workdir is no log and is left out."""
+    the run folder; the top-level names in ``skip`` (default :func:`not_fetched`: the synced
+    workdir and the checkpoints) are left out."""
+    skip = not_fetched() if skip is None else skip
     for name in sorted(os.listdir(dir_fd)):
-        if (top and name == WORK_DIR) or not plain(name):
+        if (top and name in skip) or not plain(name):
             continue
         path = posixpath.join(prefix, name) if prefix else name
         try:
@@ -162,7 +200,7 @@ def fetched_entries(dir_fd: int, prefix: str = "", top: bool = True):  # noqa: A
                 continue
             try:
                 yield path, None
-                yield from fetched_entries(fd, path, top=False)
+                yield from fetched_entries(fd, path, top=False, skip=skip)
             finally:
                 os.close(fd)
         elif stat.S_ISREG(st.st_mode):

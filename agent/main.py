@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from . import layout
 from . import procs as procmod
 from . import protocol as P
 from .checks.mesh import MeshListener
@@ -32,6 +34,7 @@ from .outbox import ConsoleGone, Outbox
 from .policy import DEFAULT_GRACE_S, HangRule
 from .ranks import Ranks
 from .services import Services, resolve
+from .spares import Spares
 from .streaming import Streaming, Watched
 from .streams import read_lines
 from .tail import LineMetrics
@@ -67,6 +70,7 @@ class Agent(Ranks, Streaming, Services):
         self.all_exited_sent = False
         self.failed = False
         self.stopping: procmod.GroupStop | None = None  # a stop under way, advanced by tick()
+        self.spares = Spares()  # the next attempt's processes, started ahead (Start.spares)
         self._last_flush = 0.0
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
@@ -286,7 +290,10 @@ class Agent(Ranks, Streaming, Services):
             pass  # a full disk must not stop the run; ls shows the last state it could write
 
     def _final_state(self) -> None:
-        """The node's own verdict as the agent leaves (a detached coordinator records the run's)."""
+        """The node's own verdict as the agent leaves (a detached coordinator records the run's);
+        the trainer's state copies in node memory go with the run."""
+        if self.run_dir:
+            shutil.rmtree(layout.shm_snapshot_folder(self.run_dir), ignore_errors=True)
         if not self.run_dir or self._state_extra.get("status", RunStatus.RUNNING) != RunStatus.RUNNING:
             return
         procs = [w.proc for w in self.watched]
@@ -326,8 +333,26 @@ def main(argv: list[str] | None = None) -> int:
     return serve(args.node, attach=args.attach, ls=args.ls, cache=args.cache)
 
 
-def serve(node: str, attach: str | None = None, ls: bool = False, cache: str | None = None) -> int:
-    """Be this node's agent; or relay to a detached run's agent (``attach``); or list runs (``ls``)."""
+def serve(
+    node: str,
+    attach: str | None = None,
+    ls: bool = False,
+    cache: str | None = None,
+    prune: dict | None = None,
+) -> int:
+    """Be this node's agent; or relay to a detached run's agent (``attach``); or list runs (``ls``);
+    or remove old runs (``prune``: keep, older_than_days, dry_run)."""
+    if prune is not None:
+        from .retention import KEEP_RUNS, prune_main
+
+        older = prune.get("older_than_days")
+        return prune_main(
+            node,
+            cache,
+            int(prune.get("keep", KEEP_RUNS)),
+            float(older) if older is not None else None,
+            bool(prune.get("dry_run")),
+        )
     if ls:
         from .detached.relay import ls_main
 

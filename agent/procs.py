@@ -109,7 +109,7 @@ _PRCTL = _load_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _new_session_dying_with_agent() -> None:
+def new_session_dying_with_agent() -> None:
     """Runs in the child between fork and exec: own session, and KILL if the agent dies.
 
     The death signal covers an agent that is itself SIGKILLed (no chance to stop its ranks).
@@ -119,16 +119,30 @@ def _new_session_dying_with_agent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> Proc:
-    log_path = layout.log_file(log_dir, spec.name)
-    metrics_path = layout.metrics_file(log_dir, spec.name)
+def process_env(spec: ProcSpec, log_dir: str, base_env: dict) -> dict:
+    """The environment a process of ``spec`` runs with in the attempt whose folder is ``log_dir``
+    (a cold launch and a spare becoming the rank get the same)."""
     env = dict(base_env)
     env.update(spec.env)
-    env["MSCON_METRICS"] = metrics_path
+    env["MSCON_METRICS"] = layout.metrics_file(log_dir, spec.name)
     prepend = env.pop("MSCON_PATH_PREPEND", "")
     if prepend:
         env["PATH"] = prepend + os.pathsep + env.get("PATH", os.defpath)
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the log file as they are printed
+    return env
+
+
+def attempt_env(attempt: int) -> dict:
+    """What every process of an attempt inherits before its own settings: the agent's environment."""
+    env = dict(os.environ)
+    env["MSCON_ATTEMPT"] = str(attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
+    return env
+
+
+def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> Proc:
+    log_path = layout.log_file(log_dir, spec.name)
+    metrics_path = layout.metrics_file(log_dir, spec.name)
+    env = process_env(spec, log_dir, base_env)
     # Append so that a restarted attempt never truncates what an earlier one wrote.
     with open(log_path, "ab", buffering=0) as log:
         popen = subprocess.Popen(
@@ -139,7 +153,7 @@ def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> 
             stdout=log,
             stderr=subprocess.STDOUT,
             close_fds=True,
-            preexec_fn=_new_session_dying_with_agent,
+            preexec_fn=new_session_dying_with_agent,
         )
     return Proc(spec, popen, log_path, metrics_path)
 

@@ -191,6 +191,7 @@ class Start(Message):
     grace_s: float  # TERM -> KILL; always said (inventory stop.grace_s), so the agent keeps no default
     workdir_archive: str | None = None  # a tar.gz the agent unpacks into cwd first
     flush_interval_s: float = 0.1
+    spares: bool = False  # a restart may follow: once past start-up, prepare the next attempt's ranks
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
     watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
     keep_runs: int | None = None  # older runs of this node kept as it starts (None: retention.KEEP_RUNS)

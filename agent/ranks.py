@@ -26,6 +26,15 @@ class UnsafeArchive(Exception):
     pass
 
 
+def _prune_older_runs(cmd: P.Start, node: str) -> None:
+    """The node's runs beyond the retention count go as this one starts, off the loop's thread:
+    deleting a large run folder must not hold up the ranks."""
+    from .retention import KEEP_RUNS, prune_at_start
+
+    keep = KEEP_RUNS if cmd.keep_runs is None else cmd.keep_runs
+    threading.Thread(target=prune_at_start, args=(cmd.run_dir, node, keep), name="prune", daemon=True).start()
+
+
 class Ranks:
     """Starting, stopping, reaping and reporting the node's processes (``main.Agent``'s state)."""
 
@@ -51,13 +60,17 @@ class Ranks:
         try:
             if os.path.isdir(log_dir) and os.listdir(log_dir):
                 # Never mix two runs' logs: a reused run id would make old lines look new.
-                raise OSError("%s already holds logs of an earlier run with this run id" % log_dir)
+                raise OSError(
+                    "%s already holds logs of an earlier run with this run id: give another "
+                    "--run-id, or remove that run's folder (mscon prune, or rm -r) to reuse the id" % log_dir
+                )
             os.makedirs(log_dir, exist_ok=True)
             if self.journal is None:
                 os.chmod(cmd.run_dir, 0o700)  # logs, journal and (detached) the socket: the user's only
                 self.run_dir = cmd.run_dir
                 self.journal = Journal(cmd.run_dir)
                 self._state_extra["started"] = time.time()
+                _prune_older_runs(cmd, self.node)
             if cmd.workdir_archive:
                 _unpack(cmd.workdir_archive, cmd.cwd)
             if not os.path.isdir(cmd.cwd):
@@ -67,12 +80,13 @@ class Ranks:
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
             return
-        base_env = dict(os.environ)
-        base_env["MSCON_ATTEMPT"] = str(cmd.attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
+        base_env = procmod.attempt_env(cmd.attempt)
         # Scheduler first: workers retry their connection to it, but it should be up early.
         for spec in sorted(cmd.procs, key=lambda s: not s.is_scheduler):
             try:
-                proc = procmod.launch(spec, cmd.cwd, log_dir, base_env)
+                proc = self.spares.take(spec, cmd.run_dir, cmd.attempt, cmd.cwd)
+                if proc is None:
+                    proc = procmod.launch(spec, cmd.cwd, log_dir, base_env)
             except OSError as exc:
                 self.send(P.AgentError(node=self.node, message="cannot start %s: %s" % (spec.name, exc)))
                 self.failed = True
@@ -94,7 +108,21 @@ class Ranks:
                     log_path=proc.log_path,
                 )
             )
+        self.spares.discard()  # those this attempt did not take
         self._save_state()
+
+    def _prepare_spares(self) -> None:
+        """Once every worker of this attempt has stepped (start-up is over, and its CPU is free
+        again), start the next attempt's processes ahead: a restart then skips Python's start and
+        MindSpore's import."""
+        cmd = self.start_cmd
+        if cmd is None or not cmd.spares or self.spares.attempt > cmd.attempt or self.failed:
+            return
+        workers = [w for w in self.watched if not w.proc.spec.is_scheduler]
+        if not workers or not all(w.first_step_said for w in workers):
+            return
+        for error in self.spares.prepare(cmd.run_dir, cmd.attempt + 1, cmd.cwd, cmd.procs):
+            self._note_once(error)
 
     def stop(self, reason: str, grace_s: float) -> None:
         """Stop every process of the node without waiting: TERM now, KILL at the grace deadline.
@@ -109,6 +137,7 @@ class Ranks:
     def stop_and_wait(self, reason: str, grace_s: float, report: bool = True) -> None:
         """Stop every process and block until they are gone: only as the agent leaves, when the
         loop has nothing left to serve."""
+        self.spares.discard()
         self.stop(reason, grace_s)
         if self.stopping is None:
             return
@@ -152,6 +181,7 @@ class Ranks:
             self._telemetry()
         if now - self._last_state_check >= _STATE_CHECK_S:
             self._last_state_check = now
+            self._prepare_spares()
             self._check_stopped(now)
             if self.detached is not None:
                 self._check_silent(self.detached.hang_timeout_s or None)

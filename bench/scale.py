@@ -321,11 +321,12 @@ def worker_main(path: str, lines_per_s: float, steps_per_s: float, single: bool)
 def console_imports() -> None:
     global AgentChannel, NodeTransport, Supervisor, RunOptions, EventBus, HeadlessReporter  # noqa: PLW0603
     global load_inventory, AgentEvent, NodeUpdate, NodeState, Stopping, LINE_LIMIT  # noqa: PLW0603
+    global TransportKind  # noqa: PLW0603
     from mscon.console.config.inventory import load_inventory
     from mscon.console.engine.bus import EventBus
     from mscon.console.engine.events import AgentEvent, NodeState, NodeUpdate, Stopping
     from mscon.console.engine.supervisor import RunOptions, Supervisor
-    from mscon.console.transport import AgentChannel, NodeTransport
+    from mscon.console.transport import AgentChannel, NodeTransport, TransportKind
     from mscon.console.transport.base import LINE_LIMIT
     from mscon.console.views.headless.reporter import HeadlessReporter
 
@@ -355,6 +356,8 @@ def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]
             return ""
 
     class SimTransport(NodeTransport):  # type: ignore[misc,valid-type]
+        kind = TransportKind.SSH  # it stands in for SSH nodes
+
         def __init__(self, node: Any, ssh: Any, index: int) -> None:
             super().__init__(node)
             self.ssh = ssh
@@ -380,8 +383,13 @@ def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]
             writer.write(f"node {self.node.name}\n".encode())
             return SimChannel(self.node.name, reader, writer)
 
-        async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
-            return None
+        async def fetch_run_dir(
+            self, remote: str, local: str, logs_root: str | None = None, **_: Any
+        ) -> int:
+            return 0
+
+        async def holds_run(self, run_id: str) -> bool:
+            return False  # simulated nodes keep no run folders
 
         async def close(self) -> None:
             return None

@@ -53,18 +53,34 @@ def save(root: str, rank: int, step: int, params: Any, meta: dict, keep: int) ->
 
 def agree_on_step(root: str, rank: int, size: int, every: int, max_step: int) -> int:
     """The latest step every rank has complete (0: none). A collective: all ranks must call it."""
-    mine = set(complete_steps(root, rank))
-    slots = max_step // every + 1
     if size == 1:
-        return max(mine, default=0)
-    import mindspore as ms
-    import numpy as np
-    from mindspore import nn, ops
+        return max(complete_steps(root, rank), default=0)
+    counts = all_reduce_sum(slot_vector(root, rank, every, max_step))
+    return agreed_step(counts, size, every)
 
+
+def slot_vector(root: str | None, rank: int, every: int, max_step: int) -> Any:
+    """A 0/1 per multiple of ``every`` up to ``max_step``: whether this rank has it complete."""
+    import numpy as np
+
+    slots = max_step // every + 1
     have = np.zeros(slots, dtype=np.float32)
-    for step in mine:
+    for step in complete_steps(root, rank) if root else []:
         if step % every == 0 and step // every < slots:
             have[step // every] = 1.0
+    return have
+
+
+def agreed_step(counts: Any, size: int, every: int) -> int:
+    """The latest slot of summed slot vectors that all ``size`` ranks have (0: none)."""
+    agreed = [i * every for i in range(1, len(counts)) if int(round(float(counts[i]))) == size]
+    return max(agreed, default=0)
+
+
+def all_reduce_sum(vec: Any) -> Any:
+    """AllReduce(SUM) of a float32 numpy vector over the cluster, as numpy."""
+    import mindspore as ms
+    from mindspore import nn, ops
 
     class Count(nn.Cell):
         def __init__(self) -> None:
@@ -74,9 +90,7 @@ def agree_on_step(root: str, rank: int, size: int, every: int, max_step: int) ->
         def construct(self, x: Any) -> Any:
             return self.sum(x)
 
-    counts = Count()(ms.Tensor(have)).asnumpy()
-    agreed = [i * every for i in range(1, slots) if int(round(float(counts[i]))) == size]
-    return max(agreed, default=0)
+    return Count()(ms.Tensor(vec)).asnumpy()
 
 
 def load(root: str, rank: int, step: int) -> tuple[dict[str, Any], dict]:

@@ -154,7 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", help="rank-aware checkpoints: DIR/rank_N/step_S.ckpt")
     g.add_argument("--checkpoint-every", type=int, default=10, help="save every N optimizer steps")
     g.add_argument("--keep-checkpoints", type=int, default=3)
-    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint all ranks have")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest state all ranks have: a snapshot (--snapshot-every) or a checkpoint",
+    )
+    g.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="copy the training state every N steps and write it in the background to node-local memory, "
+        "so a restart loses at most N steps (0: off; off too without --snapshot-dir or --checkpoint-dir: "
+        "mscon adds the latter when it may restart the job)",
+    )
+    g.add_argument(
+        "--snapshot-dir",
+        help="where snapshots go (default: /dev/shm/mscon-<digest of --checkpoint-dir> when it has room, "
+        "else CHECKPOINT_DIR/snapshots)",
+    )
     g.add_argument("--checksum-every", type=int, default=10, help="report a parameter checksum every N steps")
     g.add_argument("--log-rank0-only", action="store_true", help="only rank 0 prints step lines")
     g.add_argument("--profile-steps", help="MindSpore Profiler for steps A:B, e.g. 5:10")
@@ -251,6 +268,8 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
         fail(str(exc))
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir")
+    if args.snapshot_every < 0:
+        fail("--snapshot-every must be >= 0 (0: off)")
     return args
 
 

@@ -18,7 +18,7 @@ from typing import Any
 # Run as a script (`python trainer/train.py`): make `import trainer.x` work from the repo root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer import checkpoint, runners  # noqa: E402
+from trainer import checkpoint, runners, snapshot  # noqa: E402
 from trainer.config import Cluster, cluster_from_env, fail, parse_args, ranks_are_replicas  # noqa: E402
 from trainer.metrics import MetricsWriter, param_checksum  # noqa: E402
 
@@ -201,10 +201,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     total_steps = args.epochs * steps_per_epoch
     start = 0
+    snap_dirs = snapshot.candidate_dirs(args.snapshot_dir, args.checkpoint_dir) if args.snapshot_every else []
+    snaps: list[snapshot.Snapshot] = []
+    from_snapshot = False
     if args.resume:
         # Before the parallel context is set: this AllReduce is a plain graph, which semi/auto
         # parallel would try to shard like the model.
-        start = checkpoint.agree_on_step(args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps)
+        if snap_dirs:
+            snaps = snapshot.newest_valid(snap_dirs, rank)
+            start, from_snapshot = snapshot.agree(
+                args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps, [s.step for s in snaps]
+            )
+        else:
+            start = checkpoint.agree_on_step(
+                args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps
+            )
 
     configure_parallel(ms, args, size)
     ms.set_seed(args.seed)  # identical initial weights and data order on every rank (seed 003)
@@ -214,14 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     runner = runners.make_runner(args.runner, ms, net, loss_fn, opt, size, args)
     if start:
         # Full tensors, loaded before the first compile: a sharded mode slices them there.
-        params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
+        if from_snapshot:
+            snap = next(s for s in snaps if s.step == start)
+            params, meta, what = snapshot.as_params(snap), snap.meta, "snapshot"
+        else:
+            params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
+            what = "checkpoint"
         runner.restore(params)
         if say:
             saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
-            print(f"mscon-trainer: resumed from step {start} (checkpoint saved {saved})", flush=True)
+            print(f"mscon-trainer: resumed from step {start} ({what} saved {saved})", flush=True)
     elif args.resume and say:
         print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
+    snaps = []  # loaded: their memory is not needed any more
+    writer = None
+    if snap_dirs:
+        state = snapshot.named_params(runner.checkpoint_payload())
+        state_bytes = sum(int(p.asnumpy().nbytes) for _, p in state)
+        writer = snapshot.Writer(snapshot.choose_dir(snap_dirs, state_bytes), rank)
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
     step = start
@@ -271,14 +293,23 @@ def main(argv: list[str] | None = None) -> int:
                     {"epoch": epoch + 1},
                     args.keep_checkpoints,
                 )
+            if writer is not None and step % args.snapshot_every == 0:
+                writer.submit(step, state, {"epoch": epoch + 1})
             if (
                 args.die_at_step == step
                 and rank == args.die_rank
                 and os.environ.get("MSCON_ATTEMPT", "0") == "0"
             ):
+                if writer is not None:
+                    writer.wait()  # a test's fault comes after its step's snapshot is safe
                 print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     metrics.close()
+    if writer is not None:
+        writer.wait()
+        if say:
+            print(f"mscon-trainer: {writer.summary()}", flush=True)
+        snapshot.remove(snap_dirs, rank)  # finished: nothing to resume, and /dev/shm is memory
     if say:
         print(f"training finished: {step} steps, {runner.overflows} overflow(s)", flush=True)
     return 0

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import re
-
 from .params import Params
 from .results import FAIL, NA, OK, WARN, oneline, result
 from .smi import GPU_FORMAT, GPU_QUERY, num, parse_gpu_apps, parse_gpus
 from .tools import find_tool, proc_name, run_cmd
 from .visible import visible_entries, visible_result
+from .xid import parse_xids
 
 
 def check_gpu(p: Params) -> list:
@@ -94,10 +93,9 @@ def check_gpu(p: Params) -> list:
     return out
 
 
-# The kernel driver's error reports: "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off
-# the bus." Codes after NVIDIA's Xid catalog; these mean the GPU needs a reset or a repair, the
-# others (13, 31, 43, ...) are mostly a program's faults and are only shown.
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+)")
+# The kernel driver's error reports (checks/xid.py reads them). Codes after NVIDIA's Xid catalog;
+# these mean the GPU needs a reset or a repair, the others (13, 31, 43, ...) are mostly a program's
+# faults and are only shown.
 XID_NEEDS_RESET = {
     48: "double-bit ECC error",
     64: "row remapping failed",
@@ -136,7 +134,7 @@ def _gpu_xid(p: Params, env: dict, tool: str, used: list) -> dict:
     text, how = kernel_log(p, env)
     if text is None:
         return result("gpu.xid", NA, "kernel log not readable", detail=how)
-    events = _XID.findall(text)
+    events = [(x.bus, x.code) for x in parse_xids(text)]
     if not events:
         return result("gpu.xid", OK, "none in the kernel log", detail="read with %s" % how)
     ran = run_cmd([tool, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], p.timeout_s, env=env)
@@ -152,7 +150,7 @@ def _gpu_xid(p: Params, env: dict, tool: str, used: list) -> dict:
         if gpu is not None and gpu not in ours:
             continue  # a GPU the ranks do not use
         label = "GPU %d" % gpu if gpu is not None else "PCI %s" % bus
-        key = (label, int(code))
+        key = (label, code)
         counts[key] = counts.get(key, 0) + 1
     if not counts:
         return result("gpu.xid", OK, "none on the GPUs the ranks use", detail="read with %s" % how)

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import re
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+from .hccn import NET_HEALTH_GOOD, parse_hccn_link, parse_hccn_net_health
 from .params import Params
 from .results import FAIL, NA, OK, WARN, oneline, result
 from .smi import parse_npu_smi
@@ -107,7 +107,7 @@ class _PortCheck(NamedTuple):
 
     name: str
     query: str  # hccn_tool -i N -<query> -g
-    pattern: str  # the port's status in the answer
+    parse: Callable[[str], str | None]  # the port's status in the answer (checks/hccn.py)
     good: str  # that status on a healthy port, lower case
     bad_status: str  # the check's status when a port's is not good
     remedy: str
@@ -119,7 +119,7 @@ _PORT_CHECKS = (
     _PortCheck(
         "npu.link",
         "link",
-        r"link status\s*:\s*(\S+)",
+        parse_hccn_link,
         "up",
         FAIL,
         "check the NPU ports' cables and switch (hccn_tool -i N -link -g)",
@@ -129,8 +129,8 @@ _PORT_CHECKS = (
     _PortCheck(
         "npu.net",
         "net_health",
-        r"net health status\s*:\s*(.+)",
-        "success",
+        parse_hccn_net_health,
+        NET_HEALTH_GOOD.lower(),
         WARN,
         "check the NPU network (hccn_tool -i N -net_health -g; -netdetect -g; -ip -g)",
         "net health other than Success: the detect IP does not answer over the NPU network",
@@ -167,13 +167,13 @@ def _port_result(p: Params, check: _PortCheck, answers: list) -> dict:
     """The ports whose status is not good, else those that could not be asked, else OK."""
     bad, unasked = [], []
     for i, ran in answers:
-        m = re.search(check.pattern, ran.out, re.I)
-        if ran.rc != 0 or not m:
+        status = check.parse(ran.out) if ran.rc == 0 else None
+        if status is None:
             unasked.append(
                 "device %d: %s" % (i, ran.why(p.timeout_s) if ran.rc != 0 else oneline(ran.out, 80))
             )
-        elif m.group(1).strip().lower() != check.good:
-            bad.append("device %d: %s" % (i, m.group(1).strip()))
+        elif status.lower() != check.good:
+            bad.append("device %d: %s" % (i, status))
     if bad:
         return result(check.name, check.bad_status, "; ".join(bad), check.remedy, check.why)
     if unasked:

@@ -14,9 +14,12 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from mscon.agent.layout import LOGS_DIR
+from mscon.agent.layout import FETCHED_ON_REQUEST, LOGS_DIR
+from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
+from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
+from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
-from mscon.console.engine import exit_codes
+from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.commands import StopJob
 from mscon.console.engine.events import RunResult
 from mscon.console.engine.summary import (
@@ -28,9 +31,9 @@ from mscon.console.engine.summary import (
     write_summary,
 )
 from mscon.console.engine.supervisor import RunOptions, Supervisor
+from mscon.console.history.recording import RunRecorders
 from mscon.console.preflight.report import CheckReporter, preflight_record
 from mscon.console.preflight.runner import Preflight, PreflightOptions, all_check_names, known_check
-from mscon.console.views.headless.recorder import EventRecorder
 from mscon.console.views.headless.reporter import HeadlessReporter
 
 
@@ -66,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="launch the job of an inventory on every node and follow it (up: in the live console)",
         description="Launch the inventory's job (or the script given after --) on every node, stream "
         "every rank's output, stop everything when a rank fails, and fetch the logs.",
-        usage="mscon run [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
+        usage="mscon run [options] [INVENTORY | --hosts HOST,... --nproc-per-node N] [-- SCRIPT [ARGS...]]",
     )
     run.add_argument(
         "inventory",
@@ -79,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
     )
     run.add_argument("--run-id", help="use this run id instead of a generated one")
+    run.add_argument(
+        "--fetch",
+        action="append",
+        default=[],
+        choices=sorted(FETCHED_ON_REQUEST),
+        help="also copy this back from the nodes at the end (repeatable; by default checkpoints stay "
+        "on the nodes, in their run folders)",
+    )
     run.add_argument("--workdir", type=Path, help="override job.workdir (synced to the nodes)")
     run.add_argument(
         "--accept-new-host-keys",
@@ -124,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the run, then leave it going on the nodes with no console (mscon attach RUN_ID)",
     )
     run.add_argument("--slurm", action="store_true", help=_SLURM_HELP)
+    run.add_argument(
+        "--no-spares",
+        action="store_true",
+        help="do not start the next attempt's processes ahead (each spare holds an interpreter with "
+        "MindSpore imported, ~0.4 GB, on its node while a restart may come)",
+    )
+    add_adhoc_flags(run)
     check = sub.add_parser(
         "check",
         help="run the preflight checks on every node, start nothing",
@@ -131,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "memory, limits, disk, the scheduler port, interfaces, environment, clocks, a TCP mesh between "
         "the nodes, the job's arguments) and run a real AllReduce over every rank. Exit 0 (warnings "
         "printed), 3 if a check failed, 4 if a node could not be reached.",
-        usage="mscon check [options] [INVENTORY] [-- SCRIPT [ARGS...]]",
+        usage="mscon check [options] [INVENTORY | --hosts HOST,... --nproc-per-node N] [-- SCRIPT [ARGS...]]",
     )
     check.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
     check.add_argument(
@@ -174,24 +192,38 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
     )
+    add_adhoc_flags(check)
     replay = sub.add_parser(
         "replay",
-        help="replay a recorded run (--events) in the live console",
-        description="Feed a recording of console events into the console at --speed x real time.",
+        help="replay a past run (mscon ls lists them) or a recording (--events) in the live console",
+        description="Feed a run's recording of console events (every run keeps one in its folder "
+        "under --logs-dir) or an --events file into the console at --speed x real time.",
     )
-    replay.add_argument("recording", metavar="EVENTS.jsonl", type=Path)
+    replay.add_argument("recording", metavar="RUN_ID|EVENTS.jsonl")
+    replay.add_argument(
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where the runs' folders are"
+    )
     replay.add_argument(
         "--speed", type=float, default=1.0, help="x real time (default 1; 0: as fast as possible)"
     )
     from mscon.console.cli.runs import add_parsers
 
     add_parsers(sub)
+    from mscon.console.cli.prune import add_parser as add_prune_parser
+
+    add_prune_parser(sub)
+    from mscon.console.cli.init import add_parser as add_init_parser
+
+    add_init_parser(sub)
     validate = sub.add_parser(
         "validate",
         help="check inventories without connecting anywhere",
         description="Load and lint inventories offline; exit 0 if all are valid, else 2.",
     )
     validate.add_argument("inventories", nargs="+", metavar="INVENTORY")
+    from mscon.console.cli.completion import add_completion_parser
+
+    add_completion_parser(sub)
     return parser
 
 
@@ -211,9 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay":
         from mscon.console.views.tui.launch import replay_main
 
-        return replay_main(args.recording, args.speed)
+        return replay_main(args.recording, args.logs_dir, args.speed)
     if args.command == "check":
         return _check(args, user_cmd)
+    if args.command == "init":
+        from mscon.console.cli.init import init_main
+
+        return init_main(args, user_cmd)
     if args.command == "validate":
         from mscon.console.cli.validate import validate_main
 
@@ -222,10 +258,18 @@ def main(argv: list[str] | None = None) -> int:
         from mscon.console.cli.runs import attach_main
 
         return attach_main(args, args.command)
+    if args.command == "prune":
+        from mscon.console.cli.prune import prune_main
+
+        return prune_main(args)
     if args.command == "ls":
         from mscon.console.cli.runs import ls_main
 
         return ls_main(args)
+    if args.command == "completion":
+        from mscon.console.cli.completion import completion_main
+
+        return completion_main(parser, args.shell)
     parser.error(f"unknown command {args.command}")
     return exit_codes.USAGE
 
@@ -241,11 +285,22 @@ Job = tuple[Inventory, str | None, tuple[str, ...] | None]
 def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     """The inventory with --workdir applied, and the script and arguments given after --; or an
     exit code after a one-line error."""
-    try:
-        inv = load_inventory_or_default(args.inventory)
-    except InventoryError as exc:
-        print(str(exc), file=sys.stderr)
-        return exit_codes.USAGE
+    flags = adhoc_flags(args)
+    if flags.names_nodes:
+        built = _adhoc_inventory(args, flags, user_cmd)
+        if isinstance(built, int):
+            return built
+        inv = built
+    elif flags.nproc_per_node is not None:
+        return _usage_error(
+            "--nproc-per-node: only with --hosts or --hostfile (an inventory's nodes say theirs)"
+        )
+    else:
+        try:
+            inv = load_inventory_or_default(args.inventory)
+        except InventoryError as exc:
+            print(exc.report(), file=sys.stderr)
+            return exit_codes.USAGE
     if args.slurm or inv.slurm is not None:
         if getattr(args, "detach", False):
             # srun's step ends with the console (and cgroup tracking ends every process in it).
@@ -255,6 +310,11 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
         try:
             inv = apply_allocation(inv)
         except SlurmError as exc:
+            return _usage_error(str(exc))
+    if not flags.names_nodes:
+        try:
+            inv = apply_flags(inv, flags)
+        except AdhocError as exc:
             return _usage_error(str(exc))
     if args.workdir is not None:
         workdir = args.workdir.resolve()
@@ -275,6 +335,39 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     return inv, script, args_tuple
 
 
+def _adhoc_inventory(
+    args: argparse.Namespace, flags: AdhocFlags, user_cmd: list[str] | None
+) -> Inventory | int:
+    """The inventory of --hosts/--hostfile: the workdir is --workdir or the current folder (as
+    msrun and torchrun run the script from there), the script the one after --."""
+    flag = "--hosts" if flags.hosts is not None else "--hostfile"
+    if args.inventory is not None:
+        return _usage_error(
+            f"{flag} replaces an inventory, and {args.inventory} was given as one "
+            f"(the script goes after --: mscon {args.command} {flag} ... -- train.py)"
+        )
+    if args.slurm:
+        return _usage_error(f"{flag}: not with --slurm (the allocation names the nodes)")
+    if getattr(args, "detach", False):
+        # mscon attach finds a detached run's nodes in the inventory file it records.
+        return _usage_error(f"--detach: needs an inventory file; write one with: mscon init {flag} ...")
+    if not user_cmd:
+        return _usage_error(f"{flag}: give the script after --, e.g. -- train.py --epochs 1")
+    workdir = (args.workdir if args.workdir is not None else Path.cwd()).resolve()
+    if not workdir.is_dir():
+        return _usage_error(f"--workdir: no such directory: {args.workdir}")
+    script = _script_in_workdir(user_cmd[0], workdir)
+    if script is None:
+        return _usage_error(
+            f"script {user_cmd[0]} is not a file inside the workdir {workdir} "
+            "(the current folder unless --workdir; it is what gets synced to the nodes)"
+        )
+    try:
+        return adhoc_inventory(flags, workdir, script, user_cmd[1:])
+    except AdhocError as exc:
+        return _usage_error(str(exc))
+
+
 def _skip_checks(names: list[str]) -> tuple[str, ...] | int:
     unknown = [n for n in names if not known_check(n)]
     if unknown:
@@ -290,11 +383,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
     if isinstance(job, int):
         return job
     inv, script, args_tuple = job
+    refused = _refused_workdir(inv)
+    if refused:
+        return _usage_error(refused)
     args.tui = _wants_tui(args) and not args.detach
     if args.command == "up" and not args.tui:
         return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
-        return _usage_error(f"--run-id {args.run_id}: already used ({args.logs_dir / args.run_id} exists)")
+        return _usage_error(run_ids.reuse_hint(args.run_id, str(args.logs_dir / args.run_id)))
     if not (1.0 < args.straggler_factor <= 100.0 and 2 <= args.straggler_window <= 10_000):
         return _usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
@@ -320,11 +416,27 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         operator_wait_s=math.inf if args.tui else None,
         straggler_factor=args.straggler_factor,
         straggler_window=args.straggler_window,
+        fetch=tuple(dict.fromkeys(args.fetch)),
+        spares=not args.no_spares,
     )
     try:
         return asyncio.run(_run_engine(inv, options, args))
     except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
         return exit_codes.INTERRUPTED
+
+
+def _refused_workdir(inv: Inventory) -> str | None:
+    """Why the workdir cannot go to the nodes (``/``, a home folder, too large), before anything is
+    connected or packed; None where it can, or where no node copies it (local nodes run in it)."""
+    from mscon.console.transport.workdir import WorkdirRefused, check_workdir
+
+    if inv.slurm is None and all(n.transport == "local" for n in inv.nodes):
+        return None
+    try:
+        check_workdir(inv.job.workdir, inv.job.exclude, inv.job.max_workdir_gib)
+    except WorkdirRefused as exc:
+        return str(exc)
+    return None
 
 
 def _wants_tui(args: argparse.Namespace) -> bool:
@@ -366,7 +478,7 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     if options.preflight is not None:
         checks = CheckReporter(full=False)
         sup.bus.add_sink("checks", checks.handle)
-    result = await _supervise(sup, args, loop)
+    result = await _supervise(sup, args, loop, history=True)
     sections: dict[str, object] = {}
     if checks is not None and checks.finished is not None:
         sections["preflight"] = preflight_record(checks.results, checks.finished)
@@ -417,19 +529,18 @@ def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
         shutil.rmtree(logs_root, ignore_errors=True)
 
 
-async def _supervise(sup: Supervisor, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> RunResult:
-    """Run the supervisor with the recorder (--events) attached and Ctrl-C/SIGTERM as StopJob."""
-    recorder = None
-    if args.events is not None:
-        recorder = EventRecorder(args.events)
-        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
+async def _supervise(
+    sup: Supervisor, args: argparse.Namespace, loop: asyncio.AbstractEventLoop, history: bool = False
+) -> RunResult:
+    """Run the supervisor with its recorders attached (--events; ``history``: the run folder's
+    recording, for mscon ls and mscon replay RUN_ID) and Ctrl-C/SIGTERM as StopJob."""
+    recorder = RunRecorders(sup.bus, sup.logs_dir if history else None, args.events)
     for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
         loop.add_signal_handler(sig, sup.submit, StopJob(why))
     try:
         return await sup.run()
     finally:
-        if recorder is not None:
-            recorder.close()
+        recorder.close()
 
 
 async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import LogBatch, RunInfo
+from mscon.console.config.adhoc import AdhocError, AdhocFlags
+from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
 from mscon.console.config.safepath import UnsafePath, label
 from mscon.console.detach.attach import Attacher, AttachOptions
@@ -58,9 +61,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     logs.add_argument("--rank", type=int, action="append", metavar="N", help="only rank N (repeatable)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep following the run's logs")
     ls = sub.add_parser(
-        "ls", help="list the runs the nodes hold", description="List runs on the inventory's nodes."
+        "ls",
+        help="list past runs (status, root cause, size), or the runs the nodes hold",
+        description="With no inventory: the runs in --logs-dir, newest first (status, attempts, root "
+        "cause, duration, start, size on disk). With an inventory, --hosts or --nodes: the runs the "
+        "nodes hold.",
     )
-    ls.add_argument("inventory", nargs="?", help="inventory YAML (default: the embedded local inventory)")
+    ls.add_argument("inventory", nargs="?", help="inventory YAML: list the runs its nodes hold")
+    ls.add_argument("--hosts", metavar="HOST,HOST", help="list the runs these nodes hold (as `ssh HOST`)")
+    ls.add_argument(
+        "--nodes", action="store_true", help="list the runs the nodes hold (default: the local inventory's)"
+    )
+    ls.add_argument(
+        "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where past runs' folders are"
+    )
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
     ls.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
 
 
@@ -98,7 +113,7 @@ def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | 
     try:
         inv = _inventory(args.inventory, record)
     except InventoryError as exc:
-        print(str(exc), file=sys.stderr)
+        print(exc.report(), file=sys.stderr)
         return exit_codes.USAGE
     return inv, record
 
@@ -208,10 +223,20 @@ class LogPrinter:
 
 
 def ls_main(args: argparse.Namespace) -> int:
+    if args.inventory is None and args.hosts is None and not args.nodes:
+        return _ls_history(args)
+    if args.inventory is not None and args.hosts is not None:
+        return _error(f"--hosts replaces an inventory, and {args.inventory} was given as one")
     try:
-        inv = _inventory(args.inventory, None)
+        if args.hosts is not None:
+            flags = AdhocFlags(hosts=args.hosts, nproc_per_node=1)
+            inv = adhoc_inventory(flags, Path.cwd(), "", ())  # no job: only the nodes are asked
+        else:
+            inv = _inventory(args.inventory, None)
+    except AdhocError as exc:
+        return _error(str(exc))
     except InventoryError as exc:
-        print(str(exc), file=sys.stderr)
+        print(exc.report(), file=sys.stderr)
         return exit_codes.USAGE
     try:
         runs, errors = asyncio.run(_list(inv, args.accept_new_host_keys))
@@ -219,8 +244,23 @@ def ls_main(args: argparse.Namespace) -> int:
         return exit_codes.INTERRUPTED
     for error in errors:
         print(f"mscon: {printable(error)}", file=sys.stderr)
-    print(format_runs(runs, [p.node.name for p in build_plan(inv, inv.job.script, inv.job.args)]))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in runs], indent=2))
+    else:
+        print(format_runs(runs, [p.node.name for p in build_plan(inv, inv.job.script, inv.job.args)]))
     return exit_codes.UNREACHABLE if errors and not runs else exit_codes.OK
+
+
+def _ls_history(args: argparse.Namespace) -> int:
+    """``mscon ls`` with no nodes named: the runs this folder's consoles started (console/history)."""
+    from mscon.console.history.runs import format_past_runs, past_runs
+
+    runs = past_runs(args.logs_dir)
+    if args.json:
+        print(json.dumps([r.to_json() for r in runs], indent=2))
+    else:
+        print(format_past_runs(runs, args.logs_dir))
+    return exit_codes.OK
 
 
 async def _list(inv: Inventory, accept_new: bool) -> tuple[list[RunInfo], list[str]]:

@@ -1,7 +1,7 @@
 """``mscon validate INVENTORY...``: check inventories without connecting anywhere.
 
-One line per file: ``ok: PATH (N nodes, W ranks)`` on ``out`` for a good one, the loader's
-one-line error on ``err`` for a bad one. Exit status 0 when every file is good, else 2.
+One line per file: ``ok: PATH (N nodes, W ranks)`` on ``out`` for a good one; for a bad one, every
+error the loader found in it, one line each, on ``err``. Exit status 0 when every file is good, else 2.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def validate_main(paths: list[str], out: TextIO | None = None, err: TextIO | Non
         try:
             inv = load_inventory(path)
         except InventoryError as exc:
-            _emit(err, str(exc))
+            for line in exc.lines():  # every error of the file, found in one pass
+                _emit(err, line)
             status = exit_codes.USAGE
             continue
         except Exception as exc:  # a loader bug must still be one line and exit 2

@@ -13,6 +13,23 @@ class InventoryError(Exception):
         self.path, self.line, self.col, self.field, self.message = path, line, col, fieldname, message
         where = f"{path}:{line}:{col}" if line else path
         super().__init__(f"{where}: {fieldname}: {message}" if fieldname else f"{where}: {message}")
+        # Every error found in the file's one pass (this one, the first found, among them).
+        self.all: tuple[InventoryError, ...] = (self,)
+
+    def lines(self) -> list[str]:
+        """Every error of the file, one line each, in the file's order."""
+        return [str(e) for e in sorted(self.all, key=lambda e: (e.line, e.col))]
+
+    def report(self) -> str:
+        """What the user is shown: every error, one per line (no trailing newline)."""
+        return "\n".join(self.lines())
+
+
+def gathered(errors: list[InventoryError]) -> InventoryError:
+    """The first of ``errors`` (so ``str()`` stays the one line it always was), carrying them all."""
+    first = errors[0]
+    first.all = tuple(errors)
+    return first
 
 
 def oneline(text: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mscon.agent.policy import DEFAULT_GRACE_S
+from mscon.agent.retention import KEEP_RUNS
 
 DEVICE_TARGETS = ("GPU", "Ascend", "CPU")
 TRANSPORTS = ("ssh", "local")
@@ -41,6 +42,7 @@ class JobSpec:
     exclude: tuple[str, ...] = ()  # extra glob patterns kept out of the workdir sync
     resume_args: tuple[str, ...] = ()  # appended to the script's args from the second attempt on
     metrics_pattern: str | None = None  # regex for log lines, named groups step, loss (and epoch)
+    max_workdir_gib: float = 4.0  # a larger workdir is refused before it is packed (it goes to every node)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,11 @@ class SshSpec:
 
 
 @dataclass(frozen=True)
+class RetentionSpec:
+    keep_runs: int = KEEP_RUNS  # each node keeps its newest N run folders (never a running or detached one)
+
+
+@dataclass(frozen=True)
 class StopSpec:
     grace_s: float = DEFAULT_GRACE_S
 
@@ -102,6 +109,7 @@ class Inventory:
     stop: StopSpec = StopSpec()
     hang: HangSpec = HangSpec()
     slurm: SlurmNodes | None = None  # nodes from the allocation: ``nodes`` is empty until applied
+    retention: RetentionSpec = RetentionSpec()
 
     @property
     def world_size(self) -> int:

@@ -1,11 +1,17 @@
 """Typed values read off a composed YAML node tree: mappings with known and required keys, lists,
 text, numbers in a range, choices and the field domains, each refusal an ``InventoryError`` that
-points at the value's line and column and names the field."""
+points at the value's line and column and names the field.
+
+One pass finds every error: the schema reads each field through ``gather``, which records a refusal
+and lets reading go on without that field; mappings record unknown, duplicate and missing keys the
+same way (a missing required key raises its recorded error when it is looked up)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 from mscon.console.config.domains import (
@@ -30,7 +36,24 @@ from mscon.console.config.scalars import (
     plain_number,
     show_value,
 )
+from mscon.console.config.suggest import did_you_mean
 from mscon.console.config.yaml_source import Tagged
+
+_T = TypeVar("_T")
+
+
+class Fields(dict[str, yaml.Node]):
+    """A mapping's value nodes by key. Looking up a required key that is missing raises the error
+    already recorded for it, so what depends on it is skipped without a second message."""
+
+    def __init__(self, values: dict[str, yaml.Node], missing: dict[str, InventoryError]) -> None:
+        super().__init__(values)
+        self.missing = missing
+
+    def __missing__(self, key: str) -> yaml.Node:
+        if key in self.missing:
+            raise self.missing[key]
+        raise KeyError(key)
 
 
 class NodeReader:
@@ -39,6 +62,26 @@ class NodeReader:
     def __init__(self, path: Path, tagged: Tagged | None = None) -> None:
         self.path = path
         self.tagged = tagged if tagged is not None else {}
+        self.errors: list[InventoryError] = []  # in the order found
+
+    def note(self, error: InventoryError) -> None:
+        if not any(e is error for e in self.errors):
+            self.errors.append(error)
+
+    def gather(self, read: Callable[..., _T], *args: Any) -> _T | None:
+        """``read(*args)``, or None once its refusal is recorded: reading goes on past a bad field."""
+        try:
+            return read(*args)
+        except InventoryError as exc:
+            self.note(exc)
+            return None
+
+    def field(
+        self, m: dict[str, yaml.Node], key: str, where: str, read: Callable[..., _T], *args: Any
+    ) -> _T | None:
+        """``read(m[key], where, *args)`` gathered: None when the key is missing (a required one's
+        error is recorded already) or its value is refused."""
+        return self.gather(lambda: read(m[key], where, *args))
 
     def fail(self, node: yaml.Node | None, fieldname: str, message: str) -> InventoryError:
         if node is None:
@@ -54,35 +97,52 @@ class NodeReader:
 
     def mapping(
         self, node: yaml.Node, where: str, allowed: dict[str, bool], aliases: dict[str, str] | None = None
-    ) -> dict[str, yaml.Node]:
+    ) -> Fields:
         """Key -> value node; ``allowed`` maps each known key to whether it is required;
-        ``aliases`` maps old key names to current ones."""
+        ``aliases`` maps old key names to current ones. Unknown, duplicate and missing keys are
+        recorded (``errors``), not raised; a value that is not a mapping raises."""
         self.check_tag(node, where or "(top level)")
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, where or "(top level)", f"expected a mapping, got {kind_of(node)}")
         aliases = aliases or {}
         out: dict[str, yaml.Node] = {}
         spelled: dict[str, str] = {}
+        misspelt: dict[str, InventoryError] = {}  # known key -> the unknown key that looks like it
         for key_node, value_node in node.value:
-            key = self.key(key_node, where)
+            key = self.gather(self.key, key_node, where)
+            if key is None:
+                continue
             name = f"{where}.{key_label(key)}" if where else key_label(key)
             canon = aliases.get(key, key)
             if canon in out:
                 other = spelled[canon]
-                raise self.fail(
-                    key_node,
-                    name,
-                    "duplicate key" if other == key else f"duplicate key (also given as {other})",
+                self.note(
+                    self.fail(
+                        key_node,
+                        name,
+                        "duplicate key" if other == key else f"duplicate key (also given as {other})",
+                    )
                 )
+                continue
             if canon not in allowed:
                 known = ", ".join(sorted(allowed))
-                raise self.fail(key_node, name, f"unknown key (known: {known})")
+                meant = did_you_mean(key, [*allowed, *aliases], "keys")
+                error = self.fail(key_node, name, f"unknown key{meant.hint} (known: {known})")
+                self.note(error)
+                if meant.choice:
+                    misspelt.setdefault(aliases.get(meant.choice, meant.choice), error)
+                continue
             out[canon] = value_node
             spelled[canon] = key
+        missing: dict[str, InventoryError] = {}
         for key, required in allowed.items():
             if required and key not in out:
-                raise self.fail(node, f"{where}.{key}" if where else key, "missing required key")
-        return out
+                # A required key given misspelt (device: for devices:) is one error, not two.
+                missing[key] = misspelt.get(key) or self.fail(
+                    node, f"{where}.{key}" if where else key, "missing required key"
+                )
+                self.note(missing[key])
+        return Fields(out, missing)
 
     def key(self, node: yaml.Node, where: str) -> str:
         if not isinstance(node, yaml.ScalarNode):
@@ -157,7 +217,8 @@ class NodeReader:
         what = f"one of {', '.join(choices)}"
         value = self.text(node, where, what, 64)
         if value not in choices:
-            raise self.fail(node, where, f"expected {what}, got {show_value(node)}")
+            meant = did_you_mean(value, choices)
+            raise self.fail(node, where, f"expected {what}, got {show_value(node)}{meant.hint}")
         return value
 
     def _number(self, node: yaml.Node, where: str, what: str) -> int | float:
@@ -222,6 +283,9 @@ class NodeReader:
         if value.startswith("-"):
             raise self.fail(node, where, f"a path must not start with '-', got {show_value(node)}")
         return value
+
+    def path_pattern(self, node: yaml.Node, where: str) -> str:
+        return self.text(node, where, "a glob pattern", noun="a glob pattern")
 
     def host(self, node: yaml.Node, where: str) -> str:
         value = self.text(node, where, HOST_WHAT, MAX_HOST, noun="a host")

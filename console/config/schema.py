@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 from mscon.console.config.domains import LABEL_RE, NAME_WHAT, PY_ABS, PY_BARE, USER_RE
+from mscon.console.config.errors import gathered
 from mscon.console.config.limits import MAX_DEVICES_PER_NODE, MAX_NAME, MAX_NODES, MAX_USER, MAX_WORLD_SIZE
 from mscon.console.config.model import (
     DEVICE_TARGETS,
@@ -23,6 +24,7 @@ from mscon.console.config.model import (
     JobSpec,
     NodeSpec,
     RestartSpec,
+    RetentionSpec,
     SchedulerSpec,
     SlurmNodes,
     SshSpec,
@@ -45,6 +47,7 @@ _TOP = {
     "checks": False,
     "ssh": False,
     "stop": False,
+    "retention": False,
 }
 _NODE_KEYS = {
     "host": True,
@@ -67,24 +70,28 @@ _JOB_KEYS = {
     "env": False,
     "exclude": False,
     "metrics": False,
+    "max_workdir_gib": False,
 }
 
 
 def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
     """The inventory at ``path`` from its composed root node; relative paths resolve against its folder."""
+    # Each field is read through r.gather: a bad one is recorded and skipped, so one pass reports
+    # every error; the model is built only when there is none.
     top = r.mapping(root, "", _TOP)
-    name = r.matching(top["name"], "name", LABEL_RE, NAME_WHAT, MAX_NAME, noun="a name")
-    target = r.choice(top["device_target"], "device_target", DEVICE_TARGETS)
+    name = r.field(top, "name", "name", r.matching, LABEL_RE, NAME_WHAT, MAX_NAME, "a name")
+    target = r.field(top, "device_target", "device_target", r.choice, DEVICE_TARGETS)
 
     defaults: dict[str, Any] = {}
     if "defaults" in top:
-        defaults = _node_fields(r, r.mapping(top["defaults"], "defaults", _DEFAULT_KEYS), "defaults")
+        m = r.gather(r.mapping, top["defaults"], "defaults", _DEFAULT_KEYS)
+        defaults = _node_fields(r, m, "defaults") if m is not None else {}
 
-    slurm = None
-    if isinstance(top["nodes"], yaml.MappingNode):  # nodes: {from: slurm}
-        slurm, nodes = _slurm_nodes(r, top, defaults), ()
+    slurm, nodes = None, None
+    if isinstance(top.get("nodes"), yaml.MappingNode):  # nodes: {from: slurm}
+        slurm = r.gather(_slurm_nodes, r, top, defaults)
     else:
-        nodes = _nodes(r, top["nodes"], defaults)
+        nodes = r.gather(lambda: _nodes(r, top["nodes"], defaults))
 
     # Each optional section: the keys given, read and checked; a key left out keeps the dataclass's
     # default (the one place defaults are written).
@@ -95,7 +102,7 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         SchedulerSpec,
         {"port": lambda n, w: r.integer(n, w, 1, 65535), "host": r.address},
     )
-    job = _job(r, top["job"], path)
+    job = r.gather(lambda: _job(r, top["job"], path))
     restart = _section(
         r,
         top,
@@ -123,12 +130,18 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         aliases={"keepalive_interval_s": "keepalive_s"},
     )
     stop = _section(r, top, "stop", StopSpec, {"grace_s": lambda n, w: r.number(n, w, 0, 600)})
+    retention = _section(
+        r, top, "retention", RetentionSpec, {"keep_runs": lambda n, w: r.integer(n, w, 0, 100_000)}
+    )
 
+    if r.errors:
+        raise gathered(r.errors)
+    assert name is not None and target is not None and job is not None  # else an error was recorded
     return Inventory(
         path=path,
         name=name,
         device_target=target,
-        nodes=nodes,
+        nodes=nodes or (),
         job=job,
         scheduler=scheduler,
         restart=restart,
@@ -137,6 +150,7 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         stop=stop,
         hang=hang,
         slurm=slurm,
+        retention=retention,
     )
 
 
@@ -152,8 +166,11 @@ def _section(
     the value's node and the field's name for messages); a key left out keeps ``spec``'s default."""
     if key not in top:
         return spec()
-    m = r.mapping(top[key], key, dict.fromkeys(read, False), aliases)
-    return spec(**{k: conv(m[k], f"{key}.{k}") for k, conv in read.items() if k in m})
+    m = r.gather(r.mapping, top[key], key, dict.fromkeys(read, False), aliases)
+    if m is None:
+        return spec()
+    values = {k: r.gather(conv, m[k], f"{key}.{k}") for k, conv in read.items() if k in m}
+    return spec(**{k: v for k, v in values.items() if v is not None})
 
 
 def _nodes(r: NodeReader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tuple[NodeSpec, ...]:
@@ -168,64 +185,79 @@ def _nodes(r: NodeReader, nodes_node: yaml.Node, defaults: dict[str, Any]) -> tu
     world = 0
     for i, item in enumerate(nodes_node.value):
         where = f"nodes[{i}]"
-        m = r.mapping(item, where, _NODE_KEYS)
+        m = r.gather(r.mapping, item, where, _NODE_KEYS)
+        if m is None:
+            continue
         fields = {**defaults, **_node_fields(r, m, where)}
-        host = r.host(m["host"], f"{where}.host")
-        devices = r.integer(
-            m["devices"],
+        host = r.field(m, "host", f"{where}.host", r.host)
+        devices = r.field(
+            m,
+            "devices",
             f"{where}.devices",
+            r.integer,
             1,
             MAX_DEVICES_PER_NODE,
             f"a positive integer (at most {MAX_DEVICES_PER_NODE})",
         )
-        world += devices
-        if world > MAX_WORLD_SIZE:
-            raise r.fail(m["devices"], f"{where}.devices", f"the world size exceeds {MAX_WORLD_SIZE} ranks")
-        if "name" in m:
-            node_name = r.matching(m["name"], f"{where}.name", LABEL_RE, NAME_WHAT, MAX_NAME, noun="a name")
-        elif LABEL_RE.fullmatch(host) and len(host) <= MAX_NAME:
-            node_name = host
-        else:
-            raise r.fail(
-                m["host"],
-                f"{where}.name",
-                f"missing: the host {host!r} cannot be the node's name; add name: ({NAME_WHAT})",
-            )
+        if devices is not None:
+            world += devices
+            if world > MAX_WORLD_SIZE:
+                too_many = f"the world size exceeds {MAX_WORLD_SIZE} ranks"
+                r.note(r.fail(m["devices"], f"{where}.devices", too_many))
+        node_name = r.gather(_node_name, r, m, where, host)
+        if host is None or devices is None or node_name is None:
+            continue  # its errors are recorded; the checks across nodes need these three
         key = (host, fields.get("port"), fields.get("user"))
         if key in seen_hosts and fields.get("transport", NodeSpec.transport) == "ssh":
-            raise r.fail(
-                m["host"], f"{where}.host", f"duplicate host {host!r} (same port and user as another node)"
-            )
+            twice = f"duplicate host {host!r} (same port and user as another node)"
+            r.note(r.fail(m["host"], f"{where}.host", twice))
         # Names become folder names on every node: compare them as a case-insensitive file system would.
         folded = node_name.casefold()
         if folded in seen_names:
             same = (
                 "" if seen_names[folded] == node_name else f" (same as {seen_names[folded]!r} ignoring case)"
             )
-            raise r.fail(
-                m.get("name", m["host"]), f"{where}.name", f"duplicate node name {node_name!r}{same}"
+            r.note(
+                r.fail(m.get("name", m["host"]), f"{where}.name", f"duplicate node name {node_name!r}{same}")
             )
         seen_names[folded] = node_name
         seen_hosts.add(key)
         env = {**defaults.get("env", {}), **fields.pop("env", {})}
         nodes.append(NodeSpec(name=node_name, host=host, devices=devices, env=env, **fields))
-    if any(n.transport == "local" for n in nodes) and len(nodes) > 1:
+    if any(n.transport == "local" for n in nodes) and len(nodes_node.value) > 1:
         raise r.fail(nodes_node, "nodes", "a local node must be the only node of its inventory")
     return tuple(nodes)
 
 
+def _node_name(r: NodeReader, m: dict[str, yaml.Node], where: str, host: str | None) -> str | None:
+    """The node's name: its name key, else its host where that is a valid name."""
+    if "name" in m:
+        return r.matching(m["name"], f"{where}.name", LABEL_RE, NAME_WHAT, MAX_NAME, noun="a name")
+    if host is None:
+        return None
+    if LABEL_RE.fullmatch(host) and len(host) <= MAX_NAME:
+        return host
+    raise r.fail(
+        m["host"],
+        f"{where}.name",
+        f"missing: the host {host!r} cannot be the node's name; add name: ({NAME_WHAT})",
+    )
+
+
 def _slurm_nodes(r: NodeReader, top: dict[str, yaml.Node], defaults: dict[str, Any]) -> SlurmNodes:
     m = r.mapping(top["nodes"], "nodes", {"from": True, "devices": False})
-    r.choice(m["from"], "nodes.from", ("slurm",))
-    if "defaults" in top:
+    r.field(m, "from", "nodes.from", r.choice, ("slurm",))
+    if isinstance(top.get("defaults"), yaml.MappingNode):
         for key, value in top["defaults"].value:
             if key.value == "transport":
-                raise r.fail(value, "defaults.transport", "nodes from slurm are reached through srun")
+                r.note(r.fail(value, "defaults.transport", "nodes from slurm are reached through srun"))
     devices = None
     if "devices" in m:
-        devices = r.integer(
-            m["devices"],
+        devices = r.field(
+            m,
+            "devices",
             "nodes.devices",
+            r.integer,
             1,
             MAX_DEVICES_PER_NODE,
             f"a positive integer (at most {MAX_DEVICES_PER_NODE})",
@@ -234,52 +266,99 @@ def _slurm_nodes(r: NodeReader, top: dict[str, yaml.Node], defaults: dict[str, A
 
 
 def _node_fields(r: NodeReader, m: dict[str, yaml.Node], where: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if "transport" in m:
-        out["transport"] = r.choice(m["transport"], f"{where}.transport", TRANSPORTS)
-    if "user" in m:
-        out["user"] = r.matching(
-            m["user"],
-            f"{where}.user",
+    """The node settings given in ``m`` (a node, or defaults); a refused one is recorded and left out."""
+    read: dict[str, Callable[[yaml.Node, str], Any]] = {
+        "transport": lambda n, w: r.choice(n, w, TRANSPORTS),
+        "user": lambda n, w: r.matching(
+            n,
+            w,
             USER_RE,
             f"a login name ([A-Za-z_][A-Za-z0-9._-]*, at most {MAX_USER})",
             MAX_USER,
             noun="a login name",
-        )
-    if "port" in m:
-        out["port"] = r.integer(m["port"], f"{where}.port", 1, 65535)
-    if "python" in m:
-        py = r.text(m["python"], f"{where}.python", "an absolute path or a command name", noun="a path")
-        if not (PY_ABS.fullmatch(py) or PY_BARE.fullmatch(py)):
-            raise r.fail(
-                m["python"],
-                f"{where}.python",
-                "expected an absolute path or a bare command name (letters, digits, and . _ + - @ = , ~ /; "
-                f"no spaces, quotes or shell characters), got {show_value(m['python'])}",
-            )
-        out["python"] = py
-    if "identity_file" in m:
-        out["identity_file"] = os.path.expanduser(r.path_text(m["identity_file"], f"{where}.identity_file"))
-    if "address" in m:
-        out["address"] = r.address(m["address"], f"{where}.address")
-    if "env" in m:
-        out["env"] = r.env_map(m["env"], f"{where}.env")
+        ),
+        "port": lambda n, w: r.integer(n, w, 1, 65535),
+        "python": lambda n, w: _python(r, n, w),
+        "identity_file": lambda n, w: os.path.expanduser(r.path_text(n, w)),
+        "address": r.address,
+        "env": r.env_map,
+    }
+    out: dict[str, Any] = {}
+    for key, conv in read.items():
+        if key in m:
+            value = r.field(m, key, f"{where}.{key}", conv)
+            if value is not None:
+                out[key] = value
     return out
 
 
-def _job(r: NodeReader, node: yaml.Node, path: Path) -> JobSpec:
+def _python(r: NodeReader, node: yaml.Node, where: str) -> str:
+    py = r.text(node, where, "an absolute path or a command name", noun="a path")
+    if not (PY_ABS.fullmatch(py) or PY_BARE.fullmatch(py)):
+        raise r.fail(
+            node,
+            where,
+            "expected an absolute path or a bare command name (letters, digits, and . _ + - @ = , ~ /; "
+            f"no spaces, quotes or shell characters), got {show_value(node)}",
+        )
+    return py
+
+
+def _job(r: NodeReader, node: yaml.Node, path: Path) -> JobSpec | None:
+    """The job section; None when a part it cannot do without was refused (the error is recorded)."""
     m = r.mapping(node, "job", _JOB_KEYS)
+    workdir = r.gather(_workdir, r, m, node, path)
+    script = r.gather(_script, r, m, workdir)
+    pattern = None
+    if "metrics" in m:
+        mm = r.field(m, "metrics", "job.metrics", r.mapping, {"pattern": True})
+        if mm is not None:
+            pattern = r.field(mm, "pattern", "job.metrics.pattern", lambda n, w: _metrics_pattern(r, n, w))
+    excludes = (r.field(m, "exclude", "job.exclude", r.sequence) or []) if "exclude" in m else []
+    exclude = tuple(
+        r.gather(r.path_pattern, n, f"job.exclude[{i}]")
+        for i, n in enumerate(excludes)
+    )
+    args = r.field(m, "args", "job.args", r.words) if "args" in m else ()
+    env = r.field(m, "env", "job.env", r.env_map) if "env" in m else {}
+    resume_args = r.field(m, "resume_args", "job.resume_args", r.words) if "resume_args" in m else ()
+    limit = {}  # job.max_workdir_gib: left out, the dataclass's default
+    if "max_workdir_gib" in m:
+        gib = r.field(m, "max_workdir_gib", "job.max_workdir_gib", r.number, 0, 1 << 20, True)
+        limit = {"max_workdir_gib": gib} if gib is not None else {}
+    if workdir is None or script is None or args is None or env is None or resume_args is None:
+        return None
+    return JobSpec(
+        workdir=workdir,
+        script=script,
+        args=args,
+        env=env,
+        exclude=tuple(e for e in exclude if e is not None),
+        resume_args=resume_args,
+        metrics_pattern=pattern,
+        **limit,
+    )
+
+
+def _workdir(r: NodeReader, m: dict[str, yaml.Node], node: yaml.Node, path: Path) -> Path:
     if "workdir" in m:
         workdir = _resolve(r, path, m["workdir"], "job.workdir")
     else:
         workdir = _safe(lambda: path.parent.resolve()) or path.parent.absolute()
     if not _safe(workdir.is_dir):
         raise r.fail(m.get("workdir", node), "job.workdir", f"no such directory: {workdir}")
+    return workdir
+
+
+def _script(r: NodeReader, m: dict[str, yaml.Node], workdir: Path | None) -> str:
+    """job.script, checked to be a file inside the workdir (where the workdir could be read)."""
     script = r.path_text(m["script"], "job.script")
     if os.path.isabs(script) or script.startswith("~"):
         raise r.fail(
             m["script"], "job.script", "must be relative to job.workdir (the workdir is synced to the nodes)"
         )
+    if workdir is None:
+        return script
     target = _safe(lambda: (workdir / script).resolve())
     if target is None or target == workdir or not target.is_relative_to(workdir):
         raise r.fail(
@@ -289,23 +368,7 @@ def _job(r: NodeReader, node: yaml.Node, path: Path) -> JobSpec:
         )
     if not _safe(target.is_file):
         raise r.fail(m["script"], "job.script", f"no such file: {workdir / script}")
-    pattern = None
-    if "metrics" in m:
-        mm = r.mapping(m["metrics"], "job.metrics", {"pattern": True})
-        pattern = _metrics_pattern(r, mm["pattern"], "job.metrics.pattern")
-    excludes = r.sequence(m["exclude"], "job.exclude") if "exclude" in m else []
-    return JobSpec(
-        workdir=workdir,
-        script=script,
-        args=r.words(m["args"], "job.args") if "args" in m else (),
-        env=r.env_map(m["env"], "job.env") if "env" in m else {},
-        exclude=tuple(
-            r.text(n, f"job.exclude[{i}]", "a glob pattern", noun="a glob pattern")
-            for i, n in enumerate(excludes)
-        ),
-        resume_args=r.words(m["resume_args"], "job.resume_args") if "resume_args" in m else (),
-        metrics_pattern=pattern,
-    )
+    return script
 
 
 def _metrics_pattern(r: NodeReader, node: yaml.Node, where: str) -> str:

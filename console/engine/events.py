@@ -225,6 +225,17 @@ class StragglerSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchSummary:
+    """What came back of one node's run folder at the end (the summary's record of it)."""
+
+    node: str
+    path: str
+    bytes: int
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     run_id: str
     status: JobState
@@ -238,6 +249,7 @@ class RunResult:
     divergent_ranks: tuple[str, ...] = ()
     dropped: tuple[tuple[str, int], ...] = ()  # (sink, metric updates it lost by lagging)
     stragglers: tuple[StragglerSummary, ...] = ()
+    fetched: tuple[FetchSummary, ...] = ()  # each node's run folder copied back (logs, not checkpoints)
 
     def to_json(self) -> dict[str, Any]:
         return typing.cast(dict[str, Any], dump(self))
@@ -393,6 +405,20 @@ class LogsFetched(Event):
     node: str
     path: str
     error: str | None = None
+    bytes: int = 0  # copied back
+    seconds: float = 0.0  # the copy took
+
+
+@dataclass(frozen=True, slots=True)
+class FetchProgress(Event):
+    """The run folders coming back at the end, so far (every half second while they come)."""
+
+    kind: ClassVar[str] = "fetch_progress"
+    attempt: int
+    bytes: int
+    nodes_done: int
+    nodes: int
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +482,14 @@ def from_json(raw: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event kind {raw.get('kind')!r}")
     return typing.cast(Event, _load(cls, raw))
+
+
+def result_from_json(raw: dict[str, Any]) -> RunResult:
+    """The RunResult ``RunResult.to_json`` produced (a summary file; extra sections are ignored);
+    ValueError, TypeError or KeyError for anything else."""
+    if not isinstance(raw, dict):
+        raise ValueError("not a run summary")
+    return typing.cast(RunResult, _load(RunResult, raw))
 
 
 def _load(tp: Any, raw: Any) -> Any:

@@ -20,6 +20,7 @@ from mscon.agent.protocol import (
     Hello,
     Message,
     Ping,
+    PrunedRun,
     Resolve,
     Resolved,
     RunInfo,
@@ -27,16 +28,37 @@ from mscon.agent.protocol import (
 )
 from mscon.console.config import safepath
 from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.engine import run_ids
 from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since, wait_or_cancel
-from mscon.console.engine.events import Event, LogsFetched, NodeState, NodeUpdate, Notice
+from mscon.console.engine.events import Event, FetchProgress, LogsFetched, NodeState, NodeUpdate, Notice
 from mscon.console.engine.plan import NodePlan
 from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, make_transport
 from mscon.console.transport.bundle import REMOVE_OLD_AGENTS, WorkdirArchive, agent_bundle, workdir_archive
+from mscon.console.transport.reach import line as reach_line
+from mscon.console.transport.workdir import GIB, WorkdirRefused
 
 HELLO_TIMEOUT_S = 60.0
 M = TypeVar("M", bound=Message)
 _LARGE_ARCHIVE = 64 * 2**20
-_FETCH_TIMEOUT_S = 300.0
+# A fetch is given up when no byte of it came for this long (a large one may take any time).
+_FETCH_STALL_S = 120.0
+_FETCH_PROGRESS_S = 0.5
+_PRUNE_WAIT_S = 600.0
+
+
+async def _unless_stalled(task: asyncio.Future[int], last_heard: Callable[[], float]) -> int:
+    """``task``'s result, or TimeoutError once nothing came for ``_FETCH_STALL_S`` (task cancelled)."""
+    started = time.monotonic()
+    try:
+        while True:
+            await asyncio.wait({task}, timeout=_FETCH_STALL_S / 8)
+            if task.done():
+                return task.result()
+            if time.monotonic() - max(last_heard(), started) > _FETCH_STALL_S:
+                raise TimeoutError(f"nothing came for {_FETCH_STALL_S:g} s")
+    finally:
+        if not task.done():
+            await cancel_and_wait(task)
 
 
 class Inbox(Protocol):
@@ -65,6 +87,7 @@ class NodeLink:
     waiters: dict[str, asyncio.Future[Message]] = field(default_factory=dict)
     hello_waiter: asyncio.Future[Hello | None] | None = None
     remote_archive: str | None = None  # the synced workdir on the node
+    agent_dir: str = ""  # where the agent is deployed on the node (once reached)
 
     @property
     def name(self) -> str:
@@ -126,22 +149,35 @@ class ClusterSession:
     # ------------------------------------------------------------ open
 
     async def open(self) -> list[str]:
-        """Connect and start the agent on every node; one-line errors of the nodes that failed."""
-        if self._syncs and any(link.transport.syncs_workdir for link in self.links.values()):
+        """Connect and start the agent on every node; one-line errors of the nodes that failed.
+        Where the workdir goes to the nodes, it is packed only once every node is reached (an
+        unreachable node costs no packing, and a large workdir no wait before that error)."""
+        links = list(self.links.values())
+        if not (self._syncs and any(link.transport.syncs_workdir for link in links)):
+            return await self._each(links, self._open_one)
+        errors = await self._each(links, self._reach)
+        if errors:
+            return errors
+        try:
             self._archive = await asyncio.to_thread(
-                workdir_archive, self.inv.job.workdir, self.inv.job.exclude
+                workdir_archive,
+                self.inv.job.workdir,
+                self.inv.job.exclude,
+                max_bytes=int(self.inv.job.max_workdir_gib * GIB),
             )
-            if len(self._archive.data) > _LARGE_ARCHIVE:
-                self.emit(
-                    Notice(
-                        self.attempt,
-                        f"the workdir {self.inv.job.workdir} packs to "
-                        f"{len(self._archive.data) / 2**20:.0f} MiB ({self._archive.files} files) and is "
-                        "copied to every node; keep data sets out of it "
-                        "with job.exclude",
-                    )
+        except (WorkdirRefused, OSError) as exc:
+            return [f"cannot pack the workdir: {exc}"]
+        if self._archive.size > _LARGE_ARCHIVE:
+            self.emit(
+                Notice(
+                    self.attempt,
+                    f"the workdir {self.inv.job.workdir} packs to "
+                    f"{self._archive.size / 2**20:.0f} MiB ({self._archive.files} files) and is "
+                    "copied to every node; keep data sets out of it "
+                    "with job.exclude or a .gitignore",
                 )
-        return await self._each(list(self.links.values()), self._open_one)
+            )
+        return await self._each(links, self._start)
 
     async def reopen(self, node: str) -> str | None:
         """Bring a lost node back (a new connection and agent); its error, or None."""
@@ -153,10 +189,19 @@ class ClusterSession:
         return errors[0] if errors else None
 
     async def _open_one(self, link: NodeLink) -> None:
+        await self._reach(link)
+        await self._start(link)
+
+    async def _reach(self, link: NodeLink) -> None:
+        """Connect and deploy the agent (not started yet)."""
         self._state(link.name, NodeState.CONNECTING)
         await link.transport.connect()
         self._state(link.name, NodeState.DEPLOYING)
-        agent_dir = await link.transport.ensure_agent(self._bundle)
+        link.agent_dir = await link.transport.ensure_agent(self._bundle)
+
+    async def _start(self, link: NodeLink) -> None:
+        """Copy the workdir (where it goes), start the agent and wait for its hello."""
+        agent_dir = link.agent_dir
         if self.attach:
             mode = {"mode": "attach", "run": self.run_id, "cache": link.transport.cache_root}
             link.channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
@@ -231,7 +276,8 @@ class ClusterSession:
             else:
                 return None
             link.open = False
-            self._state(link.name, NodeState.UNREACHABLE, link.error)
+            # The one line a user sees: the error, the transport it failed on, and what to do.
+            self._state(link.name, NodeState.UNREACHABLE, reach_line(link.transport.kind, link.error))
             return link.error
 
         results = await asyncio.gather(*(one(link) for link in links))
@@ -318,6 +364,22 @@ class ClusterSession:
 
         await asyncio.gather(*(one(link) for link in self.links.values()))
 
+    async def claim_free_run_id(self, logs_root: Path) -> str:
+        """For a generated run id, once every node is open: the first of the id and its suffixes
+        (``slurm-123``, ``slurm-123.1``, ...) that no node holds a folder for, nor ``logs_root``, so
+        an earlier run's folder is never reused; it becomes this session's id. A node that cannot
+        be asked raises ``NodeUnreachable``."""
+
+        async def taken(run_id: str) -> bool:
+            local = safepath.within(logs_root, run_id)
+            if local.exists() or local.is_symlink():
+                return True
+            links = [link for link in self.links.values() if link.open]
+            return any(await asyncio.gather(*(link.transport.holds_run(run_id) for link in links)))
+
+        self.run_id = await run_ids.first_free(self.run_id, taken)
+        return self.run_id
+
     async def list_runs(self) -> tuple[list[RunInfo], list[str]]:
         """Every run the nodes hold (``mscon ls``), and the one-line errors of unreachable nodes."""
         found: list[RunInfo] = []
@@ -338,6 +400,31 @@ class ClusterSession:
         errors = await self._each(list(self.links.values()), one)
         return found, errors
 
+    async def prune_runs(
+        self, keep: int, older_than_days: float | None, dry_run: bool
+    ) -> tuple[list[PrunedRun], list[str]]:
+        """``mscon prune`` on every node (agent/retention.py decides): the run folders each node
+        removed (or, dry, would), and the one-line errors of unreachable nodes."""
+        found: list[PrunedRun] = []
+        prune = {"keep": keep, "older_than_days": older_than_days, "dry_run": dry_run}
+
+        async def one(link: NodeLink) -> None:
+            self._state(link.name, NodeState.CONNECTING)
+            await link.transport.connect()
+            agent_dir = await link.transport.ensure_agent(self._bundle)
+            mode = {"mode": "prune", "cache": link.transport.cache_root, "prune": prune}
+            channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
+            try:
+                # Deleting one large run folder may take a while: the wait is per answer.
+                while (msg := await asyncio.wait_for(channel.recv(), _PRUNE_WAIT_S)) is not None:
+                    if isinstance(msg, PrunedRun):
+                        found.append(msg)
+            finally:
+                await channel.close(wait_s=5.0)
+
+        errors = await self._each(list(self.links.values()), one)
+        return found, errors
+
     async def cut(self, node: str) -> None:
         """Close one node's channel now (its agent sees EOF and stops its ranks itself)."""
         await self._close_link(self.links[node], 0.5)
@@ -346,21 +433,58 @@ class ClusterSession:
         """Cut every channel now: each agent sees EOF and stops its ranks itself."""
         await asyncio.gather(*(self._close_link(link, 0.5) for link in self.links.values()))
 
-    async def fetch_logs(self, logs_dir: Path) -> None:
+    async def fetch_logs(self, logs_dir: Path, include: tuple[str, ...] = ()) -> None:
+        """Copy each node's run folder back (less its checkpoints unless ``include`` names them:
+        ``layout.FETCHED_ON_REQUEST``); a LogsFetched per node, FetchProgress while they come."""
+        links = [link for link in self.links.values() if link.hello is not None and link.transport.home]
+        moved = dict.fromkeys((link.name for link in links), 0)
+        heard = dict.fromkeys(moved, time.monotonic())
+        done = 0
+        t0 = time.monotonic()
+
         async def one(link: NodeLink) -> None:
-            if link.hello is None or not link.transport.home:
-                return
+            nonlocal done
+
+            def progress(n: int) -> None:  # from a transport's thread too: one writer per key
+                moved[link.name] += n
+                heard[link.name] = time.monotonic()
+
+            start = time.monotonic()
             try:
                 local = safepath.within(logs_dir, link.name)
                 remote = link.transport.run_dir(self.run_id)
-                fetch = link.transport.fetch_run_dir(remote, str(local), logs_root=str(logs_dir))
-                await asyncio.wait_for(fetch, _FETCH_TIMEOUT_S)
-                self.emit(LogsFetched(self.attempt, link.name, str(local)))
+                fetch = link.transport.fetch_run_dir(
+                    remote, str(local), logs_root=str(logs_dir), include=include, progress=progress
+                )
+                size = await _unless_stalled(asyncio.ensure_future(fetch), lambda: heard[link.name])
+                seconds = time.monotonic() - start
+                self.emit(LogsFetched(self.attempt, link.name, str(local), bytes=size, seconds=seconds))
             except Exception as exc:  # noqa: BLE001 - a failed fetch is reported, never fatal
                 error = str(exc) or type(exc).__name__
-                self.emit(LogsFetched(self.attempt, link.name, str(logs_dir / link.name), error=error))
+                self.emit(
+                    LogsFetched(
+                        self.attempt,
+                        link.name,
+                        str(logs_dir / link.name),
+                        error=error,
+                        bytes=moved[link.name],
+                        seconds=time.monotonic() - start,
+                    )
+                )
+            finally:
+                done += 1
 
-        await asyncio.gather(*(one(link) for link in self.links.values()))
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(_FETCH_PROGRESS_S)
+                total = sum(moved.values())
+                self.emit(FetchProgress(self.attempt, total, done, len(links), time.monotonic() - t0))
+
+        reporter = asyncio.get_running_loop().create_task(report(), name="fetch-progress")
+        try:
+            await asyncio.gather(*(one(link) for link in links))
+        finally:
+            await cancel_and_wait(reporter)
 
     async def disconnect(self) -> None:
         async def one(link: NodeLink) -> None:

@@ -40,8 +40,10 @@ from mscon.console.engine.events import (
     Event,
     Failure,
     FailureKind,
+    FetchSummary,
     JobState,
     LinesShown,
+    LogsFetched,
     NodeState,
     NodeUpdate,
     RankState,
@@ -135,6 +137,7 @@ class ClusterState:
         self.checks_finished: ChecksFinished | None = None
         self.flagged: dict[str, StragglerFlagged] = {}  # stragglers of this attempt not cleared since
         self._straggled: dict[tuple[int, str], StragglerSummary] = {}  # every one of the run, for the summary
+        self.fetched: dict[str, FetchSummary] = {}  # node -> its run folder copied back at the end
         self.events = 0
         self._clock = PhaseClock()  # where each attempt's start-up time went (phases())
         # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
@@ -198,6 +201,8 @@ class ClusterState:
         elif isinstance(ev, ChecksFinished):
             self.checks_finished = ev
             self._clock.checks_done(ev.ts_ns)
+        elif isinstance(ev, LogsFetched):
+            self.fetched[ev.node] = FetchSummary(ev.node, ev.path, ev.bytes, ev.seconds, ev.error)
         elif isinstance(ev, RunFinished):
             self.result = ev.result
             self.job = ev.result.status
@@ -464,6 +469,10 @@ class ClusterState:
         """Where this attempt's (default: the current one's) start-up time went, so far."""
         att = att or self.attempt
         return self._clock.phases(att.number) if att is not None else None
+
+    def fetch_summaries(self) -> tuple[FetchSummary, ...]:
+        """Each node's run folder copied back at the end, by node (RunResult.fetched)."""
+        return tuple(self.fetched[n] for n in sorted(self.fetched))
 
     def attempt_summaries(self) -> tuple[AttemptSummary, ...]:
         out = []

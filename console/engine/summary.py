@@ -95,4 +95,5 @@ def run_result(
         divergent_ranks=tuple(sorted(state.divergent)),
         dropped=bus.dropped(),
         stragglers=state.straggler_summaries(),
+        fetched=state.fetch_summaries(),
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import time
 import traceback
 from collections import deque
@@ -35,7 +34,7 @@ from mscon.agent.protocol import (
 from mscon.console.config.inventory import Inventory
 from mscon.console.detach.handover import hand_over
 from mscon.console.detach.record import DetachRecord, write_record
-from mscon.console.engine import exit_codes
+from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
@@ -66,7 +65,7 @@ from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
 from mscon.console.preflight.runner import JobView, Preflight
-from mscon.console.transport import make_transport
+from mscon.console.transport import NodeUnreachable, make_transport
 
 T = TypeVar("T")
 
@@ -74,7 +73,7 @@ _TICK_S = 0.25
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return run_ids.generated_run_id()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +91,8 @@ class RunOptions:
     # After a failed attempt with no restart left: None ends the run (headless); a number of
     # seconds (inf: while the console stays) keeps the agents and waits for the operator's r or q.
     operator_wait_s: float | None = None
+    fetch: tuple[str, ...] = ()  # --fetch: parts of run folders copied back too (layout.FETCHED_ON_REQUEST)
+    spares: bool = True  # --no-spares: no next-attempt processes started ahead (agent/spares.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,7 @@ class Supervisor:
                 self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
             else:
                 await session.close(self.inv.stop.grace_s)
-                await session.fetch_logs(self.logs_dir)
+                await session.fetch_logs(self.logs_dir, self.options.fetch)
             await session.disconnect()
         result = self._result(verdict, time.monotonic() - t0)
         self._write_summary(result)
@@ -238,6 +239,10 @@ class Supervisor:
             if self.options.preflight is not None:
                 self.options.preflight.unreachable(self, session)
             return RunVerdict(JobState.UNREACHABLE, exit_codes.UNREACHABLE, "; ".join(errors))
+        if self.options.run_id is None:  # a generated id never takes over an earlier run's folders
+            claimed = await self._claim_run_id(session)
+            if isinstance(claimed, RunVerdict):
+                return claimed
         found = await self._unless_stopped(scheduler_address(self.inv, self.plans, session))
         if found is None or self._stop_cmd is not None:
             return self._interrupted()
@@ -309,18 +314,21 @@ class Supervisor:
         argv = spec.argv
         if self._is_trainer():
             # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
-            if self._checkpoints() and "--checkpoint-dir" not in argv:
+            if self._restart_may_come() and "--checkpoint-dir" not in argv:
                 assert self.session is not None
                 argv += ("--checkpoint-dir", layout.checkpoint_folder(self.session.run_dir(node)))
+            if self._restart_may_come() and "--snapshot-every" not in argv:
+                # A state copy in node memory every step: a restart resumes at the last step.
+                argv += ("--snapshot-every", "1")
             if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
                 argv += ("--resume",)
         elif number > 0:
             argv += self.inv.job.resume_args
         return argv
 
-    def _checkpoints(self) -> bool:
-        """Whether the trainer keeps checkpoints: only when a restart may come (a budget, or an
-        operator who may press r after a failure)."""
+    def _restart_may_come(self) -> bool:
+        """A budget, or an operator who may press r after a failure: only then does the trainer
+        keep checkpoints and do the agents prepare spare processes (both cost, and pay only then)."""
         return self.max_restarts > 0 or self.options.operator_wait_s is not None
 
     def _policy_config(self) -> policy_mod.PolicyConfig:
@@ -455,7 +463,7 @@ class Supervisor:
             last = self.state.attempt
             if last is not None and last.outcome is Outcome.FAILED:
                 why = f"{why}: {describe(self.state.root_cause())}"
-            if self._is_trainer() and not self._checkpoints() and "--checkpoint-dir" not in self.args:
+            if self._is_trainer() and not self._restart_may_come() and "--checkpoint-dir" not in self.args:
                 why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
             self.emit(Restarting(act.attempt, why, act.backoff_s, act.restarts_left))
         elif isinstance(act, policy_mod.AwaitOperator):
@@ -467,6 +475,23 @@ class Supervisor:
                 )
             )
         return []
+
+    async def _claim_run_id(self, session: ClusterSession) -> RunVerdict | None:
+        """The generated id, or its first suffix no node and no local folder holds (a Slurm job id
+        that came round again): the run takes it before anything is written under it."""
+        try:
+            claimed = await session.claim_free_run_id(self.options.logs_root)
+        except NodeUnreachable as exc:
+            return RunVerdict(JobState.UNREACHABLE, exit_codes.UNREACHABLE, str(exc))
+        except run_ids.RunIdTaken as exc:
+            return RunVerdict(JobState.ERROR, exit_codes.USAGE, str(exc))
+        if claimed != self.run_id:
+            held = f"run id {self.run_id} is held by an earlier run: this run is {claimed}"
+            self.emit(Notice(self.attempt_no, held))
+            self.run_id = claimed
+            self.logs_dir = (self.options.logs_root / claimed).resolve()
+            self.bus.errors_to(self.logs_dir)
+        return None
 
     async def _start_attempt(
         self, session: ClusterSession, number: int
@@ -518,6 +543,8 @@ class Supervisor:
             grace_s=self.inv.stop.grace_s,
             metrics_pattern=self.inv.job.metrics_pattern,
             watchdog_s=self._watchdog_s(),
+            spares=self.options.spares and self._restart_may_come(),
+            keep_runs=self.inv.retention.keep_runs,
         )
 
     # ------------------------------------------------------------ detach

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mscon.console.engine.events import CheckReported, CheckStatus
+from mscon.console.transport import reach
+from mscon.console.transport.base import TransportKind
 from mscon.console.transport.bundle import REMOVE_OLD_AGENTS
 
 ALL = "*"  # the node of a result that is about the cluster, not one node
@@ -253,41 +255,9 @@ def sched_result(
 # ------------------------------------------------------------------ reaching the nodes
 
 
-_REACH = (
-    # (text in the one-line error, short value, remedy)
-    (
-        "HOST KEY MISMATCH",
-        "host key changed",
-        "if the host was reinstalled: ssh-keygen -R HOST, verify the new key, add it",
-    ),
-    (
-        "unknown host key",
-        "unknown host key",
-        "verify the key and add it to known_hosts, or --accept-new-host-keys",
-    ),
-    (
-        "no known host keys",
-        "no known_hosts",
-        "create known_hosts with the node's key, or --accept-new-host-keys",
-    ),
-    (
-        "no SFTP subsystem",
-        "no SFTP",
-        "add 'Subsystem sftp internal-sftp' to the node's sshd_config; reload sshd",
-    ),
-    ("authentication failed", "auth failed", "check user and identity_file: does ssh -i KEY USER@HOST work?"),
-    ("timed out", "timed out", "is the host up and its SSH port open (firewall)? ssh.connect_timeout_s"),
-    ("refused", "refused", "is sshd running on that host and port?"),
-    (
-        "the agent did not start",
-        "no agent",
-        "check the node's python: in the inventory (it must exist there)",
-    ),
-)
-
-
-def reach_result(node: str, error: str) -> CheckReported:
-    """A node the console could not reach or start the agent on; protocol mismatches separately."""
+def reach_result(node: str, kind: TransportKind, error: str) -> CheckReported:
+    """A node the console could not reach or start the agent on, under the name of the transport
+    it failed on (ssh, srun, local); protocol mismatches separately."""
     mismatch = _MISMATCH.search(error)
     if mismatch:
         return result(
@@ -298,10 +268,8 @@ def reach_result(node: str, error: str) -> CheckReported:
             REMOVE_OLD_AGENTS,
             error,
         )
-    for needle, value, remedy in _REACH:
-        if needle.lower() in error.lower():
-            return result(node, "ssh", CheckStatus.FAIL, value, remedy, error)
-    return result(node, "ssh", CheckStatus.FAIL, "unreachable", "see the error", error)
+    found = reach.problem(kind, error)
+    return result(node, kind.value, CheckStatus.FAIL, found.value, found.remedy, error)
 
 
 def protocol_result(node: str, agent: int, console: int) -> CheckReported:

@@ -29,6 +29,7 @@ from mscon.console.engine.events import (
     dump,
 )
 from mscon.console.preflight.checks import ALL
+from mscon.console.transport.base import TransportKind
 from mscon.console.views.headless.reporter import printable
 
 _CELL = 16  # characters of a value shown in the table (the full value is in the list below it)
@@ -151,6 +152,14 @@ def format_table(results: Sequence[CheckReported], nodes: Sequence[str], colour:
     return lines
 
 
+def _reach_only(r: CheckReported) -> bool:
+    """A result of preflight's unreachable nodes: a transport's failure, or an agent's protocol."""
+    return r.name in _REACH_NAMES or r.name == "protocol"
+
+
+_REACH_NAMES = frozenset(k.value for k in TransportKind)
+
+
 def counts(results: Sequence[CheckReported]) -> dict[CheckStatus, int]:
     out = dict.fromkeys(CheckStatus, 0)
     for r in results:
@@ -222,6 +231,10 @@ class CheckReporter:
 
     def _show(self) -> None:
         c = counts(self.results)
+        if c[CheckStatus.FAIL] and all(_reach_only(r) for r in self.results):
+            # Nodes that could not be reached: each one's line (cause, transport, remedy) is out
+            # already; a table of them would say it again, and no --skip-check applies.
+            return
         skipped = self.finished.skipped if self.finished else ()
         tally = f"{c[CheckStatus.OK]} ok, {c[CheckStatus.WARN]} warn, {c[CheckStatus.FAIL]} fail"
         skip_note = f"; skipped (--skip-check): {', '.join(skipped)}" if skipped else ""

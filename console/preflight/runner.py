@@ -122,7 +122,7 @@ class Preflight:
             if link.hello is not None:
                 results.append(cc.protocol_result(link.name, link.hello.protocol, PROTOCOL_VERSION))
             elif link.error:
-                results.append(cc.reach_result(link.name, link.error))
+                results.append(cc.reach_result(link.name, link.transport.kind, link.error))
         for r in results:
             self._emit(sup, r)
         self._finish(sup)

@@ -4,11 +4,18 @@ local default, a subprocess."""
 from __future__ import annotations
 
 from mscon.console.config.inventory import Inventory, NodeSpec
-from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable, TransportKind
 from mscon.console.transport.local import LocalTransport
 from mscon.console.transport.ssh import SshOptions, SshTransport
 
-__all__ = ["AgentChannel", "NodeTransport", "NodeUnreachable", "SshOptions", "make_transport"]
+__all__ = [
+    "AgentChannel",
+    "NodeTransport",
+    "NodeUnreachable",
+    "SshOptions",
+    "TransportKind",
+    "make_transport",
+]
 
 
 def make_transport(inv: Inventory, node: NodeSpec, ssh: SshOptions) -> NodeTransport:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import abc
+import enum
 import os
 import posixpath
+from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from mscon.agent import layout
 from mscon.agent.protocol import Message, ProtocolError, decode, encode
@@ -14,6 +17,15 @@ from mscon.console.config.safepath import UnsafePath, label, remote_within, with
 from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
+Progress = Callable[[int], None]  # told the bytes of a fetch as they arrive
+
+
+class TransportKind(enum.Enum):
+    """How a node is reached: named in every failure, so an srun node's is never called SSH's."""
+
+    SSH = "ssh"
+    SRUN = "srun"
+    LOCAL = "local"
 
 
 class NodeUnreachable(Exception):
@@ -84,6 +96,7 @@ class AgentChannel(abc.ABC):
 
 
 class NodeTransport(abc.ABC):
+    kind: ClassVar[TransportKind]  # each transport names its own
     def __init__(self, node: NodeSpec) -> None:
         self.node = node
         self.home = ""
@@ -134,8 +147,17 @@ class NodeTransport(abc.ABC):
         a relay to a detached run; {"mode": "ls"}: list the node's runs)."""
 
     @abc.abstractmethod
-    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
-        """Copy the node's run directory (logs, metrics; not the synced workdir) to ``local``.
+    async def fetch_run_dir(
+        self,
+        remote: str,
+        local: str,
+        logs_root: str | None = None,
+        include: tuple[str, ...] = (),
+        progress: Progress | None = None,
+    ) -> int:
+        """Copy the node's run directory (logs, metrics; not the synced workdir, and not the
+        checkpoints unless ``include`` names them: ``layout.FETCHED_ON_REQUEST``) to ``local``;
+        the bytes copied. ``progress`` is told each amount of bytes as it arrives.
 
         ``local`` must stay inside ``logs_root`` when given (``UnsafePath``, before anything is
         written). Only plain file names, regular files and folders are copied; symbolic links on
@@ -144,6 +166,11 @@ class NodeTransport(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def holds_run(self, run_id: str) -> bool:
+        """Whether this node already has a folder for ``run_id`` (an earlier run's: the id is taken
+        here). Asked once connected, before a generated id is used."""
 
     @property
     def syncs_workdir(self) -> bool:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import fnmatch
+import gzip
 import hashlib
-import io
 import json
 import os
 import tarfile
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from mscon.agent import AGENT_FILES
-from mscon.agent.layout import AGENT_PREFIX, CACHE_DIR, LOGS_DIR
+from mscon.agent.layout import AGENT_PREFIX, CACHE_DIR
+from mscon.console.transport.workdir import workdir_files
 
 AGENT_PACKAGE = "mscon_agent"  # the agent's import name on the nodes
+UPLOAD_CHUNK = 8 * 2**20  # bytes of the workdir archive read and sent at once
 
 # How the agent starts, on every node and locally alike. The command the node's login shell parses
 # is one FIXED string that holds no inventory value at all (no node name, no python path, no
@@ -92,23 +96,6 @@ def agent_stdin_header(python: str, agent_dir: str, node: str, mode: dict | None
 # What a node whose deployed agent does not match the console is told to do.
 REMOVE_OLD_AGENTS = f"remove ~/{CACHE_DIR}/{AGENT_PREFIX}* on the node and retry"
 
-# Never synced: VCS data, virtual environments, caches, and mscon's own outputs.
-DEFAULT_EXCLUDES = (
-    ".git",
-    ".hg",
-    ".venv",
-    "venv",
-    "__pycache__",
-    "*.pyc",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".mypy_cache",
-    LOGS_DIR,
-    "*.egg-info",
-    "node_modules",
-)
-
-
 @dataclass(frozen=True, slots=True)
 class AgentBundle:
     digest: str
@@ -131,46 +118,64 @@ def agent_bundle() -> AgentBundle:
 @dataclass(frozen=True, slots=True)
 class WorkdirArchive:
     digest: str
-    data: bytes
+    file: BinaryIO  # an unnamed temporary file (gone with the archive): never the whole tree in memory
+    size: int  # bytes of the tar.gz
     files: int
 
     @property
     def filename(self) -> str:
         return f"work-{self.digest}.tar.gz"
 
+    def chunks(self, size: int = UPLOAD_CHUNK) -> Iterator[bytes]:
+        """The archive in pieces; several uploads may read at once (positioned reads)."""
+        fd = self.file.fileno()
+        for offset in range(0, self.size, size):
+            yield os.pread(fd, min(size, self.size - offset), offset)
 
-def workdir_archive(root: Path, extra_excludes: tuple[str, ...] = ()) -> WorkdirArchive:
-    """A reproducible tar.gz of the workdir (sorted, zeroed times), so equal trees hash equal."""
-    patterns = DEFAULT_EXCLUDES + extra_excludes
-    buf = io.BytesIO()
-    count = 0
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = os.path.relpath(dirpath, root)
-            dirnames[:] = sorted(d for d in dirnames if not _excluded(d, rel_dir, patterns))
-            for name in sorted(filenames):
-                if _excluded(name, rel_dir, patterns):
-                    continue
-                full = os.path.join(dirpath, name)
-                if os.path.islink(full) or not os.path.isfile(full):
-                    continue  # links could point outside the workdir: never follow them
-                arc = os.path.normpath(os.path.join(rel_dir, name))
-                info = tar.gettarinfo(full, arcname=arc)
-                info.mtime = 0
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                with open(full, "rb") as f:
-                    tar.addfile(info, f)
-                count += 1
-    data = _strip_gzip_time(buf.getvalue())
-    return WorkdirArchive(digest=hashlib.sha256(data).hexdigest()[:16], data=data, files=count)
+    @property
+    def data(self) -> bytes:
+        """The whole archive in memory (small archives and tests only)."""
+        return b"".join(self.chunks())
 
 
-def _excluded(name: str, rel_dir: str, patterns: tuple[str, ...]) -> bool:
-    rel = os.path.normpath(os.path.join(rel_dir, name))
-    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(rel, p) for p in patterns)
+class _Digesting:
+    """A write-only file that hashes and counts what goes through it."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.hash, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.hash.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
-def _strip_gzip_time(data: bytes) -> bytes:
-    # Bytes 4..8 of a gzip header hold the mtime; zero them so the digest depends on content only.
-    return data[:4] + b"\0\0\0\0" + data[8:] if len(data) > 8 else data
+def workdir_archive(
+    root: Path, extra_excludes: tuple[str, ...] = (), max_bytes: int | None = None
+) -> WorkdirArchive:
+    """A reproducible tar.gz of the workdir (sorted, zeroed times and owners), so equal trees hash
+    equal; written to a temporary file as it is made. What goes in: ``workdir.workdir_files``
+    (WorkdirRefused past ``max_bytes``)."""
+    files = workdir_files(root, extra_excludes, max_bytes)
+    tmp = tempfile.TemporaryFile(prefix="mscon-work-")
+    sink = _Digesting(tmp)
+    # mtime=0 and no file name in the gzip header: the digest depends on the content only.
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=sink, mtime=0) as gz:
+        with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for f in files:
+                try:
+                    src = open(f.path, "rb")  # noqa: SIM115 - closed below, after tar reads it
+                except OSError:
+                    continue  # gone since the walk
+                with src:
+                    info = tar.gettarinfo(fileobj=src, arcname=f.arc)
+                    info.mtime = 0
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, src)
+    tmp.flush()
+    return WorkdirArchive(digest=sink.hash.hexdigest()[:16], file=tmp, size=sink.size, files=len(files))

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from mscon.agent import layout
 from mscon.console.config.safepath import within
-from mscon.console.transport.base import LINE_LIMIT, AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.base import (
+    LINE_LIMIT,
+    AgentChannel,
+    NodeTransport,
+    NodeUnreachable,
+    Progress,
+    TransportKind,
+)
 from mscon.console.transport.bundle import (
     AGENT_PACKAGE,
     AgentBundle,
@@ -69,6 +76,8 @@ class LocalChannel(AgentChannel):
 
 
 class LocalTransport(NodeTransport):
+    kind = TransportKind.LOCAL
+
     async def connect(self) -> None:
         self.home = str(Path.home())
 
@@ -122,30 +131,43 @@ class LocalTransport(NodeTransport):
             start_new_session=True,
         )
 
-    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+    async def fetch_run_dir(
+        self,
+        remote: str,
+        local: str,
+        logs_root: str | None = None,
+        include: tuple[str, ...] = (),
+        progress: Progress | None = None,
+    ) -> int:
         dest = self._fetch_dest(local, logs_root)
         self._check_run_dir(remote)
         try:
             fd = os.open(remote, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return 0
         except OSError:
             if os.path.islink(remote):
-                return  # the run folder itself is a link: not followed
+                return 0  # the run folder itself is a link: not followed
             raise
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            _copy_tree(fd, dest)
+            # In a thread: a large run folder must not hold up the loop (other nodes, the views).
+            return await asyncio.to_thread(_copy_tree, fd, dest, layout.not_fetched(include), progress)
         finally:
             os.close(fd)
+
+    async def holds_run(self, run_id: str) -> bool:
+        return os.path.lexists(self.run_dir(run_id))
 
     async def close(self) -> None:
         return None
 
 
-def _copy_tree(src_fd: int, dest: Path) -> None:
-    """Copy the run folder open as ``src_fd`` into ``dest``, as layout.fetched_entries walks it."""
-    for path, fd in layout.fetched_entries(src_fd):
+def _copy_tree(src_fd: int, dest: Path, skip: frozenset[str], progress: Progress | None) -> int:
+    """Copy the run folder open as ``src_fd`` into ``dest``, as layout.fetched_entries walks it;
+    the bytes copied."""
+    total = 0
+    for path, fd in layout.fetched_entries(src_fd, skip=skip):
         target = within(dest, path)
         if fd is None:
             target.mkdir(exist_ok=True)
@@ -154,4 +176,9 @@ def _copy_tree(src_fd: int, dest: Path) -> None:
             target.unlink()  # never write through a link in the destination either
         out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with os.fdopen(os.dup(fd), "rb") as src, os.fdopen(out_fd, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+                total += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+    return total

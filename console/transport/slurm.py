@@ -30,7 +30,13 @@ from typing import Any
 from mscon.agent import layout
 from mscon.console.config.inventory import Inventory, NodeSpec
 from mscon.console.config.safepath import UnsafePath, is_plain_name, remote_within, within
-from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.base import (
+    AgentChannel,
+    NodeTransport,
+    NodeUnreachable,
+    Progress,
+    TransportKind,
+)
 from mscon.console.transport.bundle import (
     AGENT_BOOT,
     AGENT_PACKAGE,
@@ -77,6 +83,8 @@ class SlurmChannel(AgentChannel):
 
 
 class SlurmTransport(NodeTransport):
+    kind = TransportKind.SRUN
+
     def __init__(self, node: NodeSpec, launcher: SlurmLauncher) -> None:
         super().__init__(node)
         self.launcher = launcher
@@ -125,7 +133,7 @@ class SlurmTransport(NodeTransport):
     async def upload_workdir(self, archive: WorkdirArchive) -> str:
         rel = posixpath.join(layout.SYNC_DIR, archive.filename)
         if not await self._exists(rel):
-            await self._put(rel, archive.data)
+            await self._require().put(rel, archive.chunks())
         return remote_within(self.cache_root, rel)
 
     async def start_agent(self, agent_dir: str, python: str, mode: dict | None = None) -> AgentChannel:
@@ -150,28 +158,41 @@ class SlurmTransport(NodeTransport):
             await channel._write(header)
         return channel
 
-    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+    async def fetch_run_dir(
+        self,
+        remote: str,
+        local: str,
+        logs_root: str | None = None,
+        include: tuple[str, ...] = (),
+        progress: Progress | None = None,
+    ) -> int:
         dest = self._fetch_dest(local, logs_root)  # refused before anything is written
         self._check_run_dir(remote)
         ctl = self._require()
         with tempfile.TemporaryFile() as buf:
-            await ctl.fetch(self._rel(remote), buf)
+            await ctl.fetch(self._rel(remote), buf, include, progress)
             if buf.tell() == 0:
-                return  # no run folder on the node
+                return 0  # no run folder on the node
             buf.seek(0)
             dest.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(_extract, buf, dest)
+            return await asyncio.to_thread(_extract, buf, dest, layout.not_fetched(include))
+
+    async def holds_run(self, run_id: str) -> bool:
+        return await self._exists(self._rel(self.run_dir(run_id)))
 
     async def close(self) -> None:
         await self.launcher.release(self.node.host)
 
 
-def _extract(fileobj: Any, dest: Path) -> None:
-    """Plain names, folders and regular files only; nothing written through a link."""
+def _extract(fileobj: Any, dest: Path, skip: frozenset[str] | None = None) -> int:
+    """Plain names, folders and regular files only (none under a top-level name in ``skip``,
+    default ``layout.not_fetched()``); nothing written through a link. The bytes of the files written."""
+    skip = layout.not_fetched() if skip is None else skip
+    total = 0
     with tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
         for member in tar:
             parts = member.name.split("/")
-            if not all(is_plain_name(p) for p in parts) or parts[0] == layout.WORK_DIR:
+            if not all(is_plain_name(p) for p in parts) or parts[0] in skip:
                 continue
             target = within(dest, *parts)
             if member.isdir():
@@ -191,6 +212,8 @@ def _extract(fileobj: Any, dest: Path) -> None:
                 with os.fdopen(fd, "wb") as out:
                     while data := src.read(1 << 20):
                         out.write(data)
+                        total += len(data)
+    return total
 
 
 # One launcher per session. The session hands every factory call the same SshOptions, whose

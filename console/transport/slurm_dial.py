@@ -20,12 +20,12 @@ import json
 import posixpath
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from enum import StrEnum
 from importlib import resources
 from typing import IO, Any
 
-from mscon.console.transport.base import NodeUnreachable
+from mscon.console.transport.base import NodeUnreachable, Progress
 
 PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
 ENV_ADDR = "MSCON_DIAL_ADDR"
@@ -202,12 +202,20 @@ class Control:
     async def exists(self, rel: str) -> bool:
         return bool((await self.request("exists", path=rel)).get("exists"))
 
-    async def put(self, rel: str, data: bytes) -> None:
-        """A file under the node's mscon folder, sent in parts (the dial writes it atomically)."""
-        for start in range(0, max(len(data), 1), PUT_CHUNK):
-            chunk = data[start : start + PUT_CHUNK]
-            last = start + PUT_CHUNK >= len(data)
-            await self.request("put", path=rel, data=base64.b64encode(chunk).decode("ascii"), last=last)
+    async def put(self, rel: str, data: bytes | Iterable[bytes]) -> None:
+        """A file under the node's mscon folder (or its pieces, in order), sent in parts of at most
+        PUT_CHUNK bytes (the dial writes it atomically)."""
+        pieces = iter([data] if isinstance(data, bytes) else data)
+        held = b""
+        for piece in pieces:
+            held += piece
+            while len(held) > PUT_CHUNK:
+                await self._put_part(rel, held[:PUT_CHUNK], last=False)
+                held = held[PUT_CHUNK:]
+        await self._put_part(rel, held, last=True)
+
+    async def _put_part(self, rel: str, chunk: bytes, last: bool) -> None:
+        await self.request("put", path=rel, data=base64.b64encode(chunk).decode("ascii"), last=last)
 
     async def start_agent(self, token: str, code: str) -> None:
         """Have the dial start the agent on a second connection that presents ``token``."""
@@ -218,11 +226,17 @@ class Control:
     async def kill_agent(self) -> None:
         await self.request("kill")
 
-    async def fetch(self, rel: str, out: IO[bytes]) -> None:
-        """A run folder as tar.gz, written to ``out`` as its chunks come (nothing for no folder)."""
-        async for msg in self.stream("fetch", path=rel):
+    async def fetch(
+        self, rel: str, out: IO[bytes], include: tuple[str, ...] = (), progress: Progress | None = None
+    ) -> None:
+        """A run folder as tar.gz (less ``layout.not_fetched(include)``), written to ``out`` as its
+        chunks come (nothing for no folder); ``progress`` is told each chunk's size."""
+        async for msg in self.stream("fetch", path=rel, include=list(include)):
             if "chunk" in msg:
-                out.write(base64.b64decode(msg["chunk"]))
+                data = base64.b64decode(msg["chunk"])
+                out.write(data)
+                if progress is not None:
+                    progress(len(data))
 
     def close(self) -> None:
         self.writer.close()

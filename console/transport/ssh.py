@@ -13,6 +13,7 @@ import asyncio
 import os
 import posixpath
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,13 @@ import asyncssh
 from mscon.agent import layout
 from mscon.console.config.inventory import Inventory, NodeSpec, SshSpec
 from mscon.console.config.safepath import is_plain_name, remote_within, within
-from mscon.console.transport.base import AgentChannel, NodeTransport, NodeUnreachable
+from mscon.console.transport.base import (
+    AgentChannel,
+    NodeTransport,
+    NodeUnreachable,
+    Progress,
+    TransportKind,
+)
 from mscon.console.transport.bundle import (
     AGENT_PACKAGE,
     AgentBundle,
@@ -114,6 +121,8 @@ class SshChannel(AgentChannel):
 
 
 class SshTransport(NodeTransport):
+    kind = TransportKind.SSH
+
     def __init__(self, node: NodeSpec, inv: Inventory, options: SshOptions) -> None:
         super().__init__(node)
         self.inv = inv
@@ -318,13 +327,15 @@ class SshTransport(NodeTransport):
             raise NodeUnreachable(f"{self._where}: not connected")
         return self.conn, self.sftp
 
-    async def _put_atomic(self, remote: str, data: bytes) -> None:
+    async def _put_atomic(self, remote: str, data: bytes | Iterable[bytes]) -> None:
+        """Write ``data`` (or its pieces, one after the other) to ``remote``, atomically."""
         _, sftp = self._require()
         # Unique per writer: nodes may share one home directory (NFS) and upload the same file at once.
         # Random only: no inventory value (a node name) ever becomes part of a remote path here.
         tmp = f"{remote}.tmp-{secrets.token_hex(8)}"
         async with sftp.open(tmp, "wb") as f:
-            await f.write(data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                await f.write(piece)
         try:
             await sftp.posix_rename(tmp, remote)
         except asyncssh.SFTPError:
@@ -360,7 +371,7 @@ class SshTransport(NodeTransport):
         try:
             if not await sftp.exists(remote):
                 await sftp.makedirs(folder, exist_ok=True)
-                await self._put_atomic(remote, archive.data)
+                await self._put_atomic(remote, archive.chunks())
         except (OSError, asyncssh.Error) as exc:
             raise NodeUnreachable(f"{self._where}: cannot upload the workdir: {exc}") from None
         return remote
@@ -384,34 +395,61 @@ class SshTransport(NodeTransport):
             pass  # it is gone already: the caller sees its output end, and its stderr says why
         return channel
 
-    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+    async def fetch_run_dir(
+        self,
+        remote: str,
+        local: str,
+        logs_root: str | None = None,
+        include: tuple[str, ...] = (),
+        progress: Progress | None = None,
+    ) -> int:
         dest = self._fetch_dest(local, logs_root)  # refused before anything is written
         self._check_run_dir(remote)
         _, sftp = self._require()
         try:
             attrs = await sftp.lstat(remote)
         except asyncssh.SFTPNoSuchFile:
-            return
+            return 0
         if attrs.type != asyncssh.FILEXFER_TYPE_DIRECTORY:
-            return  # not a folder, or a link to one: not followed
+            return 0  # not a folder, or a link to one: not followed
         dest.mkdir(parents=True, exist_ok=True)
         files: list[tuple[str, Path]] = []
-        await self._list_tree(sftp, remote, dest, files, top=True)
+        await self._list_tree(sftp, remote, dest, files, top=True, skip=layout.not_fetched(include))
         sem = asyncio.Semaphore(_FETCH_PARALLEL)
+        total = 0
 
         async def get(src: str, target: Path) -> None:
+            nonlocal total
+            done = 0
+
+            def moved(_src: bytes, _dst: bytes, copied: int, _size: int) -> None:
+                nonlocal done, total
+                if progress is not None:
+                    progress(copied - done)
+                total += copied - done
+                done = copied
+
             async with sem:
                 if target.is_symlink():
                     target.unlink()  # never write through a link in the destination
                 try:
-                    await sftp.get(src, str(target), preserve=False, follow_symlinks=False)
+                    await sftp.get(
+                        src, str(target), preserve=False, follow_symlinks=False, progress_handler=moved
+                    )
                 except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPBadMessage):
                     pass  # gone meanwhile, or turned into a link pointing out of the tree
 
         await asyncio.gather(*(get(src, target) for src, target in files))
+        return total
 
     async def _list_tree(
-        self, sftp: asyncssh.SFTPClient, remote: str, dest: Path, files: list[tuple[str, Path]], top: bool
+        self,
+        sftp: asyncssh.SFTPClient,
+        remote: str,
+        dest: Path,
+        files: list[tuple[str, Path]],
+        top: bool,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
         """Folders under ``remote`` (created under ``dest``) and the regular files to copy. Names the
         node lists are used only when they are plain names; links are skipped, never followed."""
@@ -422,7 +460,7 @@ class SshTransport(NodeTransport):
                     name = name.decode("utf-8")
                 except UnicodeDecodeError:
                     continue
-            if (top and name == layout.WORK_DIR) or not is_plain_name(name):
+            if (top and name in skip) or not is_plain_name(name):
                 continue  # the synced workdir is not a log; "..", "a/b" and odd names never are
             kind = entry.attrs.type
             if kind == asyncssh.FILEXFER_TYPE_DIRECTORY:
@@ -431,6 +469,16 @@ class SshTransport(NodeTransport):
                 await self._list_tree(sftp, remote_within(remote, name), sub, files, top=False)
             elif kind == asyncssh.FILEXFER_TYPE_REGULAR:
                 files.append((remote_within(remote, name), within(dest, name)))
+
+    async def holds_run(self, run_id: str) -> bool:
+        _, sftp = self._require()
+        try:
+            await sftp.lstat(self.run_dir(run_id))
+        except asyncssh.SFTPNoSuchFile:
+            return False
+        except asyncssh.SFTPError as exc:
+            raise NodeUnreachable(f"{self._where}: cannot look for run {run_id}: {exc.reason}") from None
+        return True
 
     async def close(self) -> None:
         if self.sftp is not None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mscon.agent.checks.hccn import parse_hccn_ip, parse_hccn_link, parse_hccn_net_health
 from mscon.agent.checks.smi import (
     parse_gpu_apps,
     parse_gpu_list,
@@ -14,6 +15,7 @@ from mscon.agent.checks.smi import (
     parse_npu_smi,
     parse_smi_table,
 )
+from mscon.agent.checks.xid import parse_xids
 
 DATA = Path(__file__).resolve().parent / "data" / "devices"
 FIXTURES = json.loads((DATA / "index.json").read_text())["fixtures"]
@@ -24,6 +26,8 @@ def test_every_fixture_is_indexed_and_every_index_entry_exists() -> None:
     assert on_disk == {f["file"] for f in FIXTURES}
     assert sum(f["tool"] == "npu-smi info" for f in FIXTURES) >= 10
     assert sum(f["tool"].startswith("nvidia-smi") for f in FIXTURES) >= 10
+    assert sum(f["tool"].startswith("kernel log") for f in FIXTURES) >= 5
+    assert sum(f["tool"] == "hccn_tool" for f in FIXTURES) >= 5
     assert all(f["source"] and f["model"] and f["driver"] for f in FIXTURES)
 
 
@@ -59,6 +63,16 @@ def test_fixture_parses_to_what_a_person_reads(fx: dict) -> None:
     elif tool == "nvidia-smi --query-compute-apps":
         apps = parse_gpu_apps(text)
         assert len(apps) == fx["processes"] and all(a.uuid.startswith("GPU-") for a in apps)
+    elif tool.startswith("kernel log"):
+        got = [
+            {"bus": x.bus, "code": x.code, "pid": x.pid, "process": x.process, "timestamp": x.timestamp}
+            for x in parse_xids(text)
+        ]
+        assert got == fx["xids"]
+    elif tool == "hccn_tool":
+        ip = parse_hccn_ip(text)
+        assert parse_hccn_link(text) == fx["link"] and parse_hccn_net_health(text) == fx["net_health"]
+        assert ([ip.address, ip.netmask] if ip else None) == fx["ip"]
     else:
         pytest.fail(f"no parser for {tool}")
 
@@ -112,3 +126,27 @@ def test_mig_gpu_in_the_query_and_the_table() -> None:
     assert [g.mig for g in q] == [True] and q[0].util is None  # utilization reads [N/A] under MIG
     t = parse_smi_table((DATA / "nvidia-smi/table-linux-geforce-rtx-2080-super-610.57.04.txt").read_text())
     assert t.driver == "610.57.04" and t.gpus[0].mig is None  # KMD Version; MIG M. N/A
+
+
+def test_xid_line_forms_the_fixtures_lack() -> None:
+    # Forms that only code comments and NVIDIA's docs show (no recorded log in the index has them):
+    # no "PCI:" (older drivers), a function suffix, journalctl -o short-iso, pid=0 with an empty name.
+    text = (
+        "2026-03-23T00:00:00+0000 gpu-7 kernel: NVRM: Xid (0000:03:00): 14, Channel 00000001\n"
+        "[ 9902.118836] NVRM: Xid (PCI:0000:90:00.0): 79, pid=0, name=, GPU has fallen off the bus.\n"
+    )
+    old, lost = parse_xids(text)
+    assert (old.bus, old.code, old.timestamp) == ("0000:03:00", 14, "2026-03-23T00:00:00+0000")
+    assert old.message == "Channel 00000001"
+    assert (lost.bus, lost.code, lost.pid, lost.process) == ("0000:90:00", 79, None, None)
+    assert lost.message == "GPU has fallen off the bus."
+    assert parse_xids("[ 1.0] NVRM: GPU at PCI:0000:01:00: GPU-abc\n[ 2.0] NVRM: Xid is not a report\n") == ()
+
+
+def test_hccn_answers_the_fixtures_lack() -> None:
+    # hccn_tool's UB-connected PCIe cards print "link status : %s" (a space before the colon) and
+    # two-word states (hccn_tool source, tool_ub_connect_exec); the old pattern read "PARTIAL".
+    assert parse_hccn_link("link status : PARTIAL LINK\n") == "PARTIAL LINK"
+    assert parse_hccn_link("vnic link status: UP\nvnic ipaddr: 192.0.2.10\n") is None  # another port
+    assert parse_hccn_net_health("net health status: Receive timeout\n") == "Receive timeout"
+    assert parse_hccn_link("") is None and parse_hccn_net_health("dsmi get net health fail\n") is None

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import itertools
+import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ from mscon.agent.protocol import (
     encode,
 )
 from mscon.console.config.inventory import Inventory, NodeSpec
-from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions
+from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, TransportKind
 from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 _SIGNUMS = {"SIGHUP": 1, "SIGINT": 2, "SIGABRT": 6, "SIGKILL": 9, "SIGSEGV": 11, "SIGPIPE": 13, "SIGTERM": 15}
@@ -216,6 +217,8 @@ class FakeCluster:
 
 
 class FakeTransport(NodeTransport):
+    kind = TransportKind.SSH
+
     def __init__(self, node: NodeSpec, cluster: FakeCluster) -> None:
         super().__init__(node)
         self.cluster = cluster
@@ -233,6 +236,9 @@ class FakeTransport(NodeTransport):
     async def ensure_agent(self, bundle: AgentBundle) -> str:
         return f"{self.cache_root}/{bundle.dirname}"
 
+    async def holds_run(self, run_id: str) -> bool:
+        return os.path.lexists(self.run_dir(run_id))  # the fake home is a real folder
+
     async def upload_workdir(self, archive: WorkdirArchive) -> str:
         return f"{self.cache_root}/workdir.tar.gz"
 
@@ -240,8 +246,11 @@ class FakeTransport(NodeTransport):
         self.channel = FakeChannel(self.node, self.cluster)
         return self.channel
 
-    async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None) -> None:
+    async def fetch_run_dir(
+        self, remote: str, local: str, logs_root: str | None = None, include: tuple = (), progress: Any = None
+    ) -> int:
         self.cluster.fetched.append((self.node.name, remote, local))
+        return 0
 
     async def close(self) -> None:
         self.closed = True

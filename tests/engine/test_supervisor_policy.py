@@ -394,12 +394,16 @@ async def test_trainer_checkpoints_from_attempt_0_and_resumes_from_attempt_1(tmp
     for node in ("a", "b"):
         run_dir = run.sup.session.run_dir(node)  # type: ignore[union-attr]
         s0, s1 = (s.msg for s in cluster.sent_of(Start, node))
+        # Durable checkpoints, and a state copy in node memory every step (resume at the last step).
+        added = ("--checkpoint-dir", f"{run_dir}/checkpoints", "--snapshot-every", "1")
         for p in s0.procs:  # type: ignore[attr-defined]
-            assert p.argv[-2:] == ("--checkpoint-dir", f"{run_dir}/checkpoints")
+            assert p.argv[-4:] == added
             assert "--resume" not in p.argv and "--never" not in p.argv
         for p in s1.procs:  # type: ignore[attr-defined]
-            assert p.argv[-3:] == ("--checkpoint-dir", f"{run_dir}/checkpoints", "--resume")
+            assert p.argv[-5:] == (*added, "--resume")
             assert p.argv.count("--resume") == 1 and "--never" not in p.argv
+    # A restart may come: the agents prepare spare processes (agent/spares.py).
+    assert all(s.msg.spares for s in cluster.sent_of(Start))  # type: ignore[attr-defined]
 
 
 async def test_trainer_without_restarts_gets_no_checkpoint_dir(tmp_path: Path) -> None:
@@ -409,6 +413,8 @@ async def test_trainer_without_restarts_gets_no_checkpoint_dir(tmp_path: Path) -
     assert run.result.exit_code == 0
     for s in cluster.sent_of(Start):
         assert all("--checkpoint-dir" not in p.argv for p in s.msg.procs)  # type: ignore[attr-defined]
+        assert all("--snapshot-every" not in p.argv for p in s.msg.procs)  # type: ignore[attr-defined]
+        assert not s.msg.spares  # type: ignore[attr-defined]  # no restart can come: no spares
 
 
 # ------------------------------------------------------------------ 7. RestartGroup

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 from mscon.agent.protocol import Metric
 from mscon.console.engine.state import RankView
 from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers
-from mscon.console.views.tui.feed import ClusterSeries
 from mscon.console.views.tui.filtering import rank_filter
 from mscon.console.views.tui.linestore import LineStore
+from mscon.console.views.tui.series import ClusterSeries
 from mscon.console.views.tui.widgets.log_view import line_style
 from tui_helpers import DATA
 
@@ -50,11 +51,58 @@ def test_cluster_series_counts_each_step_once() -> None:
     s = ClusterSeries()
     for step in range(1, 5):
         for r in ("r0", "r1"):
-            m = _metric(r, step, 10.0 + step)
-            s.observe(m, 0.0)
-            s.observe(m, 0.0)  # the same step again (parsed line and metrics file)
-    xs, loss, thr, unit = s.points(complete_only=False)
-    assert xs == [0.0, 1.0, 2.0, 3.0] and loss == [1.0] * 4 and thr == [2.0] * 4 and unit == "rank steps/s"
+            m = _metric(r, step, 10.0 + step * 0.001, step_time=0.25)  # 4 steps within one second
+            s.observe(m, 0.25)
+            s.observe(m, 0.25)  # the same step again (parsed line and metrics file)
+    p = s.points()
+    assert p.loss_steps == [1.0, 2.0, 3.0, 4.0] and p.loss == [1.0] * 4
+    assert p.throughput_steps == p.loss_steps and p.throughput == [4.0] * 4 and p.unit == "steps/s"
+
+
+def _sampled(name: str, step: int, loss: float, sps: float, epoch: int = 1) -> Metric:
+    return Metric("n", name, int(name[1:]), step, loss, epoch, None, sps, 100.0 + step)
+
+
+def test_cluster_series_means_loss_and_sums_samples_per_step() -> None:
+    s = ClusterSeries()
+    s.observe(_sampled("r0", 1, 2.0, 100.0))
+    p = s.points()  # one rank in: its point is drawn at once, nothing waits for the step to complete
+    assert (p.loss_steps, p.loss, p.throughput, p.unit) == ([1.0], [2.0], [100.0], "samples/s")
+    s.observe(_sampled("r1", 1, 4.0, 300.0))
+    s.observe(_sampled("r0", 2, 1.0, 100.0))
+    p = s.points()
+    assert p.loss_steps == [1.0, 2.0] and p.loss == [3.0, 1.0]
+    assert p.throughput == [400.0, 200.0]  # the ranks' mean x the ranks reporting samples/s
+    s.observe(_sampled("r1", 3, math.nan, 100.0))
+    assert s.points().loss_steps == [1.0, 2.0]  # a NaN loss is not a point
+
+
+def test_cluster_series_lays_epochs_end_to_end() -> None:
+    within, through = ClusterSeries(), ClusterSeries()
+    for epoch in (1, 2):
+        for step in (1, 2, 3):
+            within.observe(_sampled("r0", step, 1.0, 10.0, epoch))  # LossMonitor: steps within the epoch
+            through.observe(_sampled("r0", (epoch - 1) * 3 + step, 1.0, 10.0, epoch))
+    assert within.points().loss_steps == through.points().loss_steps == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_cluster_series_keeps_the_whole_run_in_bounded_memory() -> None:
+    s = ClusterSeries(keep=64)
+    for step in range(1, 1001):
+        s.observe(_sampled("r0", step, 1000.0 / step, 10.0))
+    p = s.points()
+    assert len(p.loss_steps) <= 64 and s.stride == 16
+    assert p.loss_steps[0] == 0.0 and p.loss_steps[-1] >= 976.0  # first and last steps still there
+    assert p.loss == sorted(p.loss, reverse=True)
+
+
+def test_a_restart_replaces_the_steps_it_runs_again() -> None:
+    s = ClusterSeries()
+    for step in (1, 2, 3):
+        s.observe(_sampled("r0", step, 5.0, 10.0))
+    s.new_attempt()
+    s.observe(_sampled("r0", 2, 1.0, 10.0))  # resumed from the checkpoint of step 1
+    assert s.points().loss == [5.0, 1.0, 5.0]
 
 
 def test_line_store_keeps_every_line_on_disk(tmp_path: Path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mscon.agent.protocol import Metric
+from mscon.agent.protocol import Metric, MetricBatch
 from mscon.console.engine.events import AgentEvent, Event
 from mscon.console.views.headless.recorder import read_events
 from mscon.console.views.tui.app import MsconApp
@@ -39,6 +40,39 @@ def replay_app(name: str, metrics: int | None = None, **options: object) -> Msco
         events = upto_metrics(events, metrics)
     options.setdefault("toasts", False)
     return MsconApp(ReplaySource(events, speed=0), **options)  # type: ignore[arg-type]
+
+
+class SteppedReplay(ReplaySource):
+    """A replay in parts: each part as fast as it goes, then a pause until the test sets ``go_on``
+    (a run caught mid-way, without sleeping)."""
+
+    def __init__(self, parts: list[list[Event]]) -> None:
+        super().__init__([ev for part in parts for ev in part], speed=0)
+        self.parts = parts
+        self.go_on = asyncio.Event()
+        self.parts_done = 0
+
+    async def _run(self, handler: Callable[[Event], None]) -> int:
+        code = 0
+        for part in self.parts:
+            if self.parts_done:
+                await self.go_on.wait()
+                self.go_on.clear()
+            self.events = part
+            code = await super()._run(handler)
+            self.parts_done += 1
+        return code
+
+
+def split_after_metrics(events: list[Event], n: int) -> list[list[Event]]:
+    """Two parts: up to the ``n``-th metric message (a Metric or a MetricBatch), then the rest."""
+    seen = 0
+    for i, ev in enumerate(events):
+        if isinstance(ev, AgentEvent) and isinstance(ev.msg, Metric | MetricBatch):
+            seen += 1
+            if seen == n:
+                return [events[: i + 1], events[i + 1 :]]
+    raise AssertionError(f"the recording has {seen} metric messages, fewer than {n}")
 
 
 def screen_text(app: App[object]) -> str:

@@ -32,13 +32,14 @@ def test_help_and_version(tmp_path: Path) -> None:
         ("", "the file is empty"),
     ],
 )
-def test_bad_inventory_is_one_line_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+def test_bad_inventory_is_one_line_per_error_exit_2(tmp_path: Path, text: str, needle: str) -> None:
     inv = tmp_path / "bad.yaml"
     inv.write_text(text)
     done = mscon("run", "--no-tui", inv, cwd=tmp_path)
     assert done.code == 2
-    assert needle in done.err and str(inv) in done.err
-    assert len(done.err.strip().splitlines()) == 1 and "Traceback" not in done.err
+    assert needle in done.err and "Traceback" not in done.err
+    # One line per error (every error of the file at once), each naming the file and line.
+    assert all(line.startswith(f"{inv}:") for line in done.err.strip().splitlines()), done.err
 
 
 def test_missing_inventory_file(tmp_path: Path) -> None:
@@ -51,7 +52,8 @@ def test_reused_run_id_is_refused(tmp_path: Path) -> None:
     run_id = f"same-{secrets.token_hex(3)}"
     assert mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path).code == 0
     again = mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path)
-    assert again.code == 2 and "already used" in again.err
+    assert again.code == 2 and "holds an earlier run with this id" in again.err
+    assert "give another --run-id, or remove that folder" in again.err and len(again.err.splitlines()) == 1
 
 
 def test_node_side_run_dir_is_never_reused(tmp_path: Path) -> None:
@@ -68,6 +70,7 @@ def test_node_side_run_dir_is_never_reused(tmp_path: Path) -> None:
         "run", "--no-tui", "-q", inv, "--run-id", run_id, "--logs-dir", tmp_path / "b", cwd=tmp_path
     )
     assert again.code == 4 and "already holds logs" in again.err, again.err
+    assert "give another --run-id, or remove that run's folder" in again.err, again.err
 
 
 @pytest.mark.parametrize("flag", ["-V", "--version"])

@@ -27,6 +27,7 @@ hang: {timeout_s: 30}
 checks: {shm_min_gib: 2.5}
 ssh: {known_hosts: kh, config: cfg, connect_timeout_s: 3, keepalive_s: 7, max_parallel_connects: 4}
 stop: {grace_s: 9}
+retention: {keep_runs: 3}
 """
 # Inventory fields read from optional top-level sections of their own.
 SECTIONS = [
@@ -43,8 +44,8 @@ def _load(tmp_path: Path, extra: str = "") -> Inventory:
     return load_inventory(p)
 
 
-def test_sections_are_the_six_optional_ones() -> None:
-    assert sorted(SECTIONS) == ["checks", "hang", "restart", "scheduler", "ssh", "stop"]
+def test_sections_are_the_seven_optional_ones() -> None:
+    assert sorted(SECTIONS) == ["checks", "hang", "restart", "retention", "scheduler", "ssh", "stop"]
 
 
 def test_missing_sections_and_keys_take_the_dataclass_defaults(tmp_path: Path) -> None:
@@ -72,9 +73,11 @@ def test_an_unknown_key_names_the_dataclass_fields(tmp_path: Path) -> None:
         _load(tmp_path, "restart: {bogus: 1}\n")
 
 
-def test_the_readme_states_the_dataclass_defaults(tmp_path: Path) -> None:
+def test_the_docs_state_the_dataclass_defaults(tmp_path: Path) -> None:
     inv = _load(tmp_path)
-    stated = re.findall(r"`(\w+)\.(\w+)` \(default ([0-9.]+)", (REPO / "README.md").read_text())
-    assert stated, "the README no longer states inventory defaults: drop this test"
-    for section, key, value in stated:
-        assert getattr(getattr(inv, section), key) == float(value), f"README: {section}.{key}"
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        stated = re.findall(r"`(\w+)\.(\w+)` \(default ([0-9.]+)", page.read_text())
+        for section, key, value in stated:
+            assert getattr(getattr(inv, section), key) == float(value), f"{page.name}: {section}.{key}"
+    usage = (REPO / "docs" / "usage.md").read_text()
+    assert re.search(r"`\w+\.\w+` \(default [0-9.]+", usage), "docs/usage.md no longer states defaults"

@@ -114,7 +114,8 @@ def test_a_rank_phase_is_a_small_journaled_lifecycle_message() -> None:
     line = P.encode(msg)
     assert line == '{"type":"rank_phase","node":"n","name":"r1","rank":1,"phase":"joined","ts_ns":5}\n'
     assert P.decode(line) == msg
-    assert msg.journaled and not (msg.streamed or msg.sampled or msg.reported)  # never skipped by a view
+    assert msg.journaled and not (msg.streamed or msg.sampled)  # never skipped by a view
+    assert msg.reported  # a detached coordinator's policy hears a first step (no backoff after it)
     assert P.Milestone.FIRST_STEP not in P.Milestone.RECORDED  # the agent's word, not the rank's
 
 

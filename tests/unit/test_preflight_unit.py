@@ -54,6 +54,7 @@ from mscon.console.preflight import checks as cc  # noqa: E402
 from mscon.console.preflight import report as check_report  # noqa: E402
 from mscon.console.preflight import runner as preflight_mod  # noqa: E402
 from mscon.console.preflight.runner import Preflight, PreflightOptions  # noqa: E402
+from mscon.console.transport.base import TransportKind  # noqa: E402
 
 OK, WARN, FAIL, NA = CheckStatus.OK, CheckStatus.WARN, CheckStatus.FAIL, CheckStatus.NA
 
@@ -171,9 +172,18 @@ def test_mesh_matrix_and_the_scheduler_address() -> None:
     ],
 )
 def test_reach_errors_are_told_apart(error: str, name: str, value: str) -> None:
-    found = cc.reach_result("n", error)
+    found = cc.reach_result("n", TransportKind.SSH, error)
     assert (found.name, found.status, found.value) == (name, FAIL, value)
-    assert found.detail == error and found.remedy
+    assert found.detail == error and (found.remedy or value == "unreachable")
+
+
+def test_a_failure_is_named_by_the_transport_it_happened_on() -> None:
+    srun = "vm: no agent connected; srun exited with 127: : 1: exec: /no/python: not found"
+    found = cc.reach_result("vm", TransportKind.SRUN, srun)
+    assert (found.name, found.value) == ("srun", "python not found") and "python:" in found.remedy
+    local = "local: the agent did not start with /no/python: [Errno 2] No such file or directory"
+    found = cc.reach_result("local", TransportKind.LOCAL, local)
+    assert (found.name, found.value) == ("local", "no agent") and "sshd" not in found.remedy
 
 
 def test_protocol_result() -> None:
@@ -560,9 +570,9 @@ async def test_the_workdir_goes_to_the_nodes_only_when_the_job_will_start(
     uploaded: list[str] = []
     real_pack = session_mod.workdir_archive
 
-    def pack(root: Path, excludes: tuple[str, ...]) -> Any:
+    def pack(root: Path, excludes: tuple[str, ...], max_bytes: int | None = None) -> Any:
         packed.append(root)
-        return real_pack(root, excludes)
+        return real_pack(root, excludes, max_bytes)
 
     async def upload(self: FakeTransport, archive: Any) -> str:
         uploaded.append(self.node.name)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from mscon.console.engine.events import Event, from_json, to_json
+from mscon.console.engine.events import Event, to_json
 
 
 class EventRecorder:
@@ -22,7 +22,7 @@ class EventRecorder:
 
 
 def read_events(path: Path) -> Iterator[Event]:
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield from_json(json.loads(line))
+    """The events of a recording, plain or gzip (console/history/recording.py reads both)."""
+    from mscon.console.history.recording import read_recording
+
+    return read_recording(path)

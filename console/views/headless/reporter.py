@@ -13,7 +13,7 @@ import errno
 import os
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -35,6 +35,8 @@ from mscon.console.engine.events import (
     AttemptOutcome,
     AwaitingOperator,
     Event,
+    FetchProgress,
+    JobState,
     LogsFetched,
     NodeState,
     NodeUpdate,
@@ -155,6 +157,8 @@ class HeadlessReporter:
         self.json_path = json_path
         self.quiet_states = quiet_states
         self.result: RunResult | None = None
+        self._unreachable: list[str] = []  # nodes whose unreachable line was shown
+        self._progress = False  # a progress line (no newline yet) is on a terminal's stderr
 
     def _prefix(self, node: str, name: str) -> str:
         key = (node, name)
@@ -168,6 +172,9 @@ class HeadlessReporter:
 
     def note(self, text: str) -> None:
         try:
+            if self._progress:
+                self.err.write("\r\x1b[K")  # the progress line gives way
+                self._progress = False
             self.err.write(f"mscon: {text}\n")
             self.err.flush()
         except (OSError, ValueError):
@@ -188,6 +195,8 @@ class HeadlessReporter:
             )
         elif isinstance(event, NodeUpdate):
             if event.state in (NodeState.UNREACHABLE, NodeState.LOST):
+                if event.state is NodeState.UNREACHABLE:
+                    self._unreachable.append(event.node)
                 self.note(f"{printable(event.node)}: {event.state.value}: {printable(event.detail)}")
             elif not self.quiet_states and event.state is NodeState.READY:
                 self.note(f"{printable(event.node)}: agent up ({printable(event.detail)})")
@@ -228,10 +237,27 @@ class HeadlessReporter:
         elif isinstance(event, LogsFetched):
             if event.error:
                 self.note(f"{printable(event.node)}: could not fetch logs: {printable(event.error)}")
+        elif isinstance(event, FetchProgress):
+            self._fetch_progress(event)
         elif isinstance(event, RunFinished):
             self.result = event.result
             return self.finish(event.result)
         return None
+
+    def _fetch_progress(self, event: FetchProgress) -> None:
+        """One line, rewritten in place: only for a person at a terminal (a log file gets the
+        summary's total instead)."""
+        try:
+            if not self.err.isatty():
+                return
+            self.err.write(
+                f"\rmscon: fetching logs: {_size(event.bytes)} from {event.nodes} node(s), "
+                f"{event.nodes_done} done, {event.seconds:.0f} s\x1b[K"
+            )
+            self.err.flush()
+            self._progress = True
+        except (OSError, ValueError):
+            pass
 
     def _agent(self, event: AgentEvent) -> None:
         msg = event.msg
@@ -272,7 +298,7 @@ class HeadlessReporter:
                 "too slow); every line is in the fetched logs"
             )
         try:
-            self.err.write(format_summary(result))
+            self.err.write(format_summary(result, said_unreachable=self._unreachable))
             self.err.flush()
         except (OSError, ValueError):
             pass
@@ -287,11 +313,17 @@ def _who(name: str, node: str) -> str:
     return printable(who_is(name, rank_of(name), node))
 
 
-def format_summary(result: RunResult) -> str:
+def format_summary(result: RunResult, said_unreachable: Sequence[str] = ()) -> str:
+    """The run's summary; ``said_unreachable``: the nodes whose unreachable line (error, transport
+    and remedy) was shown already, so the summary names them instead of repeating their errors."""
     status = f"{result.status.value} in {result.wall_s:.1f} s"
-    head = f"mscon: run {result.run_id} {status}: {printable(result.reason)}"
+    reason = printable(result.reason)
+    if result.status is JobState.UNREACHABLE and said_unreachable:
+        reason = f"{', '.join(map(printable, said_unreachable))} (see above)"
+    head = f"mscon: run {result.run_id} {status}: {reason}"
     lines = ["", head]
-    lines += _rank_table(result)
+    if result.ranks:  # none when no node could be reached
+        lines += _rank_table(result)
     if len(result.attempts) > 1:
         lines.append("")
         lines.append("attempts:")
@@ -331,9 +363,24 @@ def format_summary(result: RunResult) -> str:
             )
     for sink, n in result.dropped:
         lines.append(f"the {sink} view skipped {n} metric update(s) to keep up")
-    lines.append(f"logs: {result.logs_dir}")
+    lines.append(f"logs: {result.logs_dir}{_fetched(result)}")
     lines.append(f"exit code: {result.exit_code}")
     return "\n".join(lines) + "\n"
+
+
+def _size(nbytes: int) -> str:
+    from mscon.console.views.tui.fmt import size  # here: fmt imports this module
+
+    return size(nbytes)
+
+
+def _fetched(result: RunResult) -> str:
+    """`` (12.0 MiB fetched in 3.1 s)``: what came back of the nodes' run folders."""
+    if not result.fetched:
+        return ""
+    total = sum(f.bytes for f in result.fetched)
+    slowest = max(f.seconds for f in result.fetched)
+    return f" ({_size(total)} fetched in {slowest:.1f} s)"
 
 
 def _last_lines(rc: object) -> list[str]:

@@ -47,6 +47,7 @@ from mscon.console.engine.events import (
 )
 from mscon.console.engine.stragglers import StepTimes
 from mscon.console.views.tui.linestore import LineStore
+from mscon.console.views.tui.series import ClusterSeries
 from mscon.console.views.tui.source import Source
 
 
@@ -68,68 +69,6 @@ class Changes:
 
     def __bool__(self) -> bool:
         return self.events > 0 or self.stragglers
-
-
-@dataclass(slots=True)
-class _Bucket:
-    loss_sum: float = 0.0
-    loss_n: int = 0
-    steps: int = 0
-    samples: dict[str, float] = field(default_factory=dict)  # rank -> samples/s it reported
-    samples_sum: float = 0.0  # of samples' values, kept as they come: points() reads every bucket
-
-
-class ClusterSeries:
-    """Cluster loss (mean over ranks) and throughput per second of the ranks' own metric clocks."""
-
-    def __init__(self, keep: int = 900) -> None:
-        self.keep = keep
-        self.t0: float | None = None
-        self._buckets: collections.OrderedDict[int, _Bucket] = collections.OrderedDict()
-        self._last: dict[str, tuple[int, int]] = {}  # rank -> (epoch, step) last counted
-
-    def observe(self, msg: Metric, arrival: float) -> None:
-        key = (msg.epoch or 0, msg.step)
-        if self._last.get(msg.name, (-1, -1)) >= key:
-            return  # the same step reported twice (parsed line and metrics file)
-        self._last[msg.name] = key
-        ts = msg.ts or arrival
-        if self.t0 is None:
-            self.t0 = ts
-        sec = int(ts - self.t0)
-        b = self._buckets.get(sec)
-        if b is None:
-            b = self._buckets[sec] = _Bucket()
-            while len(self._buckets) > self.keep:
-                self._buckets.popitem(last=False)
-        b.steps += 1
-        if msg.loss is not None:
-            b.loss_sum += msg.loss
-            b.loss_n += 1
-        if msg.samples_per_s is not None:
-            b.samples_sum += msg.samples_per_s - b.samples.get(msg.name, 0.0)
-            b.samples[msg.name] = msg.samples_per_s
-
-    def new_attempt(self) -> None:
-        self._last.clear()
-
-    def points(self, complete_only: bool = True) -> tuple[list[float], list[float], list[float], str]:
-        """(seconds, mean loss, throughput, throughput unit); the newest second is partial."""
-        keys = sorted(self._buckets)
-        if complete_only and keys:
-            keys = keys[:-1]
-        xs: list[float] = []
-        loss: list[float] = []
-        thr: list[float] = []
-        samples = any(self._buckets[k].samples for k in keys)
-        for k in keys:
-            b = self._buckets[k]
-            if b.loss_n == 0:
-                continue
-            xs.append(float(k))
-            loss.append(b.loss_sum / b.loss_n)
-            thr.append(b.samples_sum if samples else float(b.steps))
-        return xs, loss, thr, ("samples/s" if samples else "rank steps/s")
 
 
 class Feed:
@@ -156,6 +95,10 @@ class Feed:
     def backlog(self) -> int:
         return len(self._pending)
 
+    def _observe(self, m: Metric) -> None:
+        timed = self.step_times.observe(m)
+        self.series.observe(m, self.step_times.latest(m.name) if timed else None)
+
     def drain(self, limit: int = 200_000) -> Changes:
         ch = Changes()
         self._woken = False
@@ -173,18 +116,15 @@ class Feed:
                     ch.lines.add(msg.name)
                     ch.ranks.add(msg.name)
                 elif isinstance(msg, MetricBatch):
-                    now = time.time()
                     for m in msg.metrics:
-                        self.step_times.observe(m)
-                        self.series.observe(m, now)
+                        self._observe(m)
                     ch.ranks.add(msg.name)
                     metrics_seen = True
                 elif isinstance(msg, TelemetryBatch):
                     ch.ranks.update(t.name for t in msg.items)
                     ch.nodes = True
                 elif isinstance(msg, Metric):
-                    self.step_times.observe(msg)
-                    self.series.observe(msg, time.time())
+                    self._observe(msg)
                     ch.ranks.add(msg.name)
                     metrics_seen = True
                 elif isinstance(msg, Telemetry):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mscon.console.engine.state import RankView
+from mscon.console.views.log_lines import last_meaningful
 
 RankTest = Callable[[RankView, bool], bool]
 
@@ -21,7 +22,7 @@ def rank_filter(query: str) -> RankTest:
 
     def test(r: RankView, straggler: bool) -> bool:
         state = r.state.value
-        last = r.tail[-1].lower() if r.tail else ""
+        last = last_meaningful(r.tail).lower()
         for w in words:
             if w.startswith("node:"):
                 if w[5:] not in r.node.lower():

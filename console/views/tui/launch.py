@@ -11,8 +11,9 @@ from mscon.console.engine import exit_codes
 from mscon.console.engine.events import Event
 from mscon.console.engine.summary import write_summary
 from mscon.console.engine.supervisor import Supervisor
-from mscon.console.views.headless.recorder import EventRecorder, read_events
-from mscon.console.views.headless.reporter import format_summary
+from mscon.console.history.recording import RunRecorders, read_recording
+from mscon.console.history.runs import NoRecording, find_recording
+from mscon.console.views.headless.reporter import format_summary, printable
 from mscon.console.views.tui.run import run_console
 from mscon.console.views.tui.source import LiveSource, ReplaySource
 
@@ -23,16 +24,14 @@ def is_terminal() -> bool:
 
 async def run_live(sup: Supervisor | Attacher, args: argparse.Namespace) -> int:
     """``mscon up`` / ``mscon run`` at a terminal: the supervisor and the console in one loop."""
-    recorder = None
-    if getattr(args, "events", None) is not None:
-        recorder = EventRecorder(args.events)
-        sup.bus.add_sink("recorder", recorder.handle, lag_limit=10**9, hard_limit=10**9)
+    # A run this console starts keeps its recording in its folder; an attached one has it already.
+    history = sup.logs_dir if isinstance(sup, Supervisor) else None
+    recorder = RunRecorders(sup.bus, history, getattr(args, "events", None))
     source = LiveSource(sup)
     try:
         code = await run_console(source)  # stragglers: the engine's (RunOptions.straggler_*)
     finally:
-        if recorder is not None:
-            recorder.close()
+        recorder.close()
     result = source.result
     if result is not None:
         sys.stderr.write(format_summary(result))
@@ -49,15 +48,21 @@ async def _replay(events: list[Event], speed: float) -> int:
     return await run_console(ReplaySource(events, speed=speed))
 
 
-def replay_main(path: Path, speed: float) -> int:
-    """``mscon replay EVENTS.jsonl``: a recorded run (``--events``) in the console, at ``speed``."""
+def replay_main(target: str, logs_root: Path, speed: float) -> int:
+    """``mscon replay RUN_ID|EVENTS.jsonl``: a past run's recording (its run folder's under
+    ``logs_root``) or an ``--events`` file in the console, at ``speed``."""
     import asyncio
 
     if speed < 0:
         print("mscon: error: --speed: expected 0 (as fast as possible) or more", file=sys.stderr)
         return exit_codes.USAGE
     try:
-        events = list(read_events(path))
+        path = find_recording(target, logs_root)
+    except NoRecording as exc:
+        print(f"mscon: error: {printable(str(exc))}", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        events = list(read_recording(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"mscon: error: {path}: not a recording of console events ({exc})", file=sys.stderr)
         return exit_codes.USAGE

@@ -6,6 +6,7 @@ from mscon.console.engine.root_cause import describe
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
+from mscon.console.views.tui.series import SAMPLES_UNIT
 from mscon.console.views.tui.startup import breakdown, phases, starting
 from mscon.console.views.tui.widgets.node_table import NodeTable
 from mscon.console.views.tui.widgets.plots import SeriesPlot
@@ -16,6 +17,8 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
+
+THROUGHPUT_TITLE = "cluster throughput (all ranks)"
 
 
 def summary_text(model: ViewModel) -> Text:
@@ -86,8 +89,8 @@ class OverviewView(Vertical):
         yield Static(id="root")
         yield NodeTable(id="nodes")
         with Horizontal(id="plots"):
-            yield SeriesPlot("cluster loss (mean over ranks)", id="loss-plot")
-            yield SeriesPlot("throughput", id="throughput-plot")
+            yield SeriesPlot("cluster loss (mean over ranks)", x_label="step", y_label="loss", id="loss-plot")
+            yield SeriesPlot(THROUGHPUT_TITLE, x_label="step", y_label=SAMPLES_UNIT, id="throughput-plot")
 
     def show(self, ch: Changes | None) -> None:
         model = self.model
@@ -109,6 +112,8 @@ class OverviewView(Vertical):
         if ch is None or ch.nodes or ch.ranks or ch.checks:
             self.query_one(NodeTable).show(model, now=ch is None or ch.structure or ch.failure or ch.checks)
         if ch is None or ch.metrics or ch.structure:
-            xs, loss, thr, unit = model.feed.series.points(complete_only=not model.source.done.is_set())
-            self.query_one("#loss-plot", SeriesPlot).set_data(xs, loss)
-            self.query_one("#throughput-plot", SeriesPlot).set_data(xs, thr, title=f"throughput ({unit})")
+            pts = model.feed.series.points()
+            self.query_one("#loss-plot", SeriesPlot).set_data(pts.loss_steps, pts.loss)
+            title = THROUGHPUT_TITLE if pts.unit == SAMPLES_UNIT else "steps per second"
+            plot = self.query_one("#throughput-plot", SeriesPlot)
+            plot.set_data(pts.throughput_steps, pts.throughput, title=title, y_label=pts.unit)

@@ -79,8 +79,10 @@ class RankScreen(Screen[None]):
         with Horizontal(id="rank-body"):
             yield LogView(self.model.store, self.rank_name, id="log")
             with Vertical(id="rank-plots"):
-                yield SeriesPlot(f"{self.rank_name} loss", id="rank-loss")
-                yield SeriesPlot(f"{self.rank_name} step time (s)", id="rank-step-time")
+                # x: the rank's reported steps in order (epochs may number their steps from 1 again)
+                name, x = self.rank_name, "steps reported"
+                yield SeriesPlot(f"{name} loss", x_label=x, y_label="loss", id="rank-loss")
+                yield SeriesPlot(f"{name} step time", x_label=x, y_label="s/step", id="rank-step-time")
         yield Input(placeholder="search this rank's log (enter: find; esc: close)", id="search")
         yield Footer()
 

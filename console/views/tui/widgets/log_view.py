@@ -95,6 +95,10 @@ class LogView(ScrollView, can_focus=True):
     def on_mount(self) -> None:
         self.update_lines()
 
+    def on_resize(self) -> None:
+        # Mounted with no height yet (a rank opened after its last line came): follow once laid out.
+        self.update_lines()
+
     def update_lines(self) -> None:
         """New lines arrived (or the filter changed): grow, and stick to the end when following."""
         if self.filter_rows is not None and self._regex is not None:
@@ -106,8 +110,8 @@ class LogView(ScrollView, can_focus=True):
                 self._filter_scanned = total
         count = self.line_count
         self.virtual_size = Size(max(self._width, self.size.width), count)
-        if self.follow:
-            self.scroll_to(y=max(0, count - self.size.height), animate=False, immediate=True)
+        if self.follow:  # max_scroll_y: the rows under a horizontal scrollbar are not shown
+            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
         self.refresh()
 
     def watch_follow(self, follow: bool) -> None:
@@ -270,6 +274,8 @@ class LogView(ScrollView, can_focus=True):
         self.scroll_to(y=0, animate=False, immediate=True)
 
     def action_bottom(self) -> None:
+        if self.follow:  # no change for the watcher to act on: go to the end all the same
+            self.update_lines()
         self.follow = True
 
     def on_mouse_scroll_up(self) -> None:

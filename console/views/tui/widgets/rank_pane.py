@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mscon.console.engine.events import RankState
 from mscon.console.engine.state import RankView
+from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
 from rich.text import Text
@@ -85,7 +86,7 @@ class RankPane(Widget, can_focus=True):
         spark = self.query_one("#spark", Sparkline)
         if spark.data != losses:
             spark.data = losses
-        self.query_one("#last", Label).update(Text(fmt.line(r.tail[-1]) if r.tail else "", style="dim"))
+        self.query_one("#last", Label).update(Text(fmt.line(last_meaningful(r.tail)), style="dim"))
         want = pane_classes(model, r)
         for c in self.ALL_CLASSES:
             self.set_class(c in want, c)

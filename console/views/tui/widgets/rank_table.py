@@ -17,6 +17,7 @@ from typing import Any
 
 from mscon.console.engine.events import RankState
 from mscon.console.engine.state import RankView
+from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
 from mscon.console.views.tui.widgets.rank_pane import OpenRank
@@ -67,7 +68,7 @@ SORT_KEY: dict[Column, Callable[[ViewModel, RankView], Any]] = {
     Column.SAMPLES: lambda m, r: _num(r.samples_per_s),
     Column.MEMORY: lambda m, r: _num(r.device_memory_bytes),
     Column.CPU: lambda m, r: _num(r.cpu_percent),
-    Column.LAST: lambda m, r: r.tail[-1] if r.tail else "",
+    Column.LAST: lambda m, r: last_meaningful(r.tail),
 }
 
 
@@ -85,7 +86,7 @@ def row_values(model: ViewModel, r: RankView) -> tuple[str | Text, ...]:
         fmt.rate(r.samples_per_s),
         fmt.size(r.device_memory_bytes, "n/a"),
         fmt.num(r.cpu_percent, 0),
-        Text(fmt.line(r.tail[-1], 80) if r.tail else "", style="dim"),
+        Text(fmt.line(last_meaningful(r.tail), 80), style="dim"),
     )
 
 

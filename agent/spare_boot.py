@@ -1,0 +1,90 @@
+"""A spare rank process: Python up and MindSpore imported before it is needed, then it becomes a rank.
+
+The agent starts one per process of its node once the attempt is past start-up (every rank has
+stepped), with the next attempt's environment. It imports MindSpore, then waits for one line on
+stdin: the path of a JSON file (written by the agent) naming the rank's argv, environment, working
+folder and log. It then runs the script as ``python SCRIPT ARGS`` would: output to the log, the
+environment replaced, ``sys.argv`` and ``sys.path[0]`` the script's, ``__main__`` the script. End of
+input without a line: not needed (the run ended), exit quietly.
+
+Run as a file (``python spare_boot.py``), never imported by the agent: it imports nothing of
+mscon, so the script's ``sys.modules`` holds only what it would hold anyway, plus MindSpore.
+Stdlib only, Python 3.8 syntax (runs on the nodes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import runpy
+import sys
+
+SPARE_NAME = b"mscon-spare"  # its process name (comm) until it becomes a rank: tools tell it apart
+WARM_MODULES = ("mindspore", "mindspore.nn", "mindspore.communication", "mindspore.dataset")
+_PR_SET_NAME = 15
+
+
+def _set_name(name: bytes) -> None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _warm() -> None:
+    import importlib
+
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module that cannot import here is imported cold, or fails, in the rank
+            break
+
+
+def _read_order() -> dict | None:
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    with open(line.strip(), encoding="utf-8") as f:
+        order = json.load(f)
+    os.unlink(line.strip())
+    return order
+
+
+def _become(order: dict) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # as a cold rank's stdin
+    os.close(null)
+    os.chdir(order["cwd"])
+    os.environ.clear()
+    os.environ.update(order["env"])
+    argv = order["argv"]
+    script = argv[1]
+    sys.argv = list(argv[1:])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    _set_name(os.path.basename(argv[0]).encode("utf-8", "replace"))
+
+
+def main() -> None:
+    _set_name(SPARE_NAME)
+    sys.path.pop(0)  # this file's folder (the agent's): not the script's import path
+    sys.path.insert(0, "")
+    _warm()
+    order = _read_order()
+    if order is None:
+        return
+    _become(order)
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

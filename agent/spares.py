@@ -1,0 +1,137 @@
+"""Spare processes: the next attempt's ranks, started ahead with Python up and MindSpore imported.
+
+A restart is a cold launch of every process unless something is ready: once an attempt is past
+start-up (every rank of the node has stepped) and a restart may come (``Start.spares``), the agent
+starts one spare per process of its node (``spare_boot.py``) with the next attempt's environment.
+When that attempt's Start comes, each process whose interpreter, script, working folder and
+environment match its spare's is handed to the spare (``activate``: an order file and one line on
+its stdin) instead of being launched; the rest start cold and unused spares are killed. A spare
+that died is simply not used. Spares die with the agent (parent-death signal, own session).
+
+Stdlib only, Python 3.8 syntax (runs on the nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+from . import layout
+from . import procs as procmod
+from .protocol import ProcSpec
+
+BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
+
+
+def eligible(spec: ProcSpec) -> bool:
+    """``python SCRIPT.py ARGS``: what a spare can become (not ``-m``, ``-c`` or a binary)."""
+    argv = spec.argv
+    return len(argv) >= 2 and argv[1].endswith(".py") and not argv[1].startswith("-")
+
+
+class Spare:
+    def __init__(self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.cwd = cwd
+        self.env = env
+
+    def fits(self, spec: ProcSpec, cwd: str, env: dict) -> bool:
+        """It can become ``spec``: alive, same interpreter and script, same folder and environment
+        (what MindSpore may read at import time is what the rank would have had)."""
+        return (
+            self.popen.poll() is None
+            and spec.argv[:2] == self.spec.argv[:2]
+            and cwd == self.cwd
+            and env == self.env
+        )
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.popen.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover - D state: the agent's exit reaps it
+            pass
+
+
+class Spares:
+    """The node's spares for one coming attempt."""
+
+    def __init__(self) -> None:
+        self.attempt = -1  # the attempt they are for (-1: none started)
+        self._by_name: dict[str, Spare] = {}
+
+    def prepare(self, run_dir: str, attempt: int, cwd: str, specs: tuple) -> list:
+        """Start a spare per eligible process for ``attempt``; the one-line errors of those that
+        could not start (the attempt then starts them cold)."""
+        self.discard()
+        self.attempt = attempt
+        log_dir = layout.attempt_folder(run_dir, attempt)
+        base_env = procmod.attempt_env(attempt)
+        errors = []
+        folder = layout.spares_folder(run_dir)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            return ["cannot make %s: %s" % (folder, exc)]
+        for spec in specs:
+            if not eligible(spec):
+                continue
+            env = procmod.process_env(spec, log_dir, base_env)
+            try:
+                with open(layout.spare_log(run_dir, spec.name), "ab", buffering=0) as out:
+                    popen = subprocess.Popen(
+                        [spec.argv[0], BOOT],
+                        cwd=cwd,
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        close_fds=True,
+                        preexec_fn=procmod.new_session_dying_with_agent,
+                    )
+            except OSError as exc:
+                errors.append("spare for %s: %s" % (spec.name, exc))
+                continue
+            self._by_name[spec.name] = Spare(spec, popen, cwd, env)
+        return errors
+
+    def take(self, spec: ProcSpec, run_dir: str, attempt: int, cwd: str) -> procmod.Proc | None:
+        """``spec``'s process of ``attempt`` from its spare, or None (start it cold)."""
+        spare = self._by_name.pop(spec.name, None)
+        if spare is None:
+            return None
+        log_dir = layout.attempt_folder(run_dir, attempt)
+        env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))
+        if attempt != self.attempt or not spare.fits(spec, cwd, env):
+            spare.kill()
+            return None
+        log_path = layout.log_file(log_dir, spec.name)
+        order = layout.spare_order(run_dir, spec.name)
+        try:
+            open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log
+            fd = os.open(order + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"argv": list(spec.argv), "env": env, "cwd": cwd, "log": log_path}, f)
+            os.replace(order + ".tmp", order)
+            assert spare.popen.stdin is not None
+            spare.popen.stdin.write((order + "\n").encode("utf-8"))
+            spare.popen.stdin.close()  # one short line into an empty pipe: never blocks
+        except (OSError, ValueError):
+            spare.kill()
+            return None
+        return procmod.Proc(spec, spare.popen, log_path, layout.metrics_file(log_dir, spec.name))
+
+    def discard(self) -> None:
+        """Kill every spare not taken (the attempt started, or the run is over)."""
+        for spare in self._by_name.values():
+            spare.kill()
+        self._by_name.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_name)

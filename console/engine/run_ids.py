@@ -1,0 +1,45 @@
+"""Run ids: the generated one (``slurm-$SLURM_JOB_ID`` inside a Slurm job, else the time and a random
+tag), and the first free one, ``ID``, ``ID.1``, ``ID.2``..., when an earlier run left a folder with
+that id (a Slurm job id that came round again, two clusters sharing a home folder). An id the user
+gave is never changed: reusing it is refused with how to reuse it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+MAX_SUFFIX = 999  # beyond this many earlier runs of one id, something else is wrong
+
+
+class RunIdTaken(Exception):
+    """Every suffix of a generated id is taken, or an id the user gave is; one line."""
+
+
+def generated_run_id(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if job and job.isdigit():
+        return f"slurm-{job}"
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def candidates(base: str) -> list[str]:
+    return [base] + [f"{base}.{n}" for n in range(1, MAX_SUFFIX + 1)]
+
+
+async def first_free(base: str, taken: Callable[[str], Awaitable[bool]]) -> str:
+    """``base``, or its first suffix for which ``taken`` says no."""
+    for run_id in candidates(base):
+        if not await taken(run_id):
+            return run_id
+    raise RunIdTaken(f"run id {base}: {MAX_SUFFIX} earlier runs hold it and each of its suffixes")
+
+
+def reuse_hint(run_id: str, folder: str) -> str:
+    """How to reuse an id the user gave, which an earlier run's folder holds."""
+    return (
+        f"run id {run_id}: {folder} holds an earlier run with this id; give another --run-id, "
+        f"or remove that folder (mscon prune, or rm -r) to reuse it"
+    )

@@ -1,0 +1,194 @@
+"""The first minutes of a new user, end to end: mscon installed from a wheel of this checkout into a
+fresh venv, a folder holding only ``train.py``, two sshd nodes known only as ``~/.ssh/config``
+aliases whose host keys are only in the file the config names (``UserKnownHostsFile``), and no
+inventory: ``mscon run --no-tui --hosts node-a,node-b --nproc-per-node 2 -- train.py`` trains.
+``mscon init`` from the same install writes an inventory that validates."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, SSH_USER, Done, free_port, mindspore_missing
+from sshd_nodes import SshdCluster, write_known_hosts
+
+USER_SCRIPT = Path(__file__).parent / "user_mindspore_script.py"
+FLAG = "MSCON_E2E_FLAG"
+
+
+@dataclass(frozen=True)
+class Install:
+    venv: Path
+    site: Path  # the venv's site-packages, where the wheel went
+
+    @property
+    def mscon(self) -> Path:
+        return self.venv / "bin" / "mscon"
+
+
+def _check(cmd: list[str | Path], **kw: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=240, **kw)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{cmd}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A wheel of the checkout in a fresh venv. The console's third-party dependencies come from the
+    test environment through a folder of links that leaves mscon itself out, so ``mscon`` can only be
+    the wheel's."""
+    root = tmp_path_factory.mktemp("install")
+    _check([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", REPO, "-w", root / "dist"])
+    (wheel,) = (root / "dist").glob("mscon-*.whl")
+    venv = root / "venv"
+    _check([sys.executable, "-m", "venv", "--without-pip", venv])
+    py = venv / "bin" / "python"
+    _check([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel])
+    site = Path(_check([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
+    deps = root / "deps"
+    deps.mkdir()
+    ours = Path(sysconfig.get_path("purelib"))
+    for entry in ours.iterdir():
+        if not entry.name.startswith("mscon"):
+            (deps / entry.name).symlink_to(entry)
+    (site / "zz_test_deps.pth").write_text(f"import site; site.addsitedir({str(deps)!r})\n")
+    where = _check(
+        [
+            py,
+            "-c",
+            "import mscon.console.cli.main as m, mscon.agent as a; print(m.__file__); print(a.__file__)",
+        ],
+        cwd=root,
+        env=_clean_env(root),
+    )
+    assert all(Path(p).is_relative_to(site) for p in where.stdout.split()), where.stdout
+    return Install(venv, site)
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    """This process's environment without what points Python at the checkout, with HOME ``home``."""
+    drop = {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "HOME": str(home)}
+
+
+def _mscon(install: Install, *args: str | Path, cwd: Path, home: Path, timeout: float = 240) -> Done:
+    p = subprocess.run(
+        [str(install.mscon), *map(str, args)],
+        cwd=cwd,
+        env=_clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Done(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def home(tmp_path: Path, sshd_cluster: SshdCluster) -> Iterator[Path]:
+    """An empty HOME but for ~/.ssh/config: node-a and node-b are aliases of the two sshd nodes, and
+    their host keys are only in the file its UserKnownHostsFile names (no ~/.ssh/known_hosts)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / "site").mkdir()
+    write_known_hosts(home / "site" / "cluster_hosts", sshd_cluster.nodes)
+    blocks = [
+        f"Host {alias}\n  HostName {node.host}\n  Port {node.port}\n"
+        for alias, node in zip(("node-a", "node-b"), sshd_cluster.nodes, strict=True)
+    ]
+    (home / ".ssh" / "config").write_text(
+        "".join(blocks) + f"Host *\n  User {SSH_USER}\n  IdentityFile {sshd_cluster.client_key}\n"
+        "  UserKnownHostsFile ~/site/cluster_hosts\n"
+        f"  GlobalKnownHostsFile {tmp_path / 'no-global-file'}\n"
+    )
+    yield home
+
+
+@pytest.mark.ssh
+@pytest.mark.mindspore
+@pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
+def test_hosts_without_an_inventory_trains_from_a_wheel_install(
+    tmp_path: Path, installed: Install, home: Path
+) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    script = USER_SCRIPT.read_text() + f"\nimport os\nprint('{FLAG}=' + repr(os.environ.get('{FLAG}')))\n"
+    (work / "train.py").write_text(script)
+    done = _mscon(
+        installed,
+        "run",
+        "--no-tui",
+        "--hosts",
+        "node-a,node-b",
+        "--nproc-per-node",
+        "2",
+        "--python",
+        sys.executable,  # the nodes' interpreter with MindSpore (the console's venv has none)
+        "--env",
+        f"{FLAG}=from the flag",
+        "--master-port",
+        str(free_port()),
+        "--",
+        "train.py",
+        cwd=work,
+        home=home,
+        timeout=280,
+    )
+    assert done.code == 0, done.err[-4000:]
+    ranks = [("node-a", 0), ("node-a", 1), ("node-b", 2), ("node-b", 3)]
+    for node, rank in ranks:
+        prefix = f"[{node} r{rank}]"
+        # Trained: LossMonitor's lines of the last epoch, then the script's end; and the flag's value.
+        assert re.search(rf"^{re.escape(prefix)} epoch: 2 step: \d+, loss is \d", done.out, re.M), done.out[
+            -3000:
+        ]
+        assert f"{prefix} user script done" in done.out, done.out[-3000:]
+        assert f"{prefix} {FLAG}='from the flag'" in done.out, done.out[-3000:]
+    assert not (home / ".ssh" / "known_hosts").exists()  # the keys were found, not learned
+
+
+def test_init_from_the_wheel_install_writes_an_inventory_that_validates(
+    tmp_path: Path, installed: Install
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    made = _mscon(
+        installed,
+        "init",
+        "--hosts",
+        "node-a,node-b",
+        "--nproc-per-node",
+        "2",
+        "--",
+        "train.py",
+        cwd=work,
+        home=home,
+    )
+    assert made.code == 0 and "wrote mscon.yaml (2 node(s), 4 rank(s)" in made.out, made.err
+    checked = _mscon(installed, "validate", "mscon.yaml", cwd=work, home=home)
+    assert checked.code == 0 and "ok: mscon.yaml (2 nodes, 4 ranks)" in checked.out, checked.err
+    again = _mscon(installed, "init", cwd=work, home=home)
+    assert again.code == 2 and "already exists" in again.err
+
+    # Without a script: the shipped trainer, in the installed package (not the checkout).
+    demo = _mscon(installed, "init", "demo.yaml", "--device-target", "GPU", cwd=work, home=home)
+    assert demo.code == 0, demo.err
+    doc = yaml.safe_load((work / "demo.yaml").read_text())
+    workdir = Path(doc["job"]["workdir"])
+    assert workdir.is_relative_to(installed.site) and (workdir / doc["job"]["script"]).is_file()
+    assert _mscon(installed, "validate", "demo.yaml", cwd=work, home=home).code == 0
+    # The shipped samples validate where pip put them.
+    for sample in sorted((installed.site / "mscon" / "inventory").glob("*.yaml")):
+        assert "shared/" not in sample.read_text(), sample
+        done = _mscon(installed, "validate", sample, cwd=work, home=home)
+        assert done.code == 0, done.err
