@@ -993,6 +993,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--only", choices=("mscon", "msrun"), help="one launcher only (restart is mscon only)")
     p.add_argument("--restart-steps", type=int, default=40, help="--steps-per-epoch of the restart trials")
+    p.add_argument(
+        "--restart-die-step",
+        type=int,
+        default=10,
+        help="r1 kills itself after this step in the restart trials (later: the agents' spare processes "
+        "have finished importing MindSpore by then)",
+    )
     p.add_argument("--timeout", type=float, default=240.0, help="s from start until the fault step, at most")
     p.add_argument("--cap", type=float, default=180.0, help="s from the fault until the trial is stopped")
     p.add_argument(
@@ -1017,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
     restart_args = [
         "--parallel-mode", "data_parallel", "--epochs", "1",
         "--steps-per-epoch", str(a.restart_steps), "--step-sleep", str(a.step_sleep),
-        "--die-at-step", "10", "--die-rank", "1",
+        "--die-at-step", str(a.restart_die_step), "--die-rank", "1",
     ]  # fmt: skip
     exe = Path(sys.executable)
     exe_s = str(exe.relative_to(REPO)) if exe.is_relative_to(REPO) else str(exe)
