@@ -152,6 +152,23 @@ def test_hosts_without_an_inventory_trains_from_a_wheel_install(
         assert f"{prefix} user script done" in done.out, done.out[-3000:]
         assert f"{prefix} {FLAG}='from the flag'" in done.out, done.out[-3000:]
     assert not (home / ".ssh" / "known_hosts").exists()  # the keys were found, not learned
+    # The same install lists the run (from ./mscon-runs: its recording and summary), and prunes:
+    # the nodes' folders with --hosts (a dry run names this run), and the local copy with --local.
+    found = re.search(r"^mscon: run (\S+): ", done.err, re.M)
+    assert found, done.err[-2000:]
+    run_id = found.group(1)
+    listed = _mscon(installed, "ls", cwd=work, home=home, timeout=60)
+    assert listed.code == 0 and run_id in listed.out and "succeeded" in listed.out, listed.err
+    assert (work / "mscon-runs" / run_id / "events.jsonl.gz").is_file()
+    assert not (work / "mscon-runs" / run_id / "node-a" / "checkpoints").exists()
+    dry = _mscon(
+        installed, "prune", "--hosts", "node-a,node-b", "--python", sys.executable, "--keep", "0",
+        "--dry-run", cwd=work, home=home, timeout=120,
+    )  # fmt: skip
+    assert dry.code == 0 and f"would remove {run_id}" in dry.out, (dry.out, dry.err)
+    local = _mscon(installed, "prune", "--local", "--keep", "0", "--hosts", "node-a,node-b",
+                   "--python", sys.executable, cwd=work, home=home, timeout=120)  # fmt: skip
+    assert local.code == 0 and not (work / "mscon-runs" / run_id).exists(), (local.out, local.err)
 
 
 def test_init_from_the_wheel_install_writes_an_inventory_that_validates(
@@ -192,20 +209,3 @@ def test_init_from_the_wheel_install_writes_an_inventory_that_validates(
         assert "shared/" not in sample.read_text(), sample
         done = _mscon(installed, "validate", sample, cwd=work, home=home)
         assert done.code == 0, done.err
-    # The same install lists the run (from ./mscon-runs: its recording and summary), and prunes:
-    # the nodes' folders with --hosts (a dry run names this run), and the local copy with --local.
-    found = re.search(r"^mscon: run (\S+): ", done.err, re.M)
-    assert found, done.err[-2000:]
-    run_id = found.group(1)
-    listed = _mscon(installed, "ls", cwd=work, home=home, timeout=60)
-    assert listed.code == 0 and run_id in listed.out and "succeeded" in listed.out, listed.err
-    assert (work / "mscon-runs" / run_id / "events.jsonl.gz").is_file()
-    assert not (work / "mscon-runs" / run_id / "node-a" / "checkpoints").exists()
-    dry = _mscon(
-        installed, "prune", "--hosts", "node-a,node-b", "--python", sys.executable, "--keep", "0",
-        "--dry-run", cwd=work, home=home, timeout=120,
-    )  # fmt: skip
-    assert dry.code == 0 and f"would remove {run_id}" in dry.out, (dry.out, dry.err)
-    local = _mscon(installed, "prune", "--local", "--keep", "0", "--hosts", "node-a,node-b",
-                   "--python", sys.executable, cwd=work, home=home, timeout=120)  # fmt: skip
-    assert local.code == 0 and not (work / "mscon-runs" / run_id).exists(), (local.out, local.err)
