@@ -170,11 +170,13 @@ def mscon_popen(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes launched for a run: ranks and scheduler carry its id in MSCON_METRICS."""
+    """Live (non-zombie) processes launched for a run: ranks and scheduler carry its id in MSCON_METRICS.
+    Spares waiting to become the next attempt's ranks (agent/spares.py, process name mscon-spare)
+    are not processes of an attempt."""
     found = []
-    for p in psutil.process_iter(["pid", "status"]):
+    for p in psutil.process_iter(["pid", "status", "name"]):
         try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.info["name"] == "mscon-spare":
                 continue
             if run_id in p.environ().get("MSCON_METRICS", ""):
                 found.append(p)
@@ -191,6 +193,8 @@ def agent_processes(node_names: list[str], roots: list[int] | None = None) -> li
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
         if p.info["status"] == psutil.STATUS_ZOMBIE or not any("mscon_agent" in w for w in cmd):
+            continue
+        if any(w.endswith("spare_boot.py") for w in cmd):  # a spare rank (agent/spares.py), no agent
             continue
         if roots is not None:
             try:

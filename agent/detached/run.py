@@ -428,6 +428,7 @@ class DetachedRun:
         if self.ended:
             return
         self.ended = True
+        self.agent.spares.discard()  # no attempt follows
         self.end_at = time.monotonic() + (_END_FLUSH_S if self.clients else 0.0)
         self.agent._save_state(status=status, reason=reason, attached=False)
         for c in self.clients:
