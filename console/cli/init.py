@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
+from mscon.console.cli.usage import usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.domains import LABEL_RE
@@ -87,8 +87,7 @@ def init_main(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
 
 
 def _error(message: str) -> int:
-    print(f"mscon init: error: {message}", file=sys.stderr)
-    return exit_codes.USAGE
+    return usage_error(message, "mscon init")
 
 
 def _name(out: Path) -> str:

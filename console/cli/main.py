@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mscon.agent.layout import FETCHED_ON_REQUEST, LOGS_DIR
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
+from mscon.console.cli.usage import usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
@@ -274,11 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     return exit_codes.USAGE
 
 
-def _usage_error(message: str) -> int:
-    print(f"mscon: error: {message}", file=sys.stderr)
-    return exit_codes.USAGE
-
-
 Job = tuple[Inventory, str | None, tuple[str, ...] | None]
 
 
@@ -292,7 +288,7 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
             return built
         inv = built
     elif flags.nproc_per_node is not None:
-        return _usage_error(
+        return usage_error(
             "--nproc-per-node: only with --hosts or --hostfile (an inventory's nodes say theirs)"
         )
     else:
@@ -304,30 +300,30 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     if args.slurm or inv.slurm is not None:
         if getattr(args, "detach", False):
             # srun's step ends with the console (and cgroup tracking ends every process in it).
-            return _usage_error("--detach: not with Slurm nodes (the srun step ends with the console)")
+            return usage_error("--detach: not with Slurm nodes (the srun step ends with the console)")
         from mscon.console.config.slurm import SlurmError, apply_allocation
 
         try:
             inv = apply_allocation(inv)
         except SlurmError as exc:
-            return _usage_error(str(exc))
+            return usage_error(str(exc))
     if not flags.names_nodes:
         try:
             inv = apply_flags(inv, flags)
         except AdhocError as exc:
-            return _usage_error(str(exc))
+            return usage_error(str(exc))
     if args.workdir is not None:
         workdir = args.workdir.resolve()
         if not workdir.is_dir():
-            return _usage_error(f"--workdir: no such directory: {args.workdir}")
+            return usage_error(f"--workdir: no such directory: {args.workdir}")
         inv = dataclasses.replace(inv, job=dataclasses.replace(inv.job, workdir=workdir))
     script = args_tuple = None
     if user_cmd is not None:
         if not user_cmd:
-            return _usage_error("nothing after --: give a script, e.g. -- train.py --epochs 1")
+            return usage_error("nothing after --: give a script, e.g. -- train.py --epochs 1")
         script = _script_in_workdir(user_cmd[0], inv.job.workdir)
         if script is None:
-            return _usage_error(
+            return usage_error(
                 f"script {user_cmd[0]} is not a file inside the job workdir {inv.job.workdir} "
                 "(the workdir is what gets synced to the nodes; set --workdir or job.workdir)"
             )
@@ -342,36 +338,36 @@ def _adhoc_inventory(
     msrun and torchrun run the script from there), the script the one after --."""
     flag = "--hosts" if flags.hosts is not None else "--hostfile"
     if args.inventory is not None:
-        return _usage_error(
+        return usage_error(
             f"{flag} replaces an inventory, and {args.inventory} was given as one "
             f"(the script goes after --: mscon {args.command} {flag} ... -- train.py)"
         )
     if args.slurm:
-        return _usage_error(f"{flag}: not with --slurm (the allocation names the nodes)")
+        return usage_error(f"{flag}: not with --slurm (the allocation names the nodes)")
     if getattr(args, "detach", False):
         # mscon attach finds a detached run's nodes in the inventory file it records.
-        return _usage_error(f"--detach: needs an inventory file; write one with: mscon init {flag} ...")
+        return usage_error(f"--detach: needs an inventory file; write one with: mscon init {flag} ...")
     if not user_cmd:
-        return _usage_error(f"{flag}: give the script after --, e.g. -- train.py --epochs 1")
+        return usage_error(f"{flag}: give the script after --, e.g. -- train.py --epochs 1")
     workdir = (args.workdir if args.workdir is not None else Path.cwd()).resolve()
     if not workdir.is_dir():
-        return _usage_error(f"--workdir: no such directory: {args.workdir}")
+        return usage_error(f"--workdir: no such directory: {args.workdir}")
     script = _script_in_workdir(user_cmd[0], workdir)
     if script is None:
-        return _usage_error(
+        return usage_error(
             f"script {user_cmd[0]} is not a file inside the workdir {workdir} "
             "(the current folder unless --workdir; it is what gets synced to the nodes)"
         )
     try:
         return adhoc_inventory(flags, workdir, script, user_cmd[1:])
     except AdhocError as exc:
-        return _usage_error(str(exc))
+        return usage_error(str(exc))
 
 
 def _skip_checks(names: list[str]) -> tuple[str, ...] | int:
     unknown = [n for n in names if not known_check(n)]
     if unknown:
-        return _usage_error(
+        return usage_error(
             f"--skip-check {unknown[0]}: no such check; checks: {', '.join(all_check_names())} "
             "(or one result of them, e.g. limits.nofile)"
         )
@@ -385,16 +381,16 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
     inv, script, args_tuple = job
     refused = _refused_workdir(inv)
     if refused:
-        return _usage_error(refused)
+        return usage_error(refused)
     args.tui = _wants_tui(args) and not args.detach
     if args.command == "up" and not args.tui:
-        return _usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
+        return usage_error("mscon up needs a terminal (stdin and stdout); use mscon run --no-tui")
     if args.run_id is not None and (args.logs_dir / args.run_id).exists():
-        return _usage_error(run_ids.reuse_hint(args.run_id, str(args.logs_dir / args.run_id)))
+        return usage_error(run_ids.reuse_hint(args.run_id, str(args.logs_dir / args.run_id)))
     if not (1.0 < args.straggler_factor <= 100.0 and 2 <= args.straggler_window <= 10_000):
-        return _usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
+        return usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
-        return _usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
+        return usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
     skip = _skip_checks(args.skip_check)
     if isinstance(skip, int):
         return skip

@@ -16,6 +16,7 @@ from pathlib import Path
 from mscon.agent import retention
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import PrunedRun
+from mscon.console.cli.usage import usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, build_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
 from mscon.console.engine import exit_codes
@@ -59,11 +60,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
 
 
-def _error(message: str) -> int:
-    print(f"mscon: error: {message}", file=sys.stderr)
-    return exit_codes.USAGE
-
-
 def _inventory(args: argparse.Namespace) -> Inventory:
     if args.hosts is None:
         return load_inventory_or_default(args.inventory)
@@ -75,11 +71,11 @@ def _inventory(args: argparse.Namespace) -> Inventory:
 
 def prune_main(args: argparse.Namespace) -> int:
     if args.keep is not None and not 0 <= args.keep <= 100_000:
-        return _error(f"--keep: expected 0..100000, got {args.keep}")
+        return usage_error(f"--keep: expected 0..100000, got {args.keep}")
     if args.older_than is not None and not args.older_than >= 0:
-        return _error(f"--older-than: expected a number of days >= 0, got {args.older_than:g}")
+        return usage_error(f"--older-than: expected a number of days >= 0, got {args.older_than:g}")
     if args.hosts is not None and args.inventory is not None:
-        return _error("--hosts: give the nodes with an inventory or with --hosts, not both")
+        return usage_error("--hosts: give the nodes with an inventory or with --hosts, not both")
     try:
         inv = _inventory(args)
     except (InventoryError, AdhocError) as exc:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import LogBatch, RunInfo
+from mscon.console.cli.usage import usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
@@ -92,11 +93,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-new-host-keys", action="store_true", help="trust and record new host keys")
 
 
-def _error(message: str) -> int:
-    print(f"mscon: error: {message}", file=sys.stderr)
-    return exit_codes.USAGE
-
-
 def _inventory(path: str | None, record: DetachRecord | None) -> Inventory:
     """The inventory given, else the one the run was started with, else the embedded default."""
     if path is None and record is not None:
@@ -108,7 +104,7 @@ def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | 
     try:
         label(args.run_id, "run id")
     except UnsafePath as exc:
-        return _error(str(exc))
+        return usage_error(str(exc))
     record = read_record(args.logs_dir / args.run_id)
     try:
         inv = _inventory(args.inventory, record)
@@ -226,7 +222,7 @@ def ls_main(args: argparse.Namespace) -> int:
     if args.inventory is None and args.hosts is None and not args.nodes:
         return _ls_history(args)
     if args.inventory is not None and args.hosts is not None:
-        return _error(f"--hosts replaces an inventory, and {args.inventory} was given as one")
+        return usage_error(f"--hosts replaces an inventory, and {args.inventory} was given as one")
     try:
         if args.hosts is not None:
             flags = AdhocFlags(hosts=args.hosts, nproc_per_node=1)
@@ -234,7 +230,7 @@ def ls_main(args: argparse.Namespace) -> int:
         else:
             inv = _inventory(args.inventory, None)
     except AdhocError as exc:
-        return _error(str(exc))
+        return usage_error(str(exc))
     except InventoryError as exc:
         print(exc.report(), file=sys.stderr)
         return exit_codes.USAGE
