@@ -80,7 +80,7 @@ from failstop import (
     runs_script,
     write_inventory,
 )
-from launch import Contention, bench_env, start_msrun_node, wait_idle
+from launch import Contention, bench_env, end_bench, start_msrun_node, wait_idle
 from procstat import layout, node_runs, sshd_nodes, tool_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -598,13 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; partial results:")
     finally:
-        watch.stop.set()
-        if cluster is not None:
-            cluster.stop()
-        if a.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        end_bench(watch, cluster, tmp, a.keep)
     report(results, a)
     line = json.dumps({
         "bench": "chaos", "command": command, "duration_s": a.duration, "every_s": a.every, "seed": a.seed,

@@ -72,6 +72,7 @@ from typing import Any
 from launch import (  # bench/ is on sys.path when run as a script
     Contention,
     bench_env,
+    end_bench,
     start_msrun_node,
     wait_idle,
 )
@@ -1088,13 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; partial results:")
     finally:
-        watch.stop.set()
-        if cluster is not None:
-            cluster.stop()
-        if a.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        end_bench(watch, cluster, tmp, a.keep)
     report(trials, a)
     return 0 if trials and all(t.ok for t in trials) else 1
 

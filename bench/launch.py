@@ -206,6 +206,18 @@ class Contention(threading.Thread):
             self.sample()
 
 
+def end_bench(watch: Contention, cluster: Any, tmp: Path, keep: bool) -> None:
+    """What every bench does last, also after Ctrl-C or a failure: stop watching the machine, stop
+    the sshd nodes, and remove the scratch folder (or say where it was kept)."""
+    watch.stop.set()
+    if cluster is not None:
+        cluster.stop()
+    if keep:
+        print(f"kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def wait_idle(watch: Contention, max_wait_s: float) -> None:
     """Before a trial: wait (up to max_wait_s) until no other job runs MindSpore or uses much CPU."""
     deadline = time.monotonic() + max_wait_s
@@ -626,13 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; partial results:")
     finally:
-        watch.stop.set()
-        if cluster is not None:
-            cluster.stop()
-        if a.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        end_bench(watch, cluster, tmp, a.keep)
     report(trials)
     return 0 if trials and all(t.ok for t in trials) else 1
 
