@@ -9,6 +9,7 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 MAX_SUFFIX = 999  # beyond this many earlier runs of one id, something else is wrong
 
@@ -33,6 +34,15 @@ async def first_free(base: str, taken: Callable[[str], Awaitable[bool]]) -> str:
     """``base``, or its first suffix for which ``taken`` says no."""
     for run_id in candidates(base):
         if not await taken(run_id):
+            return run_id
+    raise RunIdTaken(f"run id {base}: {MAX_SUFFIX} earlier runs hold it and each of its suffixes")
+
+
+def first_free_here(base: str, logs_root: Path) -> str:
+    """``base``, or its first suffix with no folder under ``logs_root`` yet: the run's local folder is
+    its own from the start (the nodes are asked too, once reached: ``first_free``)."""
+    for run_id in candidates(base):
+        if not (logs_root / run_id).exists() and not (logs_root / run_id).is_symlink():
             return run_id
     raise RunIdTaken(f"run id {base}: {MAX_SUFFIX} earlier runs hold it and each of its suffixes")
 

@@ -372,7 +372,8 @@ class ClusterSession:
 
         async def taken(run_id: str) -> bool:
             local = safepath.within(logs_root, run_id)
-            if local.exists() or local.is_symlink():
+            # The current id's local folder is this run's own (it records from the start).
+            if run_id != self.run_id and (local.exists() or local.is_symlink()):
                 return True
             links = [link for link in self.links.values() if link.open]
             return any(await asyncio.gather(*(link.transport.holds_run(run_id) for link in links)))

@@ -117,7 +117,7 @@ class Supervisor:
         self.options = options or RunOptions()
         self.bus = bus or EventBus()
         self.state = ClusterState()
-        self.run_id = self.options.run_id or new_run_id()
+        self.run_id = self.options.run_id or run_ids.first_free_here(new_run_id(), self.options.logs_root)
         self.logs_dir = (self.options.logs_root / self.run_id).resolve()
         self.bus.errors_to(self.logs_dir)  # a view that raises: its traceback in console.err there
         self.script = self.options.script or inventory.job.script
@@ -489,7 +489,10 @@ class Supervisor:
             held = f"run id {self.run_id} is held by an earlier run: this run is {claimed}"
             self.emit(Notice(self.attempt_no, held))
             self.run_id = claimed
-            self.logs_dir = (self.options.logs_root / claimed).resolve()
+            before, self.logs_dir = self.logs_dir, (self.options.logs_root / claimed).resolve()
+            with contextlib.suppress(OSError):  # what it recorded so far (open files follow the rename)
+                if before.exists() and not self.logs_dir.exists():
+                    before.rename(self.logs_dir)
             self.bus.errors_to(self.logs_dir)
         return None
 

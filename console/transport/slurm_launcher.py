@@ -217,11 +217,15 @@ class SlurmLauncher:
                 self.waiting[h].set_exception(NodeUnreachable(f"{self.nodes[h].name}: {error}"))
             return
         self.steps.append(proc)
-        task = asyncio.get_running_loop().create_task(self._watch_step(proc, hosts), name="srun")
+        # This step's waits only: a lost node's new step may wait for the same host while this one ends.
+        waits = {h: self.waiting[h] for h in hosts}
+        task = asyncio.get_running_loop().create_task(self._watch_step(proc, waits), name="srun")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _watch_step(self, proc: asyncio.subprocess.Process, hosts: list[str]) -> None:
+    async def _watch_step(
+        self, proc: asyncio.subprocess.Process, waits: dict[str, asyncio.Future[Control]]
+    ) -> None:
         assert proc.stderr is not None
         tail: list[str] = []
         while line := await proc.stderr.readline():
@@ -232,9 +236,8 @@ class SlurmLauncher:
                 del self.step_errors[:-20]
         code = await proc.wait()
         why = f"srun exited with {code}" + (f": {tail[-1]}" if tail else "")
-        for h in hosts:
-            fut = self.waiting.get(h)
-            if fut is not None and not fut.done():
+        for h, fut in waits.items():
+            if not fut.done():
                 fut.set_exception(NodeUnreachable(f"{self.nodes[h].name}: no agent connected; {why}"))
 
     # ------------------------------------------------------------ agents
