@@ -153,8 +153,10 @@ class SshTransport(NodeTransport):
             "keepalive_interval": self._keepalive_s(),
             "keepalive_count_max": 1,
         }
-        if self.inv.ssh.config:
-            kw["config"] = [self.inv.ssh.config]
+        # The files `ssh HOST` reads (the inventory's ssh.config alone, else the user's then the
+        # system's), named here: asyncssh's options read no config unless told, so a ProxyJump in
+        # ~/.ssh/config would be missed by the route while the connection itself honoured HostName.
+        kw["config"] = config_paths(self.inv.ssh.config)
         return kw
 
     def _connect_kwargs(self) -> dict:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, SSH_USER, Done, free_port, mindspore_missing
-from sshd_nodes import SshdCluster, write_known_hosts
+from sshd_nodes import SshdCluster, SshdNode, require_sshd, start_sshd_cluster, write_known_hosts
+from test_ssh_known_hosts import CLIENT_ADDRESS, behind_bastion
 
 USER_SCRIPT = Path(__file__).parent / "user_mindspore_script.py"
 FLAG = "MSCON_E2E_FLAG"
@@ -91,24 +92,56 @@ def _mscon(install: Install, *args: str | Path, cwd: Path, home: Path, timeout: 
     return Done(p.returncode, p.stdout, p.stderr)
 
 
-@pytest.fixture
-def home(tmp_path: Path, sshd_cluster: SshdCluster) -> Iterator[Path]:
-    """An empty HOME but for ~/.ssh/config: node-a and node-b are aliases of the two sshd nodes, and
-    their host keys are only in the file its UserKnownHostsFile names (no ~/.ssh/known_hosts)."""
+def _ssh_home(tmp_path: Path, cluster: SshdCluster, config: str) -> Path:
+    """An empty HOME but for ~/.ssh/config (``config``, then the identity and user for every host)."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / "site").mkdir()
-    write_known_hosts(home / "site" / "cluster_hosts", sshd_cluster.nodes)
-    blocks = [
-        f"Host {alias}\n  HostName {node.host}\n  Port {node.port}\n"
-        for alias, node in zip(("node-a", "node-b"), sshd_cluster.nodes, strict=True)
-    ]
     (home / ".ssh" / "config").write_text(
-        "".join(blocks) + f"Host *\n  User {SSH_USER}\n  IdentityFile {sshd_cluster.client_key}\n"
-        "  UserKnownHostsFile ~/site/cluster_hosts\n"
-        f"  GlobalKnownHostsFile {tmp_path / 'no-global-file'}\n"
+        config + f"Host *\n  User {SSH_USER}\n  IdentityFile {cluster.client_key}\n"
     )
+    return home
+
+
+def _aliases(nodes: list[SshdNode], extra: str = "") -> str:
+    names = ("node-a", "node-b")
+    pairs = zip(names, nodes, strict=True)
+    return "".join(f"Host {alias}\n  HostName {n.host}\n  Port {n.port}\n{extra}" for alias, n in pairs)
+
+
+@pytest.fixture
+def home(tmp_path: Path, sshd_cluster: SshdCluster) -> Iterator[Path]:
+    """node-a and node-b are aliases of the two sshd nodes, and their host keys are only in the file
+    the config's UserKnownHostsFile names (no ~/.ssh/known_hosts)."""
+    absent = tmp_path / "no-global-file"
+    files = f"  UserKnownHostsFile ~/site/cluster_hosts\n  GlobalKnownHostsFile {absent}\n"
+    home = _ssh_home(tmp_path, sshd_cluster, _aliases(sshd_cluster.nodes, files))
+    write_known_hosts(home / "site" / "cluster_hosts", sshd_cluster.nodes)
     yield home
+
+
+def _trains_with_hosts(installed: Install, home: Path, tmp_path: Path, per_node: int) -> Done:
+    """``mscon run --no-tui --hosts node-a,node-b`` of a folder holding only train.py."""
+    work = tmp_path / "project"
+    work.mkdir()
+    script = USER_SCRIPT.read_text() + f"\nimport os\nprint('{FLAG}=' + repr(os.environ.get('{FLAG}')))\n"
+    (work / "train.py").write_text(script)
+    done = _mscon(
+        installed, "run", "--no-tui", "--hosts", "node-a,node-b", "--nproc-per-node", str(per_node),
+        "--python", sys.executable,  # the nodes' interpreter with MindSpore (the console's venv has none)
+        "--env", f"{FLAG}=from the flag", "--master-port", str(free_port()), "--", "train.py",
+        cwd=work, home=home, timeout=280,
+    )  # fmt: skip
+    assert done.code == 0, done.err[-4000:]
+    for rank in range(2 * per_node):
+        prefix = f"[{'node-a' if rank < per_node else 'node-b'} r{rank}]"
+        # Trained: LossMonitor's lines of the last epoch, then the script's end; and the flag's value.
+        last_epoch = rf"^{re.escape(prefix)} epoch: 2 step: \d+, loss is \d"
+        assert re.search(last_epoch, done.out, re.M), done.out[-3000:]
+        assert f"{prefix} user script done" in done.out, done.out[-3000:]
+        assert f"{prefix} {FLAG}='from the flag'" in done.out, done.out[-3000:]
+    assert not (home / ".ssh" / "known_hosts").exists()  # the keys were found, not learned
+    return done
 
 
 @pytest.mark.ssh
@@ -117,41 +150,8 @@ def home(tmp_path: Path, sshd_cluster: SshdCluster) -> Iterator[Path]:
 def test_hosts_without_an_inventory_trains_from_a_wheel_install(
     tmp_path: Path, installed: Install, home: Path
 ) -> None:
+    done = _trains_with_hosts(installed, home, tmp_path, per_node=2)
     work = tmp_path / "project"
-    work.mkdir()
-    script = USER_SCRIPT.read_text() + f"\nimport os\nprint('{FLAG}=' + repr(os.environ.get('{FLAG}')))\n"
-    (work / "train.py").write_text(script)
-    done = _mscon(
-        installed,
-        "run",
-        "--no-tui",
-        "--hosts",
-        "node-a,node-b",
-        "--nproc-per-node",
-        "2",
-        "--python",
-        sys.executable,  # the nodes' interpreter with MindSpore (the console's venv has none)
-        "--env",
-        f"{FLAG}=from the flag",
-        "--master-port",
-        str(free_port()),
-        "--",
-        "train.py",
-        cwd=work,
-        home=home,
-        timeout=280,
-    )
-    assert done.code == 0, done.err[-4000:]
-    ranks = [("node-a", 0), ("node-a", 1), ("node-b", 2), ("node-b", 3)]
-    for node, rank in ranks:
-        prefix = f"[{node} r{rank}]"
-        # Trained: LossMonitor's lines of the last epoch, then the script's end; and the flag's value.
-        assert re.search(rf"^{re.escape(prefix)} epoch: 2 step: \d+, loss is \d", done.out, re.M), done.out[
-            -3000:
-        ]
-        assert f"{prefix} user script done" in done.out, done.out[-3000:]
-        assert f"{prefix} {FLAG}='from the flag'" in done.out, done.out[-3000:]
-    assert not (home / ".ssh" / "known_hosts").exists()  # the keys were found, not learned
     # The same install lists the run (from ./mscon-runs: its recording and summary), and prunes:
     # the nodes' folders with --hosts (a dry run names this run), and the local copy with --local.
     found = re.search(r"^mscon: run (\S+): ", done.err, re.M)
@@ -169,6 +169,51 @@ def test_hosts_without_an_inventory_trains_from_a_wheel_install(
     local = _mscon(installed, "prune", "--local", "--keep", "0", "--hosts", "node-a,node-b",
                    "--python", sys.executable, cwd=work, home=home, timeout=120)  # fmt: skip
     assert local.code == 0 and not (work / "mscon-runs" / run_id).exists(), (local.out, local.err)
+
+
+@pytest.mark.ssh
+@pytest.mark.mindspore
+@pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
+def test_hosts_with_keys_only_in_a_global_known_hosts_file(
+    tmp_path: Path, installed: Install, sshd_cluster: SshdCluster
+) -> None:
+    """As sites distribute host keys (/etc/ssh/ssh_known_hosts; a temp file named by
+    GlobalKnownHostsFile here), with no user known-hosts file at all."""
+    site = tmp_path / "site_known_hosts"
+    write_known_hosts(site, sshd_cluster.nodes)
+    files = f"  UserKnownHostsFile ~/site/none\n  GlobalKnownHostsFile {site}\n"
+    home = _ssh_home(tmp_path, sshd_cluster, _aliases(sshd_cluster.nodes, files))
+    _trains_with_hosts(installed, home, tmp_path, per_node=1)
+    assert not (home / "site" / "none").exists()
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[SshdCluster]:
+    require_sshd()
+    c = start_sshd_cluster(tmp_path / "sshd", n=3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.ssh
+@pytest.mark.mindspore
+@pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
+def test_hosts_behind_a_proxyjump_bastion(tmp_path: Path, installed: Install, cluster3: SshdCluster) -> None:
+    """node-a and node-b accept the console only through the bastion (ProxyJump in the config);
+    every key, the bastion's included, in the config's UserKnownHostsFile."""
+    nodes, bastion = behind_bastion(cluster3)
+    config = _aliases(nodes, "  ProxyJump bastion\n") + (
+        f"Host bastion\n  HostName {bastion.host}\n  Port {bastion.port}\n"
+        f"Host *\n  BindAddress {CLIENT_ADDRESS}\n  UserKnownHostsFile ~/site/cluster_hosts\n"
+    )
+    home = _ssh_home(tmp_path, cluster3, config)
+    write_known_hosts(home / "site" / "cluster_hosts", [*nodes, bastion])
+    _trains_with_hosts(installed, home, tmp_path, per_node=1)
+    for n in nodes:  # reached through the bastion only
+        log = n.log.read_text()
+        assert "Accepted publickey for root from 127.0.0.1" in log and CLIENT_ADDRESS not in log
 
 
 def test_init_from_the_wheel_install_writes_an_inventory_that_validates(

@@ -148,7 +148,7 @@ def test_changed_key_names_the_file_and_line(tmp_path: Path, sshd_cluster: SshdC
 # ------------------------------------------------------------------ through a ProxyJump bastion
 
 
-def _behind_bastion(cluster: SshdCluster) -> tuple[list[SshdNode], SshdNode]:
+def behind_bastion(cluster: SshdCluster) -> tuple[list[SshdNode], SshdNode]:
     """node1 and node2 accept root only from 127.0.0.1; node3, the bastion, forwards TCP.
 
     On loopback the bastion's forwarded connections come from 127.0.0.1 (the kernel's source
@@ -169,7 +169,7 @@ def _behind_bastion(cluster: SshdCluster) -> tuple[list[SshdNode], SshdNode]:
 def test_node_behind_a_proxyjump_bastion_learns_keys_through_it(
     tmp_path: Path, cluster3: SshdCluster, home: Path
 ) -> None:
-    nodes, bastion = _behind_bastion(cluster3)
+    nodes, bastion = behind_bastion(cluster3)
     jump = "  ProxyJump bastion\n"
     common = (
         f"Host bastion\n  HostName {bastion.host}\n  Port {bastion.port}\n"
@@ -267,7 +267,7 @@ async def test_the_jump_hosts_key_is_checked_too(
 ) -> None:
     """A bastion whose key changed is refused like a node, naming the bastion."""
     monkeypatch.setenv("HOME", str(home))
-    nodes, bastion = _behind_bastion(cluster3)
+    nodes, bastion = behind_bastion(cluster3)
     kh = tmp_path / "hosts"
     write_known_hosts(kh, [*nodes, bastion])
     cluster3.rotate_host_key(bastion)
