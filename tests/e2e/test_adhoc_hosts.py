@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +22,7 @@ import yaml
 from conftest import REPO, SSH_USER, Done, free_port, mindspore_missing
 from sshd_nodes import SshdCluster, SshdNode, require_sshd, start_sshd_cluster, write_known_hosts
 from test_ssh_known_hosts import CLIENT_ADDRESS, behind_bastion
+from tmux_screen import keys, wait_for, wait_screen
 
 USER_SCRIPT = Path(__file__).parent / "user_mindspore_script.py"
 FLAG = "MSCON_E2E_FLAG"
@@ -144,6 +147,27 @@ def _trains_with_hosts(installed: Install, home: Path, tmp_path: Path, per_node:
     return done
 
 
+def _replay_in_a_terminal(install: Install, work: Path, home: Path, run_id: str) -> None:
+    """``mscon replay RUN_ID`` of the same install, in a real terminal (tmux): the run's console
+    comes back from its recording, and q leaves it."""
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is needed to replay in a real terminal (apt-get install -y tmux; .ci/run does)")
+    session, marker = f"mscon-replay-{secrets.token_hex(3)}", work / "replay.exit"
+    cmd = (
+        f"cd {work} && env -u PYTHONPATH -u VIRTUAL_ENV HOME={home} TERM=xterm-256color "
+        f"{install.mscon} replay {run_id} --speed 0; echo exit=$? > {marker}; sleep 60"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "45", cmd], check=True)
+    try:
+        wait_screen(session, lambda s: run_id in s and "Overview" in s, 60, "the replayed run")
+        wait_screen(session, lambda s: "succeeded" in s, 60, "the run's end, replayed")
+        keys(session, "q")
+        wait_for(session, marker.exists, 30, "replay to exit")
+        assert marker.read_text().strip() == "exit=0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
 @pytest.mark.ssh
 @pytest.mark.mindspore
 @pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
@@ -161,6 +185,7 @@ def test_hosts_without_an_inventory_trains_from_a_wheel_install(
     assert listed.code == 0 and run_id in listed.out and "succeeded" in listed.out, listed.err
     assert (work / "mscon-runs" / run_id / "events.jsonl.gz").is_file()
     assert not (work / "mscon-runs" / run_id / "node-a" / "checkpoints").exists()
+    _replay_in_a_terminal(installed, work, home, run_id)
     dry = _mscon(
         installed, "prune", "--hosts", "node-a,node-b", "--python", sys.executable, "--keep", "0",
         "--dry-run", cwd=work, home=home, timeout=120,
