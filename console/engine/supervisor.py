@@ -72,10 +72,6 @@ T = TypeVar("T")
 _TICK_S = 0.25
 
 
-def new_run_id() -> str:
-    return run_ids.generated_run_id()
-
-
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     script: str | None = None  # overrides the inventory's job.script (relative to workdir)
@@ -117,7 +113,9 @@ class Supervisor:
         self.options = options or RunOptions()
         self.bus = bus or EventBus()
         self.state = ClusterState()
-        self.run_id = self.options.run_id or run_ids.first_free_here(new_run_id(), self.options.logs_root)
+        self.run_id = self.options.run_id or run_ids.first_free_here(
+            run_ids.generated_run_id(), self.options.logs_root
+        )
         self.logs_dir = (self.options.logs_root / self.run_id).resolve()
         self.bus.errors_to(self.logs_dir)  # a view that raises: its traceback in console.err there
         self.script = self.options.script or inventory.job.script
