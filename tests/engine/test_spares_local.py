@@ -54,8 +54,9 @@ def _inventory(tmp_path: Path, max_restarts: int) -> Path:
 
 def _first_lines(run_id: str, attempt: int) -> dict[str, str]:
     out = {}
+    node = node_run_dir(run_id, "local", user=None)  # a local node's agent runs in this HOME
     for name in ("sched", "r0", "r1"):
-        with open(layout.log_path(node_run_dir(run_id, "local"), attempt, name), encoding="utf-8") as f:
+        with open(layout.log_path(node, attempt, name), encoding="utf-8") as f:
             out[name] = next(line for line in f if line.startswith("warm="))
     return out
 
@@ -95,4 +96,4 @@ def test_no_spares_without_a_restart_to_come(tmp_path: Path) -> None:
     done = mscon("run", "--no-tui", "-q", inv, "--json", tmp_path / "s.json", cwd=tmp_path)
     assert done.code == 3, done.err
     run_id = json.loads((tmp_path / "s.json").read_text())["run_id"]
-    assert not Path(layout.spares_folder(str(node_run_dir(run_id, "local")))).exists()
+    assert not Path(layout.spares_folder(str(node_run_dir(run_id, "local", user=None)))).exists()
