@@ -10,7 +10,8 @@
         agent.sock  agent.err            a detached agent's socket and stderr
         work/                            the synced workdir, unpacked (never fetched back)
         checkpoints/                     the trainer's checkpoints (fetched only when asked)
-        spares/<name>.log                a spare process's output until it becomes a rank (spares.py)
+        spares/<name>.<N>.log            a spare for attempt N: its output until it becomes a rank
+                                         (a standby scheduler's, all of it: spares.py)
         attempt_<N>/<name>.log           each process's output (name: "r<rank>" or "sched")
         attempt_<N>/<name>.metrics.jsonl its MSCON_METRICS file
 
@@ -132,13 +133,18 @@ def spares_folder(run_dir: str) -> str:
     return posixpath.join(run_dir, SPARES_DIR)
 
 
-def spare_log(run_dir: str, name: str) -> str:
-    return posixpath.join(run_dir, SPARES_DIR, name + LOG_SUFFIX)
+def spare_log(run_dir: str, name: str, attempt: int) -> str:
+    return posixpath.join(run_dir, SPARES_DIR, "%s.%d%s" % (name, attempt, LOG_SUFFIX))
 
 
 def spare_order(run_dir: str, name: str) -> str:
     """What the agent tells a spare to become (argv, environment, folder, log): JSON."""
     return posixpath.join(run_dir, SPARES_DIR, name + ".order.json")
+
+
+def spare_joined(run_dir: str, name: str, attempt: int) -> str:
+    """There once the spare for attempt ``attempt`` has joined its standby cluster (init() returned)."""
+    return posixpath.join(run_dir, SPARES_DIR, "%s.%d.joined" % (name, attempt))
 
 
 def shm_snapshot_folder(run_dir: str) -> str:

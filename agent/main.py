@@ -74,6 +74,7 @@ class Agent(Ranks, Streaming, Services):
         self._last_flush = 0.0
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
+        self._last_standby_check = 0.0
         self._checks: queue.Queue | None = None  # preflight requests, run one at a time by a thread
         self._mesh: MeshListener | None = None
         self.journal: Journal | None = None

@@ -11,6 +11,8 @@ out the actions it returns, in order. Neither host decides anything itself:
   not use it): at once when its ranks had stepped, after the backoff when it failed in start-up;
   with no budget left, an interactive run waits for the operator (``r`` restarts, ``q`` ends with
   the failed attempt's verdict), a headless one ends;
+- a restart is warm (``StartAttempt.warm``: the processes of the standby cluster the spares joined
+  during the attempt) when every node has said its spares for it are ready, else cold;
 - every worker succeeded: the scheduler gets ``SCHEDULER_LINGER_S`` to exit, then it is stopped;
 - a node that has not confirmed a stop within grace + ``STOP_CONFIRM_S`` is cut off;
 - a rank silent for the hang timeout is inspected (the agent answers with a hang report).
@@ -201,6 +203,16 @@ class RestartRequested:
 
 
 @dataclass(frozen=True)
+class StandbyChanged:
+    """A node's spares for ``attempt`` have all joined their standby cluster, or one is gone."""
+
+    node: str
+    attempt: int
+    ready: bool
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     now: float
 
@@ -216,6 +228,7 @@ Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     NodeLost,
     StopRequested,
     RestartRequested,
+    StandbyChanged,
     Tick,
 ]
 
@@ -236,6 +249,8 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
         return NodeDone(node, now)
     if isinstance(msg, P.RankPhase) and msg.phase == P.Milestone.FIRST_STEP:
         return RankStepped(node, msg.name, now)
+    if isinstance(msg, P.StandbyState):
+        return StandbyChanged(node, msg.attempt, msg.ready, now)
     return None
 
 
@@ -245,6 +260,7 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
 @dataclass(frozen=True)
 class StartAttempt:
     attempt: int
+    warm: bool = False  # on the standby cluster every node's spares joined (Start.warm)
 
 
 @dataclass(frozen=True)
@@ -379,6 +395,9 @@ class RunPolicy:
         self.wait_until: float | None = None
         self._workers: frozenset[str] = frozenset(config.workers)
         self._ending_verdict: Verdict | None = None
+        # node -> its spares for attempt ``standby_for`` have joined their standby cluster
+        self.standby: dict[str, bool] = {}
+        self.standby_for = -1
 
     # ------------------------------------------------------------ host helpers
 
@@ -420,7 +439,13 @@ class RunPolicy:
         elif isinstance(ev, RestartRequested):
             self._restart_requested(ev, out)
         elif isinstance(ev, NodeLost):
+            self.standby.pop(ev.node, None)  # its spares went with its agent
             self._node_lost(ev, out)
+        elif isinstance(ev, StandbyChanged):
+            if ev.attempt > self.att.number:  # else stale: that attempt has started already
+                if ev.attempt != self.standby_for:
+                    self.standby, self.standby_for = {}, ev.attempt
+                self.standby[ev.node] = ev.ready
         elif self.phase in (Phase.RUNNING, Phase.STOPPING):
             self._attempt_input(ev, out)
         return out
@@ -594,10 +619,13 @@ class RunPolicy:
             self._tick(now, out)
 
     def _start(self, number: int, now: float, out: list[Action]) -> None:
+        # Warm only when the whole standby cluster is there: one node's cold ranks cannot join it.
+        warm = number == self.standby_for and all(self.standby.get(n) for n in self.config.nodes)
+        self.standby, self.standby_for = {}, -1
         self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s))
         self.restart_at = None
         self.phase = Phase.RUNNING
-        out.append(StartAttempt(number))
+        out.append(StartAttempt(number, warm))
 
     def _end(self, verdict: Verdict, out: list[Action]) -> None:
         self.phase = Phase.ENDED

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 # telemetry batches
 # 4: typed coordinator links, the run's policy in agent/policy.py (one outcome vocabulary)
 # 5: rank start-up milestones (RankPhase)
-PROTOCOL_VERSION = 5
+# 6: standby clusters (Start.join_standby/warm, LinkStart.warm, StandbyState)
+PROTOCOL_VERSION = 6
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -192,6 +193,8 @@ class Start(Message):
     workdir_archive: str | None = None  # a tar.gz the agent unpacks into cwd first
     flush_interval_s: float = 0.1
     spares: bool = False  # a restart may follow: once past start-up, prepare the next attempt's ranks
+    join_standby: bool = False  # the spares also join their own cluster ahead (StandbyState, standby_port)
+    warm: bool = False  # this attempt runs on the standby cluster its spares joined (every node's is ready)
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
     watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
     keep_runs: int | None = None  # older runs of this node kept as it starts (None: retention.KEEP_RUNS)
@@ -437,6 +440,36 @@ class RankPhase(Message):
     ts_ns: int
 
 
+def standby_port(base: int, attempt: int) -> int:
+    """The scheduler port of attempt ``attempt``'s standby cluster (joined during the attempt before
+    it, while that one holds ``base`` or the other standby port): the two alternate above ``base``,
+    so a standby never meets the cluster it stands by for, nor a cold attempt (on ``base``)."""
+    return base + 1 + attempt % 2
+
+
+def on_standby(spec: ProcSpec, attempt: int) -> ProcSpec:
+    """``spec`` as it runs in attempt ``attempt``'s standby cluster: its scheduler port moved."""
+    base = spec.env.get("MS_SCHED_PORT", "")
+    if not base.isdigit():
+        return spec
+    return dataclasses.replace(spec, env=dict(spec.env, MS_SCHED_PORT=str(standby_port(int(base), attempt))))
+
+
+@dataclass(frozen=True)
+class StandbyState(Message):
+    """Whether this node's spares for ``attempt`` have all joined their standby cluster (``ready``),
+    or one of them is gone (not ready, ``why``): the policy starts that attempt warm only when every
+    node's are ready."""
+
+    type: ClassVar[str] = "standby_state"
+    reported: ClassVar[bool] = True
+    journaled: ClassVar[bool] = True
+    node: str
+    attempt: int
+    ready: bool
+    why: str = ""
+
+
 @dataclass(frozen=True)
 class Resolved(Message):
     type: ClassVar[str] = "resolved"
@@ -596,6 +629,7 @@ class LinkStart(Message):
 
     type: ClassVar[str] = "link_start"
     attempt: int
+    warm: bool = False  # Start.warm
 
 
 @dataclass(frozen=True)

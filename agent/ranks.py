@@ -81,8 +81,13 @@ class Ranks:
             self.all_exited_sent = True
             return
         base_env = procmod.attempt_env(cmd.attempt)
+        procs = cmd.procs
+        if cmd.warm:  # every node's standby is ready: its processes become the attempt, on its port
+            procs = tuple(P.on_standby(s, cmd.attempt) for s in procs)
+        elif self.spares.joined:
+            self.spares.discard()  # a standby of no use: its CPU and memory are the ranks'
         # Scheduler first: workers retry their connection to it, but it should be up early.
-        for spec in sorted(cmd.procs, key=lambda s: not s.is_scheduler):
+        for spec in sorted(procs, key=lambda s: not s.is_scheduler):
             try:
                 proc = self.spares.take(spec, cmd.run_dir, cmd.attempt, cmd.cwd)
                 if proc is None:
@@ -121,8 +126,20 @@ class Ranks:
         workers = [w for w in self.watched if not w.proc.spec.is_scheduler]
         if not workers or not all(w.first_step_said for w in workers):
             return
-        for error in self.spares.prepare(cmd.run_dir, cmd.attempt + 1, cmd.cwd, cmd.procs):
+        for error in self.spares.prepare(cmd.run_dir, cmd.attempt + 1, cmd.cwd, cmd.procs, cmd.join_standby):
             self._note_once(error)
+
+    def _standby_state(self) -> None:
+        """Say when this node's standby for the next attempt is ready, or is lost (the policy's
+        warm-or-cold choice)."""
+        said = self.spares.poll()
+        if said is not None:
+            ready, why = said
+            self.send(P.StandbyState(node=self.node, attempt=self.spares.attempt, ready=ready, why=why))
+            if not ready:
+                self._note_once(
+                    "standby for attempt %d lost: %s; a restart would be cold" % (self.spares.attempt, why)
+                )
 
     def stop(self, reason: str, grace_s: float) -> None:
         """Stop every process of the node without waiting: TERM now, KILL at the grace deadline.
@@ -159,6 +176,9 @@ class Ranks:
         exited = [w for w in self.watched if w.proc.poll()]
         if self.stopping is not None and self.stopping.step(now):  # after the reaping above
             self.stopping = None
+        if now - self._last_standby_check >= _STATE_CHECK_S:  # also between attempts
+            self._last_standby_check = now
+            self._standby_state()
         if not self.watched or self.all_exited_sent:
             return
         interval = self.start_cmd.flush_interval_s if self.start_cmd else 0.1

@@ -7,6 +7,13 @@ folder and log. It then runs the script as ``python SCRIPT ARGS`` would: output 
 environment replaced, ``sys.argv`` and ``sys.path[0]`` the script's, ``__main__`` the script. End of
 input without a line: not needed (the run ended), exit quietly.
 
+``--join MARKER``: before waiting, it also joins the next attempt's own MindSpore cluster (its
+environment names the standby scheduler port, ``protocol.standby_port``) and creates ``MARKER``
+once ``init()`` has returned; the script's own ``init()`` is then a no-op, so the restart skips the
+join. The standby scheduler runs its cluster inside ``init()`` and exits with it (as a cold
+scheduler does), so a thread of its own takes its order: from then on its output goes to the
+attempt's log and it bears the interpreter's name, as a cold scheduler would.
+
 Run as a file (``python spare_boot.py``), never imported by the agent: it imports nothing of
 mscon, so the script's ``sys.modules`` holds only what it would hold anyway, plus MindSpore.
 Stdlib only, Python 3.8 syntax (runs on the nodes).
@@ -20,6 +27,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 
 SPARE_NAME = b"mscon-spare"  # its process name (comm) until it becomes a rank: tools tell it apart
 WARM_MODULES = ("mindspore", "mindspore.nn", "mindspore.communication", "mindspore.dataset")
@@ -44,6 +52,53 @@ def _warm() -> None:
             break
 
 
+def _join(marker: str) -> None:
+    """Join the standby cluster (the one cost of a restart imports do not cut: seconds of
+    heartbeats and address polling), then say so."""
+    import importlib
+
+    ms = importlib.import_module("mindspore")  # the nodes' MindSpore (the agent itself never imports it)
+    target = os.environ.get("DEVICE_TARGET") or "CPU"
+    device_id = os.environ.get("DEVICE_ID", "")
+    # The device as a cold rank's script sets it (DEVICE_ID: the local rank, as msrun gives it).
+    ms.set_device(target, int(device_id) if device_id.isdigit() else None)
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        threading.Thread(target=_scheduler_order, name="order", daemon=True).start()
+    importlib.import_module("mindspore.communication").init()  # the scheduler: serves, ends with it
+    _accept_set_device(ms, target)
+    with open(marker, "w"):
+        pass
+
+
+def _scheduler_order() -> None:
+    """The standby scheduler's order, taken while ``init()`` serves the cluster on the main thread:
+    its output to the attempt's log, its name the interpreter's (the main thread's comm)."""
+    order = _read_order()
+    if order is None:
+        return
+    _redirect(order["log"])
+    name = os.path.basename(order["argv"][0]).encode("utf-8", "replace")[:15]
+    try:
+        with open("/proc/self/task/%d/comm" % os.getpid(), "wb") as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
+def _accept_set_device(ms: object, target: str) -> None:
+    """MindSpore refuses ``set_device`` once ``init()`` ran unless it repeats the same target and
+    id; the script runs after the standby's ``init()``, so a call naming the same target (with
+    another id or none, as scripts written for one device do) stands for the one already made."""
+    real = ms.set_device  # type: ignore[attr-defined]
+
+    def set_device(device_target: str, device_id: int | None = None) -> None:
+        if device_target == target:
+            return
+        real(device_target, device_id)
+
+    ms.set_device = set_device  # type: ignore[attr-defined]
+
+
 def _read_order() -> dict | None:
     line = sys.stdin.readline()
     if not line.strip():
@@ -54,13 +109,17 @@ def _read_order() -> dict | None:
     return order
 
 
-def _become(order: dict) -> None:
+def _redirect(path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+
+
+def _become(order: dict) -> None:
+    _redirect(order["log"])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # as a cold rank's stdin
     os.close(null)
@@ -79,6 +138,8 @@ def main() -> None:
     sys.path.pop(0)  # this file's folder (the agent's): not the script's import path
     sys.path.insert(0, "")
     _warm()
+    if sys.argv[1:2] == ["--join"]:
+        _join(sys.argv[2])
     order = _read_order()
     if order is None:
         return

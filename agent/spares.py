@@ -1,13 +1,22 @@
-"""Spare processes: the next attempt's ranks, started ahead with Python up and MindSpore imported.
+"""Spare processes: the next attempt's ranks, started ahead with Python up and MindSpore imported,
+and (``join``) already joined to the next attempt's own MindSpore cluster: the standby cluster.
 
 A restart is a cold launch of every process unless something is ready: once an attempt is past
 start-up (every rank of the node has stepped) and a restart may come (``Start.spares``), the agent
 starts one spare per process of its node (``spare_boot.py``) with the next attempt's environment.
-When that attempt's Start comes, each process whose interpreter, script, working folder and
-environment match its spare's is handed to the spare (``activate``: an order file and one line on
-its stdin) instead of being launched; the rest start cold and unused spares are killed. A spare
-that died is simply not used. Spares die with the agent (parent-death signal, own session).
 
+- Imported spares: when that attempt's Start comes, each process whose interpreter, script,
+  working folder and environment match its spare's is handed to the spare (``take``: an order file
+  and one line on its stdin) instead of being launched; the rest start cold.
+- Joined spares (``Start.join_standby``): they also run MindSpore's ``init()`` against a scheduler
+  port of their own (``protocol.standby_port``), the standby scheduler being node 0's spare, so the
+  next attempt skips the cluster join, most of a restart's time. All or nothing: the standby is of
+  use only when every process of every node is in it, so the agent says when its node's spares have
+  all joined or one is gone (``poll`` -> ``StandbyState``) and the policy starts the attempt warm
+  (``Start.warm``: take the spares, on the standby port) only when every node's are ready; a cold
+  attempt kills them first and launches on the inventory's port.
+
+Unused spares are killed. Spares die with the agent (parent-death signal, own session).
 Stdlib only, Python 3.8 syntax (runs on the nodes).
 """
 
@@ -20,7 +29,7 @@ import subprocess
 
 from . import layout
 from . import procs as procmod
-from .protocol import ProcSpec
+from .protocol import ProcSpec, on_standby
 
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
 
@@ -64,13 +73,22 @@ class Spares:
 
     def __init__(self) -> None:
         self.attempt = -1  # the attempt they are for (-1: none started)
+        self.joined = False  # they join a standby cluster (Start.join_standby)
         self._by_name: dict[str, Spare] = {}
+        self._run_dir = ""
+        self._said: bool | None = None  # the standby state last reported (poll)
 
-    def prepare(self, run_dir: str, attempt: int, cwd: str, specs: tuple) -> list:
+    def prepare(self, run_dir: str, attempt: int, cwd: str, specs: tuple, join: bool = False) -> list:
         """Start a spare per eligible process for ``attempt``; the one-line errors of those that
-        could not start (the attempt then starts them cold)."""
+        could not start (the attempt then starts them cold). ``join``: a standby cluster, so every
+        process must have its spare, or none is started."""
         self.discard()
-        self.attempt = attempt
+        self.attempt, self.joined, self._run_dir, self._said = attempt, join, run_dir, None
+        if join:
+            odd = [s.name for s in specs if not eligible(s)]
+            if odd:  # self.attempt is set: not tried again this attempt
+                return ["no standby cluster: %s is not run as `python SCRIPT.py`" % ", ".join(odd)]
+            specs = tuple(on_standby(s, attempt) for s in specs)
         log_dir = layout.attempt_folder(run_dir, attempt)
         base_env = procmod.attempt_env(attempt)
         errors = []
@@ -83,10 +101,19 @@ class Spares:
             if not eligible(spec):
                 continue
             env = procmod.process_env(spec, log_dir, base_env)
+            log = layout.spare_log(run_dir, spec.name, attempt)
+            argv = [spec.argv[0], BOOT]
+            if join:
+                marker = layout.spare_joined(run_dir, spec.name, attempt)
+                try:
+                    os.unlink(marker)
+                except OSError:
+                    pass
+                argv += ["--join", marker]
             try:
-                with open(layout.spare_log(run_dir, spec.name), "ab", buffering=0) as out:
+                with open(log, "ab", buffering=0) as out:
                     popen = subprocess.Popen(
-                        [spec.argv[0], BOOT],
+                        argv,
                         cwd=cwd,
                         env=env,
                         stdin=subprocess.PIPE,
@@ -99,7 +126,36 @@ class Spares:
                 errors.append("spare for %s: %s" % (spec.name, exc))
                 continue
             self._by_name[spec.name] = Spare(spec, popen, cwd, env)
+        if join and errors:
+            self.discard()
         return errors
+
+    def poll(self) -> tuple[bool, str] | None:
+        """The standby's state when it changed since the last call: (True, "") once every spare
+        has joined (the scheduler's is alive), (False, why) once one is gone; None otherwise."""
+        if not self.joined or self.attempt < 0 or self._said is False:
+            return None
+        state = None
+        for name, spare in sorted(self._by_name.items()):
+            code = spare.popen.poll()
+            if code is not None:
+                exitcode, sig, _ = procmod.describe_exit(code)
+                how = sig or "exit code %s" % exitcode
+                state = (False, "the spare for %s exited (%s)" % (name, how))
+                break
+        if state is None:
+            if len(self._by_name) == 0 or self._said:
+                return None
+            joined = all(
+                spare.spec.is_scheduler
+                or os.path.exists(layout.spare_joined(self._run_dir, name, self.attempt))
+                for name, spare in self._by_name.items()
+            )
+            if not joined:
+                return None
+            state = (True, "")
+        self._said = state[0]
+        return state
 
     def take(self, spec: ProcSpec, run_dir: str, attempt: int, cwd: str) -> procmod.Proc | None:
         """``spec``'s process of ``attempt`` from its spare, or None (start it cold)."""
@@ -111,6 +167,7 @@ class Spares:
         if attempt != self.attempt or not spare.fits(spec, cwd, env):
             spare.kill()
             return None
+        metrics = layout.metrics_file(log_dir, spec.name)
         log_path = layout.log_file(log_dir, spec.name)
         order = layout.spare_order(run_dir, spec.name)
         try:
@@ -125,7 +182,7 @@ class Spares:
         except (OSError, ValueError):
             spare.kill()
             return None
-        return procmod.Proc(spec, spare.popen, log_path, layout.metrics_file(log_dir, spec.name))
+        return procmod.Proc(spec, spare.popen, log_path, metrics)
 
     def discard(self) -> None:
         """Kill every spare not taken (the attempt started, or the run is over)."""

@@ -65,11 +65,26 @@ def node_run_dir(run_id: str, node: str, user: str | None = SSH_USER) -> Path:
 
 
 def free_port() -> int:
+    """A port free now, with the two above it (a scheduler port: its standby clusters take those,
+    protocol.standby_port), below the ephemeral range, where no outgoing connection takes it."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(500):
+        port = random.randrange(10000, max(10001, low - 3))
+        try:
+            for p in range(port, port + 3):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free run of three ports below the ephemeral range")
 
 
 def write_inventory(path: Path, doc: dict) -> Path:

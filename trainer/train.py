@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.restore(params)
         if say:
             saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.get("saved_at", 0)))
-            print(f"mscon-trainer: resumed from step {start} ({what} saved {saved})", flush=True)
+            # The checksum the step-``start`` metric of the attempt before reported: the same state.
+            same = f"; parameter checksum {param_checksum(net)}" if ranks_are_replicas(args) else ""
+            print(f"mscon-trainer: resumed from step {start} ({what} saved {saved}){same}", flush=True)
     elif args.resume and say:
         print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 

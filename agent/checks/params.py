@@ -32,6 +32,8 @@ class Params:
         self.workdir = _opt_str(raw.get("workdir"))
         self.checkpoint_dir = _opt_str(raw.get("checkpoint_dir"))
         self.sched_port = _opt_int(raw.get("sched_port"))
+        # The standby clusters' scheduler ports (protocol.standby_port), when restarts may use them
+        self.standby_ports = [p for p in (raw.get("standby_ports") or []) if isinstance(p, int)]
         self.sched_host = _opt_str(raw.get("sched_host"))
         self.is_first = bool(raw.get("is_first", False))
         self.timeout_s = _opt_float(raw.get("timeout_s"), DEFAULT_TIMEOUT_S)

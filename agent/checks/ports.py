@@ -65,7 +65,38 @@ def check_port(p: Params) -> list:
                     "port", FAIL, "%s:%d: %s" % (addr[0], port, err.strerror), "choose another scheduler.port"
                 )
             ]
-    return [result("port", OK, "%d free" % port, detail="bound on %s" % ", ".join(hosts))]
+    return [result("port", OK, "%d free" % port, detail="bound on %s" % ", ".join(hosts))] + _standby(
+        p, hosts
+    )
+
+
+def _standby(p: Params, hosts: list) -> list:
+    """The standby clusters' ports: one in use costs no run, only the speed of its restarts."""
+    busy = []
+    for port in p.standby_ports:
+        for host in hosts:
+            try:
+                infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+            except (OSError, UnicodeError):
+                continue
+            err = _try_bind(*infos[0][:3], infos[0][4]) if infos else None
+            if err is not None and err.errno == errno.EADDRINUSE:
+                holder = port_holder(port)
+                busy.append("%d%s" % (port, " (held by %s)" % holder if holder else ""))
+                break
+    if not p.standby_ports:
+        return []
+    if busy:
+        return [
+            result(
+                "standby port",
+                WARN,
+                "%s in use: a restart would start cold" % ", ".join(busy),
+                "choose a scheduler.port whose next two ports are free, or set restart.standby: imported",
+                "a standby cluster's scheduler binds scheduler.port + 1 or + 2",
+            )
+        ]
+    return [result("standby port", OK, "%s free" % ", ".join(map(str, p.standby_ports)))]
 
 
 def _try_bind(family: int, kind: int, proto: int, addr: tuple) -> OSError | None:

@@ -273,12 +273,14 @@ class DetachedRun:
         if isinstance(msg, P.LinkStop):
             self.agent.stop(msg.reason, msg.grace_s)
         elif isinstance(msg, P.LinkStart):
-            self._start_own(msg.attempt)
+            self._start_own(msg.attempt, msg.warm)
         elif isinstance(msg, P.LinkEnd):
             self._end_here(msg.status, msg.reason)
 
-    def _start_own(self, attempt: int) -> None:
-        start = P.from_dict(P.Start, dict(self.msg.next_start, attempt=attempt, workdir_archive=None))
+    def _start_own(self, attempt: int, warm: bool) -> None:
+        start = P.from_dict(
+            P.Start, dict(self.msg.next_start, attempt=attempt, workdir_archive=None, warm=warm)
+        )
         assert isinstance(start, P.Start)
         self.agent.start(start)
         self.agent._save_state(reason="")
@@ -363,18 +365,18 @@ class DetachedRun:
             )
             self.agent._save_state(reason="failed; waiting for an operator (mscon attach, then r)")
         elif isinstance(act, pol.StartAttempt):
-            return self._start_attempt(act.attempt)
+            return self._start_attempt(act.attempt, act.warm)
         elif isinstance(act, pol.EndRun):
             self._finish(act.verdict.status.value, act.verdict.reason or "")
         return []
 
-    def _start_attempt(self, attempt: int) -> list:
+    def _start_attempt(self, attempt: int, warm: bool) -> list:
         self._coord(P.CoordKind.ATTEMPT_STARTED)
-        self._start_own(attempt)
+        self._start_own(attempt, warm)
         now, lost = time.monotonic(), []
         for node in self.nodes[1:]:
             link = self.peers.get(node)
-            if link is None or not link.send(P.LinkStart(attempt=attempt).to_dict()):
+            if link is None or not link.send(P.LinkStart(attempt=attempt, warm=warm).to_dict()):
                 lost.append(pol.NodeLost(node, "not connected when the group restarted", now))
         assert self.policy is not None
         return [a for ev in lost for a in self.policy.step(ev)]

@@ -12,7 +12,7 @@ def add_completion_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p = sub.add_parser(
         "completion",
         help="print a shell completion script (bash, zsh, tcsh)",
-        description="Print a completion script for SHELL. bash: eval \"$(mscon completion bash)\" in "
+        description='Print a completion script for SHELL. bash: eval "$(mscon completion bash)" in '
         "~/.bashrc; zsh: mscon completion zsh > a folder on $fpath as _mscon.",
     )
     p.add_argument("shell", choices=SHELLS)

@@ -45,10 +45,21 @@ class JobSpec:
     max_workdir_gib: float = 4.0  # a larger workdir is refused before it is packed (it goes to every node)
 
 
+STANDBY_KINDS = ("auto", "joined", "imported")
+
+
 @dataclass(frozen=True)
 class RestartSpec:
     max_restarts: int = 0
     backoff_s: float = 2.0
+    # What the next attempt's spare processes do ahead of a restart (agent/spares.py): "joined"
+    # also joins their own MindSpore cluster, so a restart skips the join; "imported" only imports
+    # MindSpore. "auto": joined on CPU, imported on GPU/Ascend (where a second process per device
+    # holding a context and a communicator is not verified).
+    standby: str = "auto"
+
+    def standby_joins(self, device_target: str) -> bool:
+        return self.standby == "joined" or (self.standby == "auto" and device_target == "CPU")
 
 
 @dataclass(frozen=True)

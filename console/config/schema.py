@@ -17,6 +17,7 @@ from mscon.console.config.errors import gathered
 from mscon.console.config.limits import MAX_DEVICES_PER_NODE, MAX_NAME, MAX_NODES, MAX_USER, MAX_WORLD_SIZE
 from mscon.console.config.model import (
     DEVICE_TARGETS,
+    STANDBY_KINDS,
     TRANSPORTS,
     ChecksSpec,
     HangSpec,
@@ -111,6 +112,7 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         {
             "max_restarts": lambda n, w: r.integer(n, w, 0, 1000),
             "backoff_s": lambda n, w: r.number(n, w, 0, 600),
+            "standby": lambda n, w: r.choice(n, w, STANDBY_KINDS),
         },
     )
     hang = _section(r, top, "hang", HangSpec, {"timeout_s": lambda n, w: r.number(n, w, 5, 86400)})
@@ -315,10 +317,7 @@ def _job(r: NodeReader, node: yaml.Node, path: Path) -> JobSpec | None:
         if mm is not None:
             pattern = r.field(mm, "pattern", "job.metrics.pattern", lambda n, w: _metrics_pattern(r, n, w))
     excludes = (r.field(m, "exclude", "job.exclude", r.sequence) or []) if "exclude" in m else []
-    exclude = tuple(
-        r.gather(r.path_pattern, n, f"job.exclude[{i}]")
-        for i, n in enumerate(excludes)
-    )
+    exclude = tuple(r.gather(r.path_pattern, n, f"job.exclude[{i}]") for i, n in enumerate(excludes))
     args = r.field(m, "args", "job.args", r.words) if "args" in m else ()
     env = r.field(m, "env", "job.env", r.env_map) if "env" in m else {}
     resume_args = r.field(m, "resume_args", "job.resume_args", r.words) if "resume_args" in m else ()

@@ -184,6 +184,7 @@ class AttemptPhases:
     by its node's clock (the console's for connected .. launched). The fields are in time order."""
 
     origin: PhaseOrigin
+    warm: bool = False  # on the standby cluster joined during the attempt before (no join here)
     # a restart's way down (the previous attempt)
     detected: float | None = None  # mscon began stopping every rank
     stopped: float | None = None  # its last process exited
@@ -289,6 +290,7 @@ class AttemptStarted(Event):
     sched_host: str
     sched_port: int
     ts_ns: int = 0
+    warm: bool = False  # its processes are the standby cluster's, joined during the attempt before
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ class _Attempt:
     stopping_ns: int = 0
     last_exit_ns: int = 0
     fault_ns: int | None = None
+    warm: bool = False
 
 
 class PhaseClock:
@@ -115,6 +116,7 @@ class PhaseClock:
             launched_ns=launched,
             procs=frozenset(r.name for r in ev.ranks),
             workers=frozenset(r.name for r in ev.ranks if not is_scheduler(r.rank)),
+            warm=ev.warm,
         )
 
     def stopping(self, ts_ns: int) -> None:
@@ -164,6 +166,7 @@ class PhaseClock:
         ranks = {k: rel(last.of(workers)) for k, last in att.ranks.items()}
         return AttemptPhases(
             origin=att.origin,
+            warm=att.warm,
             **{k: rel(ts) for k, ts in att.before.items()},
             launched=rel(att.launched_ns),
             spawned=rel(att.spawned.of(len(att.procs))),
@@ -220,7 +223,8 @@ def describe_phases(p: AttemptPhases) -> str:
         return f"{_FROM[p.origin]}: no milestone known"
     parts = ", ".join(f"{label} {d:+.2f} s" for label, d in done)
     total = sum(d for _, d in done)
-    return f"{_FROM[p.origin]}: {parts}; {total:.2f} s to {done[-1][0]}"
+    warm = " (warm: on the standby cluster)" if p.warm else ""
+    return f"{_FROM[p.origin]}{warm}: {parts}; {total:.2f} s to {done[-1][0]}"
 
 
 def phases_from_json(raw: dict) -> AttemptPhases:
@@ -229,5 +233,6 @@ def phases_from_json(raw: dict) -> AttemptPhases:
     names = [name for name, _ in _STEPS]
     return AttemptPhases(
         origin=PhaseOrigin(raw["origin"]),
+        warm=bool(raw.get("warm", False)),
         **{k: float(raw[k]) if raw.get(k) is not None else None for k in names},
     )

@@ -30,6 +30,7 @@ from mscon.agent.protocol import (
     ProcSpec,
     Start,
     Stop,
+    standby_port,
 )
 from mscon.console.config.inventory import Inventory
 from mscon.console.detach.handover import hand_over
@@ -329,6 +330,14 @@ class Supervisor:
         keep checkpoints and do the agents prepare spare processes (both cost, and pay only then)."""
         return self.max_restarts > 0 or self.options.operator_wait_s is not None
 
+    def _restart_may_follow(self) -> bool:
+        """A restart may still follow the attempt about to start: budget left (the policy's count
+        once it runs), or an operator. Spares are prepared only then (a standby cluster's join costs
+        the running ranks CPU)."""
+        if self.options.operator_wait_s is not None:
+            return True
+        return (self.policy.restarts_left if self.policy is not None else self.max_restarts) > 0
+
     def _policy_config(self) -> policy_mod.PolicyConfig:
         return policy_mod.PolicyConfig(
             nodes=tuple(p.node.name for p in self.plans),
@@ -433,7 +442,7 @@ class Supervisor:
         assert self.policy is not None
         number = self.attempt_no  # the policy may be a step ahead (the actions of one step in a row)
         if isinstance(act, policy_mod.StartAttempt):
-            return await self._start_attempt(session, act.attempt)
+            return await self._start_attempt(session, act.attempt, act.warm)
         if isinstance(act, policy_mod.StopAll):
             if act.announce:
                 self.emit(Stopping(number, act.reason, act.trigger, time.time_ns()))
@@ -495,7 +504,7 @@ class Supervisor:
         return None
 
     async def _start_attempt(
-        self, session: ClusterSession, number: int
+        self, session: ClusterSession, number: int, warm: bool = False
     ) -> list[policy_mod.Input] | RunVerdict:
         assert self._inputs is not None
         if number > 0:
@@ -508,13 +517,14 @@ class Supervisor:
                 return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
         self.replicas = ReplicaWatch(self.inv.world_size, number)
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
-        self.emit(AttemptStarted(number, refs, self._sched, self.inv.scheduler.port, time.time_ns()))
+        port = standby_port(self.inv.scheduler.port, number) if warm else self.inv.scheduler.port
+        self.emit(AttemptStarted(number, refs, self._sched, port, time.time_ns(), warm))
         lost: list[policy_mod.Input] = []
 
         async def start(plan_index: int) -> None:
             name = self.plans[plan_index].node.name
             link = session.links[name]
-            msg = self._start_msg(session, plan_index, number, self._sched)
+            msg = self._start_msg(session, plan_index, number, self._sched, warm)
             if await session.send(name, msg):
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
             elif not link.open:  # lost before its ranks could start
@@ -526,7 +536,9 @@ class Supervisor:
             self._inputs.put_nowait(DetachRun("--detach"))
         return lost
 
-    def _start_msg(self, session: ClusterSession, plan_index: int, number: int, sched: str) -> Start:
+    def _start_msg(
+        self, session: ClusterSession, plan_index: int, number: int, sched: str, warm: bool = False
+    ) -> Start:
         plan = self.plans[plan_index]
         name = plan.node.name
         procs = tuple(replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs)
@@ -544,7 +556,9 @@ class Supervisor:
             grace_s=self.inv.stop.grace_s,
             metrics_pattern=self.inv.job.metrics_pattern,
             watchdog_s=self._watchdog_s(),
-            spares=self.options.spares and self._restart_may_come(),
+            spares=self.options.spares and self._restart_may_follow(),
+            join_standby=self.inv.restart.standby_joins(self.inv.device_target),
+            warm=warm,
             keep_runs=self.inv.retention.keep_runs,
         )
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mscon.agent.protocol import CheckResult, ChecksDone, RunChecks
+from mscon.agent.protocol import CheckResult, ChecksDone, RunChecks, standby_port
 from mscon.console.config.inventory import Inventory
 from mscon.console.engine.events import CheckReported
 from mscon.console.engine.session import ClusterSession, NodeLink
@@ -79,6 +79,11 @@ class NodeChecks:
             "workdir": link.transport.cache_root if link.transport.syncs_workdir else str(inv.job.workdir),
             "checkpoint_dir": _arg_value(self.job_args, "--checkpoint-dir"),
             "sched_port": inv.scheduler.port,
+            "standby_ports": (
+                [standby_port(inv.scheduler.port, a) for a in (1, 2)]
+                if inv.restart.standby_joins(inv.device_target)
+                else []
+            ),
             "sched_host": self.sched,
             "is_first": index == 0,
             "timeout_s": _NODE_TIMEOUT_S,

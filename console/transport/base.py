@@ -97,6 +97,7 @@ class AgentChannel(abc.ABC):
 
 class NodeTransport(abc.ABC):
     kind: ClassVar[TransportKind]  # each transport names its own
+
     def __init__(self, node: NodeSpec) -> None:
         self.node = node
         self.home = ""

@@ -96,6 +96,7 @@ def agent_stdin_header(python: str, agent_dir: str, node: str, mode: dict | None
 # What a node whose deployed agent does not match the console is told to do.
 REMOVE_OLD_AGENTS = f"remove ~/{CACHE_DIR}/{AGENT_PREFIX}* on the node and retry"
 
+
 @dataclass(frozen=True, slots=True)
 class AgentBundle:
     digest: str

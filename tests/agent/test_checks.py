@@ -657,6 +657,21 @@ def test_port_free_busy_and_other_nodes(held_port: int, monkeypatch: pytest.Monk
     assert got["status"] == "fail" and f"by pid {os.getpid()} (" in got["value"]
 
 
+def test_standby_ports_free_or_held(held_port: int) -> None:
+    free = _free_port()
+    got = run("port", sched_port=free, is_first=True, standby_ports=[free + 1, free + 2])
+    assert got["port"]["status"] == "ok"
+    assert (got["standby port"]["status"], got["standby port"]["value"]) == (
+        "ok",
+        f"{free + 1}, {free + 2} free",
+    )
+    # A busy standby port costs no run, only the speed of a restart: a warning, naming the holder.
+    got = run("port", sched_port=free, is_first=True, standby_ports=[held_port])["standby port"]
+    assert got["status"] == "warn" and got["value"].startswith(f"{held_port} (held by pid {os.getpid()} (")
+    assert "a restart would start cold" in got["value"] and "restart.standby: imported" in got["remedy"]
+    assert "standby port" not in run("port", sched_port=free, is_first=True)  # no standby: no result
+
+
 def test_port_sched_host_that_is_not_this_node() -> None:
     got = run("port", sched_port=_free_port(), is_first=True, sched_host="192.0.2.1")["port"]  # TEST-NET-1
     assert got["status"] == "warn" and "not an address of this node" in got["value"]

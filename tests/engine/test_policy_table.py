@@ -33,7 +33,7 @@ CONFIRM = P.STOP_CONFIRM_S
 def summary(act: P.Action) -> str:
     """An action in a few words, as the table writes it."""
     if isinstance(act, P.StartAttempt):
-        return f"start {act.attempt}"
+        return f"start {act.attempt}" + (" warm" if act.warm else "")
     if isinstance(act, P.StopAll):
         return f"stop: {act.reason}" if act.announce else "stop again"
     if isinstance(act, P.StopScheduler):
@@ -69,6 +69,10 @@ def exited(name: str, t: float, code: int = 0, by_agent: bool = False, signal: s
     node = WORKERS.get(name, "a")
     detail = signal or f"exit code {code}"
     return P.RankExited(node, name, name != "sched", code == 0 and signal is None, by_agent, detail, t)
+
+
+def standby(attempt: int, t: float, *nodes: str, ready: bool = True) -> list[P.Input]:
+    return [P.StandbyChanged(n, attempt, ready, t) for n in nodes or NODES]
 
 
 def done(t: float, *nodes: str) -> list[P.Input]:
@@ -116,6 +120,70 @@ TABLE = [
             (done(4.1), ["attempt 1 succeeded", "end succeeded: all ranks finished (after 1 restart)"]),
         ],
         {"max_restarts": 1, "backoff_s": 2.0},
+    ),
+    Row(
+        "every node's standby is ready: the restart is warm, and the next one cold (no standby yet)",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 1.0, "a"), []),
+            (standby(1, 1.5, "b"), []),
+            (exited("r1", 2.0, code=7), ["stop: r1 on a failed (exit code 7)"]),
+            (done(2.2), ["attempt 0 failed", "restart as 1 in 2 s, 1 left: attempt 0 failed"]),
+            (P.Tick(4.3), ["start 1 warm"]),
+            (started(4.4), []),
+            (exited("r1", 5.0, code=7), ["stop: r1 on a failed (exit code 7)"]),
+            (done(5.2), ["attempt 1 failed", "restart as 2 in 2 s, 0 left: attempt 1 failed"]),
+            (P.Tick(7.3), ["start 2"]),
+        ],
+        {"max_restarts": 2, "backoff_s": 2.0},
+    ),
+    Row(
+        "one node's standby is lost, or never said ready, or is stale: the restart is cold",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 1.0), []),
+            (standby(1, 1.5, "b", ready=False), []),  # a spare of b died: the standby is broken
+            (exited("r1", 2.0, code=7), ["stop: r1 on a failed (exit code 7)"]),
+            (done(2.2), ["attempt 0 failed", "restart as 1 in 0 s, 1 left: attempt 0 failed", "start 1"]),
+            (started(2.4), []),
+            (standby(1, 2.5), []),  # late word for attempt 1, which has started: no use
+            (standby(2, 3.0, "a"), []),  # only a for attempt 2
+            (exited("r1", 4.0, code=7), ["stop: r1 on a failed (exit code 7)"]),
+            (done(4.2), ["attempt 1 failed", "restart as 2 in 0 s, 0 left: attempt 1 failed", "start 2"]),
+        ],
+        {"max_restarts": 2},
+    ),
+    Row(
+        "a node lost after its standby was ready: its spares went with it, the restart is cold",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 1.0), []),
+            (
+                P.NodeLost("b", "connection reset", 2.0),
+                {
+                    "console": ["stop: lost the node b: connection reset"],
+                    "coordinator": ["stop: lost the node b: connection reset"],
+                },
+            ),
+            (
+                done(2.2, "a"),
+                {
+                    "console": [
+                        "attempt 0 failed",
+                        "restart as 1 in 0 s, 0 left: attempt 0 failed",
+                        "start 1",
+                    ],
+                    "coordinator": [
+                        "attempt 0 failed",
+                        "end failed: lost b: reconnecting a node needs the console (mscon attach)",
+                    ],
+                },
+            ),
+        ],
+        {"max_restarts": 1},
     ),
     Row(
         "no budget left: the run waits for the operator, who restarts it (no backoff, no budget)",
@@ -501,6 +569,19 @@ def test_the_wire_means_the_same_to_both_hosts() -> None:
     assert P.from_message("b", first, 3.0) == P.RankStepped("b", "r2", 3.0)
     assert P.from_message("b", wire.RankPhase("b", "r2", 2, wire.Milestone.JOINED, 5), 3.0) is None
     assert wire.RankPhase.reported  # a detached coordinator hears it over the link
+    lost = wire.StandbyState("b", 1, False, "the spare for r2 exited (SIGKILL)")
+    assert P.from_message("b", lost, 4.0) == P.StandbyChanged("b", 1, False, 4.0)
+    assert wire.StandbyState.reported
+
+
+def test_standby_ports_alternate_above_the_base_and_never_meet_it() -> None:
+    ports = [wire.standby_port(8118, a) for a in range(4)]
+    assert ports == [8119, 8120, 8119, 8120]
+    for a in range(3):  # the standby joined during attempt a is not attempt a's own port
+        assert wire.standby_port(8118, a + 1) not in (8118, wire.standby_port(8118, a))
+    spec = wire.ProcSpec("r0", 0, 0, ("python", "t.py"), {"MS_SCHED_PORT": "8118", "X": "1"})
+    assert wire.on_standby(spec, 1).env == {"MS_SCHED_PORT": "8120", "X": "1"}
+    assert spec.env["MS_SCHED_PORT"] == "8118"
 
 
 def test_watchdog_and_hang_rules() -> None:

@@ -47,7 +47,8 @@ def _inventory(tmp_path: Path, max_restarts: int) -> Path:
                 "resume_args": ["--again"],
             },
             "stop": {"grace_s": 1},
-            "restart": {"max_restarts": max_restarts, "backoff_s": 5},
+            # Imported spares: this script never joins a cluster (test_standby.py: joined ones)
+            "restart": {"max_restarts": max_restarts, "backoff_s": 5, "standby": "imported"},
         },
     )
 

@@ -402,8 +402,15 @@ async def test_trainer_checkpoints_from_attempt_0_and_resumes_from_attempt_1(tmp
         for p in s1.procs:  # type: ignore[attr-defined]
             assert p.argv[-5:] == (*added, "--resume")
             assert p.argv.count("--resume") == 1 and "--never" not in p.argv
-    # A restart may come: the agents prepare spare processes (agent/spares.py).
-    assert all(s.msg.spares for s in cluster.sent_of(Start))  # type: ignore[attr-defined]
+    # A restart may follow attempt 0: its agents prepare spare processes (agent/spares.py), joined to
+    # a standby cluster on CPU; none after attempt 1, which used the last restart of the budget.
+    starts = [s.msg for s in cluster.sent_of(Start)]
+    assert [(m.attempt, m.spares, m.join_standby) for m in starts] == [  # type: ignore[attr-defined]
+        (0, True, True),
+        (0, True, True),
+        (1, False, True),
+        (1, False, True),
+    ]
 
 
 async def test_trainer_without_restarts_gets_no_checkpoint_dir(tmp_path: Path) -> None:

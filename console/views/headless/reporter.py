@@ -26,6 +26,7 @@ from mscon.agent.protocol import (
     MetricBatch,
     ProcExited,
     ProcHung,
+    StandbyState,
     is_scheduler,
     rank_of,
 )
@@ -33,6 +34,7 @@ from mscon.console.engine.events import (
     AgentEvent,
     AttemptEnded,
     AttemptOutcome,
+    AttemptStarted,
     AwaitingOperator,
     Event,
     FetchProgress,
@@ -223,6 +225,9 @@ class HeadlessReporter:
         elif isinstance(event, AttemptEnded):
             if event.outcome is AttemptOutcome.FAILED:
                 self.note(f"attempt {event.attempt} failed: {printable(describe(event.root_cause))}")
+        elif isinstance(event, AttemptStarted):
+            if event.warm:
+                self.note(f"attempt {event.attempt} starts warm: its processes are the standby cluster's")
         elif isinstance(event, Restarting):
             self.note(
                 f"restarting the whole group as attempt {event.attempt} in {event.backoff_s:g} s "
@@ -287,6 +292,12 @@ class HeadlessReporter:
                 self.note(f"{_who(msg.name, msg.node)}: profiler output in {msg.profile_dir}")
         elif isinstance(msg, AgentError):
             self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
+        elif isinstance(msg, StandbyState):
+            if msg.ready:
+                what = "ready (its spares joined their own MindSpore cluster: a restart skips the join)"
+            else:
+                what = f"lost: {printable(msg.why)}; a restart would be cold"
+            self.note(f"{printable(msg.node)}: standby for attempt {msg.attempt} {what}")
 
     async def finish(self, result: RunResult) -> None:
         """The summary on stderr once stdout has taken the rank output (or stopped taking it)."""
