@@ -199,7 +199,9 @@ def test_kill9_of_the_scheduler_during_a_warm_restart(
     sched = _process_of(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
     assert sched is not None
     sched.kill()
-    con.wait_line("err", "mscon: attempt 1 failed: sched on node1", 60)
+    con.wait_line(
+        "err", "mscon: attempt 1 failed: the scheduler on node1 failed first (killed by SIGKILL)", 60
+    )
     # Attempt 2 starts cold (no standby of its own yet) and resumes where attempt 1 got to.
     con.wait_line("err", "restarting the whole group as attempt 2", 60)
     _stepping_again(con)
