@@ -6,16 +6,18 @@ rank drawn at random (``random.Random(--seed)``: every variant gets the same vic
 SIGKILL, once every rank of the attempt then running has stepped (a fault due while the job is
 still recovering waits for that; it is never dropped). Variants:
 
-* ``warm``: mscon as it is by default (the policy restarts at once after a fault in training), with
+* ``warm``: mscon as it is by default (the policy restarts at once after a fault in training, on the
+  standby cluster the agents' spares joined during the attempt when every node's is ready), with
   what the trainer and MindSpore offer for a fast restart *when this bench runs*: the trainer's
   in-memory snapshot every step (``--snapshot-every 1``, if the trainer has the flag); with
   --compile-cache also MindSpore's compile cache (``MS_COMPILER_CACHE_ENABLE``/``MS_COMPILER_CACHE_PATH``
   in job.env, one folder per run). Off by default: with it, every restarted rank failed in the
   trainer's resume AllReduce (``RuntimeError: Parameter[1] has no default param``, MindSpore 2.10 CPU);
-* ``cold``: mscon with those off: no snapshot (the trainer resumes from its last checkpoint, every
-  --checkpoint-every steps), no compile cache, ``restart.backoff_s: 2`` (the old default). The policy
-  now waits the backoff only after a failure before any step; no setting restores the old wait
-  after a fault in training, so "cold" has none either (the output says so);
+* ``cold``: mscon with those off: no spares (``--no-spares``: no standby cluster), no snapshot
+  (the trainer resumes from its last checkpoint, every --checkpoint-every steps), no compile cache,
+  ``restart.backoff_s: 2`` (the old default). The policy now waits the backoff only after a failure
+  before any step; no setting restores the old wait after a fault in training, so "cold" has none
+  either (the output says so);
 * ``msrun``: msrun does not restart: the bench reports what it does after the first fault (exits,
   or hangs until the end of the duration) and injects no more.
 
@@ -312,6 +314,7 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
     doc = yaml.safe_load(inv.read_text(encoding="utf-8"))
     flags = trainer_flags()
     extra: list[str] = []
+    launcher_flags: list[str] = []
     if res.variant == "warm":
         res.settings.append("restart at once after a fault in training (policy default)")
         if "--snapshot-every" in flags:
@@ -327,18 +330,21 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
             res.settings.append(
                 "MindSpore compile cache off (--compile-cache: on; it broke the resume when tried)"
             )
+        res.settings.append("spares joined to a standby cluster (restart.standby: auto, joined on CPU)")
     else:
         doc["restart"] = {"backoff_s": 2}
-        res.settings += ["no snapshot, no compile cache", COLD_NOTE]
+        launcher_flags.append("--no-spares")
+        res.settings += ["no snapshot, no compile cache, no spares (--no-spares)", COLD_NOTE]
     inv.write_text(yaml.safe_dump(doc), encoding="utf-8")
     max_restarts = min(1000, math.ceil(a.duration / a.every) + 2)
     args = train_args(a, extra)
     cmd = [
         sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", "-q", str(inv),
         "--logs-dir", str(tmp / layout.LOGS_DIR), "--run-id", run_id, "--json", str(tmp / f"{run_id}.json"),
-        "--max-restarts", str(max_restarts), "--", SCRIPT, *args,
+        "--max-restarts", str(max_restarts), *launcher_flags, "--", SCRIPT, *args,
     ]  # fmt: skip
-    res.settings.append(f"mscon run --max-restarts {max_restarts} -- {SCRIPT} {' '.join(args)}")
+    shown = " ".join([f"--max-restarts {max_restarts}", *launcher_flags])
+    res.settings.append(f"mscon run {shown} -- {SCRIPT} {' '.join(args)}")
     marker = f"/{run_id}/"
 
     def ours(env: dict[str, str]) -> bool:

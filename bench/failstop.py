@@ -246,6 +246,11 @@ class Trial:
         return bool(self.foreign) or self.foreign_cpu > max(1.0, 0.05 * self.wall)
 
     @property
+    def warm(self) -> bool:
+        """Attempt 1 ran on the standby cluster (its breakdown says so: console/engine/phases.py)."""
+        return any(n == 1 and "(warm" in text for n, text, _ in self.phases)
+
+    @property
     def attempt1_all(self) -> float | None:
         return max(t for t, _ in self.attempt1_first.values()) if self.attempt1_first else None
 
@@ -914,7 +919,8 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
         ok = [t for t in rs if t.ok]
         backoff = sorted({t.backoff for t in rs if t.backoff is not None})
         print(
-            "restart (mscon --max-restarts 1; r1 kills itself after its step 10; checkpoints every 10 steps;"
+            f"restart (mscon --max-restarts 1; r1 kills itself after its step {a.restart_die_step}; "
+            f"checkpoints every 10 steps; warm restarts: {sum(bool(t.warm) for t in ok)} of {len(ok)};"
             f" restart.backoff_s {'/'.join(f'{b:g}' for b in backoff) or '?'} s, included below):"
         )
         print(f"  {'seconds from r1 gone':<46}{'median (min)':>20}")

@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
-from sshd_nodes import SshdCluster, require_sshd, start_sshd_cluster  # noqa: E402
+from sshd_nodes import SshdCluster, find_free_port, require_sshd, start_sshd_cluster  # noqa: E402
 
 FAKE_RANK = REPO / "bench" / "fake_rank.py"
 TRAINER = REPO / "trainer" / "train.py"
@@ -65,26 +65,8 @@ def node_run_dir(run_id: str, node: str, user: str | None = SSH_USER) -> Path:
 
 
 def free_port() -> int:
-    """A port free now, with the two above it (a scheduler port: its standby clusters take those,
-    protocol.standby_port), below the ephemeral range, where no outgoing connection takes it."""
-    import random
-    import socket
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(500):
-        port = random.randrange(10000, max(10001, low - 3))
-        try:
-            for p in range(port, port + 3):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free run of three ports below the ephemeral range")
+    """A port free now, and the two above it (sshd_nodes.find_free_port)."""
+    return find_free_port(["0.0.0.0"])
 
 
 def write_inventory(path: Path, doc: dict) -> Path:

@@ -289,14 +289,21 @@ def _can_bind(host: str, port: int) -> bool:
 
 
 def find_free_port(hosts: list[str]) -> int:
-    """A TCP port that can currently be bound on every one of ``hosts``."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        if all(_can_bind(h, port) for h in hosts):
+    """A TCP port that can be bound now on every one of ``hosts``, and so can the two above it (as a
+    scheduler port: its standby clusters take those, agent/protocol.py ``standby_port``). Below the
+    ephemeral range, where no outgoing connection takes it between this call and its use."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(500):
+        port = random.randrange(10000, max(10001, low - 3))
+        if all(_can_bind(h, p) for h in hosts for p in range(port, port + 3)):
             return port
-    raise SshdError(f"no free port found on all of {hosts}")
+    raise SshdError(f"no free run of three ports found on all of {hosts}")
 
 
 # ---------------------------------------------------------------------------
