@@ -176,7 +176,7 @@ class Contention(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.lock = threading.Lock()
-        self.own_port = ""
+        self.own_ports: set[str] = set()
         self.peak = 0  # other jobs' MindSpore processes, at most at once
         self.cpu = 0.0  # CPU seconds used outside our tree since reset()
         self.ours: set[int] = set()
@@ -187,12 +187,15 @@ class Contention(threading.Thread):
         return foreign_cpu(self.ours)
 
     def reset(self, own_port: int) -> None:
+        """Count from now, for a trial whose scheduler has ``own_port`` (and its standby clusters
+        the two above it: agent/protocol.py standby_port)."""
         with self.lock:
-            self.own_port, self.peak, self.cpu = str(own_port), 0, 0.0
+            self.own_ports = {str(own_port + k) for k in range(3)}
+            self.peak, self.cpu = 0, 0.0
             self.prev = self._foreign_cpu()
 
     def foreign(self) -> int:
-        return sum(1 for p in ms_ports() if p != self.own_port)
+        return sum(1 for p in ms_ports() if p not in self.own_ports)
 
     def sample(self) -> None:
         with self.lock:
