@@ -161,11 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--snapshot-every",
-        type=int,
+        type=_snapshot_every,
         default=0,
         help="copy the training state every N steps and write it in the background to node-local memory, "
         "so a restart loses at most N steps (0: off; off too without --snapshot-dir or --checkpoint-dir: "
-        "mscon adds the latter when it may restart the job)",
+        "mscon adds the latter when it may restart the job); 'auto': the fewest steps between copies "
+        "that keep their cost under --snapshot-budget of the step time, measured and agreed by the ranks",
+    )
+    g.add_argument(
+        "--snapshot-budget",
+        type=float,
+        default=0.02,
+        help="with --snapshot-every auto: the share of the step time copying may take (default 0.02)",
     )
     g.add_argument(
         "--snapshot-dir",
@@ -268,9 +275,26 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
         fail(str(exc))
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir")
-    if args.snapshot_every < 0:
-        fail("--snapshot-every must be >= 0 (0: off)")
+    if args.snapshot_every != AUTO and args.snapshot_every < 0:
+        fail("--snapshot-every must be >= 0 (0: off) or auto")
+    if not 0 < args.snapshot_budget < 1:
+        fail("--snapshot-budget must be between 0 and 1 (a share of the step time)")
+    if args.snapshot_every == AUTO and args.parallel_mode not in ("stand_alone", "data_parallel"):
+        # Its agreement is a plain AllReduce mid-training: the other modes' contexts would shard it.
+        fail("--snapshot-every auto works with data_parallel or stand_alone: give a number of steps")
     return args
+
+
+AUTO = "auto"  # --snapshot-every auto
+
+
+def _snapshot_every(text: str) -> int | str:
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps or {AUTO}, got {text!r}") from None
 
 
 def ranks_are_replicas(args: argparse.Namespace) -> bool:

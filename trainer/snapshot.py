@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -241,6 +242,55 @@ def agree(
     common = set.intersection(*per_rank)
     snap = max(common, default=0)
     return (snap, True) if snap > ckpt else (ckpt, False)
+
+
+class Interval:
+    """Every how many steps a snapshot is taken: fixed, or (``auto``) every step until
+    ``PROBE_STEPS`` have been timed, then the fewest steps whose copies cost at most ``budget`` of
+    the step time. Every rank must snapshot the same steps (the resume needs one all have), so
+    the ranks agree on the largest of their figures: one AllReduce, at one step, on every rank."""
+
+    PROBE_STEPS = 5
+
+    def __init__(self, every: int | str, budget: float) -> None:
+        self.auto = every == "auto"
+        self.every = 1 if self.auto else int(every)
+        self.budget = budget
+        self._timed: list[float] = []
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def observe(self, step_s: float, copy_s: float, rank: int, size: int) -> int | None:
+        """After each step (``copy_s``: the copy time per snapshot so far): the agreed interval
+        once decided at this step, else None."""
+        if not self.auto or len(self._timed) > self.PROBE_STEPS:
+            return None
+        self._timed.append(step_s)
+        if len(self._timed) <= self.PROBE_STEPS:
+            return None
+        step_s = sorted(self._timed[1:])[len(self._timed[1:]) // 2]  # the first step compiles
+        self.every = agree_max(budget_interval(copy_s, step_s, self.budget), rank, size)
+        return self.every
+
+
+def budget_interval(copy_s: float, step_s: float, budget: float) -> int:
+    """The fewest steps between snapshots whose copy (``copy_s`` each) costs at most ``budget`` of
+    the step time: a restart then loses at most that many steps."""
+    if copy_s <= 0 or step_s <= 0:
+        return 1
+    return max(1, math.ceil(copy_s / (budget * step_s)))
+
+
+def agree_max(mine: int, rank: int, size: int) -> int:
+    """The largest of every rank's ``mine`` (AllReduce(SUM) of a one-hot vector: the CPU backend
+    reduces by SUM only). A collective: every rank calls it."""
+    from trainer import checkpoint
+
+    vec = np.zeros(max(size, 1), dtype=np.float32)
+    vec[rank if size > 1 else 0] = mine
+    got = checkpoint.all_reduce_sum(vec) if size > 1 else vec
+    return int(round(float(got.max())))
 
 
 def as_params(snap: Snapshot) -> dict[str, Any]:

@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         state = snapshot.named_params(runner.checkpoint_payload())
         state_bytes = sum(int(p.asnumpy().nbytes) for _, p in state)
         writer = snapshot.Writer(snapshot.choose_dir(snap_dirs, state_bytes), rank)
+    interval = snapshot.Interval(args.snapshot_every, args.snapshot_budget)
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
     step = start
@@ -295,8 +296,12 @@ def main(argv: list[str] | None = None) -> int:
                     {"epoch": epoch + 1},
                     args.keep_checkpoints,
                 )
-            if writer is not None and step % args.snapshot_every == 0:
+            if writer is not None and interval.due(step):
                 writer.submit(step, state, {"epoch": epoch + 1})
+            if writer is not None and writer.count:
+                agreed = interval.observe(dt, writer.copy_s / writer.count, rank, size)
+                if agreed is not None and say:
+                    print(f"mscon-trainer: a snapshot every {agreed} step(s) (auto)", flush=True)
             if (
                 args.die_at_step == step
                 and rank == args.die_rank

@@ -202,3 +202,48 @@ def test_the_agent_removes_the_folder_the_trainer_writes_by_default(tmp_path: Pa
     run_dir = str(tmp_path / "runs" / "r1" / "node1")
     shm_default = snapshot.candidate_dirs(None, layout.checkpoint_folder(run_dir))[0]
     assert layout.shm_snapshot_folder(run_dir) == shm_default
+
+
+def test_budget_interval_keeps_the_copy_under_its_share_of_the_step() -> None:
+    assert snapshot.budget_interval(0.0001, 0.1, 0.02) == 1  # 0.1 ms copy, 100 ms step: every step
+    assert snapshot.budget_interval(0.14e-3, 1.78e-3, 0.02) == 4  # the toy MLP on CPU: 7.9 % a step
+    assert snapshot.budget_interval(2.0, 1.0, 0.02) == 100
+    assert snapshot.budget_interval(0.0, 1.0, 0.02) == 1 and snapshot.budget_interval(1.0, 0.0, 0.02) == 1
+
+
+def test_an_auto_interval_snapshots_every_step_until_it_is_agreed() -> None:
+    fixed = snapshot.Interval(3, 0.02)
+    assert [s for s in range(1, 10) if fixed.due(s)] == [3, 6, 9]
+    assert fixed.observe(1.0, 0.5, 0, 1) is None  # a fixed interval is never re-decided
+    auto = snapshot.Interval("auto", 0.02)
+    decided = []
+    for step in range(1, 12):
+        assert auto.due(step) == (not decided or step % decided[0] == 0)
+        got = auto.observe(5.0 if step == 1 else 0.01, 0.001, 0, 1)  # the first step compiles
+        if got is not None:
+            decided.append(got)
+    assert decided == [5]  # 1 ms copy / (2 % of 10 ms), decided once, after the probe steps
+    assert snapshot.Interval(0, 0.02).due(4) is False
+
+
+@pytest.mark.mindspore
+@needs_mindspore
+def test_auto_interval_in_the_trainer(tmp_path: Path) -> None:
+    args = [
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "16",
+        "--snapshot-every",
+        "auto",
+        "--snapshot-budget",
+        "0.5",
+    ]
+    args += ["--checkpoint-dir", str(tmp_path / "ck"), "--snapshot-dir", str(tmp_path / "snap")]
+    done = _train(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if "(auto)" in line]
+    assert len(said) == 1 and said[0].startswith("mscon-trainer: a snapshot every ")
+    semi = ["--device-target", "GPU", "--parallel-mode", "semi_auto_parallel", "--snapshot-every", "auto"]
+    bad = _train(semi, tmp_path)
+    assert bad.returncode == 2 and "--snapshot-every auto works with data_parallel" in bad.stderr
