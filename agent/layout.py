@@ -11,7 +11,8 @@
         work/                            the synced workdir, unpacked (never fetched back)
         checkpoints/                     the trainer's checkpoints (fetched only when asked)
         spares/<name>.<N>.log            a spare for attempt N: its output until it becomes a rank
-                                         (a standby scheduler's, all of it: spares.py)
+                                         (a standby scheduler's, all of it, linked as its
+                                         attempt_<N>/sched.log once taken: spares.py)
         attempt_<N>/<name>.log           each process's output (name: "r<rank>" or "sched")
         attempt_<N>/<name>.metrics.jsonl its MSCON_METRICS file
 

@@ -11,8 +11,9 @@ input without a line: not needed (the run ended), exit quietly.
 environment names the standby scheduler port, ``protocol.standby_port``) and creates ``MARKER``
 once ``init()`` has returned; the script's own ``init()`` is then a no-op, so the restart skips the
 join. The standby scheduler runs its cluster inside ``init()`` and exits with it (as a cold
-scheduler does), so a thread of its own takes its order: from then on its output goes to the
-attempt's log and it bears the interpreter's name, as a cold scheduler would.
+scheduler does) and reads no order: ``init()`` holds the GIL while it serves, so nothing else in
+the process runs. It bears the interpreter's name from the start, and its output stays in its
+spare log, which the agent names as the attempt's scheduler log once the attempt takes it.
 
 Run as a file (``python spare_boot.py``), never imported by the agent: it imports nothing of
 mscon, so the script's ``sys.modules`` holds only what it would hold anyway, plus MindSpore.
@@ -27,7 +28,6 @@ import json
 import os
 import runpy
 import sys
-import threading
 
 SPARE_NAME = b"mscon-spare"  # its process name (comm) until it becomes a rank: tools tell it apart
 WARM_MODULES = ("mindspore", "mindspore.nn", "mindspore.communication", "mindspore.dataset")
@@ -63,25 +63,10 @@ def _join(marker: str) -> None:
     # The device as a cold rank's script sets it (DEVICE_ID: the local rank, as msrun gives it).
     ms.set_device(target, int(device_id) if device_id.isdigit() else None)
     if os.environ.get("MS_ROLE") == "MS_SCHED":
-        threading.Thread(target=_scheduler_order, name="order", daemon=True).start()
+        _set_name(os.path.basename(sys.executable).encode("utf-8", "replace"))  # it cannot later
     importlib.import_module("mindspore.communication").init()  # the scheduler: serves, ends with it
     _accept_set_device(ms, target)
     with open(marker, "w"):
-        pass
-
-
-def _scheduler_order() -> None:
-    """The standby scheduler's order, taken while ``init()`` serves the cluster on the main thread:
-    its output to the attempt's log, its name the interpreter's (the main thread's comm)."""
-    order = _read_order()
-    if order is None:
-        return
-    _redirect(order["log"])
-    name = os.path.basename(order["argv"][0]).encode("utf-8", "replace")[:15]
-    try:
-        with open("/proc/self/task/%d/comm" % os.getpid(), "wb") as f:
-            f.write(name)
-    except OSError:
         pass
 
 

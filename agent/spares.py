@@ -169,6 +169,16 @@ class Spares:
             return None
         metrics = layout.metrics_file(log_dir, spec.name)
         log_path = layout.log_file(log_dir, spec.name)
+        if self.joined and spec.is_scheduler:
+            # It has served the standby cluster since it started and reads no order (init() holds
+            # the GIL): its spare log becomes the attempt's scheduler log too (a hard link, so both
+            # names grow together and the layout holds for fetch and attach).
+            spare_log = layout.spare_log(run_dir, spec.name, attempt)
+            try:
+                os.link(spare_log, log_path)
+            except OSError:
+                log_path = spare_log
+            return procmod.Proc(spec, spare.popen, log_path, metrics)
         order = layout.spare_order(run_dir, spec.name)
         try:
             open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log

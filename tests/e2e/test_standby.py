@@ -159,10 +159,13 @@ def test_kill9_of_a_rank_restarts_warm_at_the_next_step(
     )
     assert a1["phases"]["warm"] is True and a0["phases"]["warm"] is False
     # Attempt 1's processes had joined their cluster before it began (the spares' markers), and its
-    # scheduler's output from its start on is in the attempt's log like any scheduler's.
-    spares = {p.name for p in (tmp_path / "runs" / run_id / "node1" / layout.SPARES_DIR).iterdir()}
+    # scheduler's output from its start on is in the attempt's log like any scheduler's (a link).
+    node1 = tmp_path / "runs" / run_id / "node1"
+    spares = {p.name for p in (node1 / layout.SPARES_DIR).iterdir()}
     assert {"r0.1.joined", "sched.1.log"} <= spares
-    assert Path(layout.log_path(tmp_path / "runs" / run_id / "node1", 1, "sched")).is_file()
+    assert not [n for n in spares if n.endswith(".order.json")]  # every order was read
+    sched = Path(layout.log_path(node1, 1, "sched")).read_bytes()
+    assert sched == (node1 / layout.SPARES_DIR / "sched.1.log").read_bytes()
 
 
 @needs_mindspore
@@ -197,7 +200,7 @@ def test_kill9_of_the_scheduler_during_a_warm_restart(
     _ranks(run_id, 2)["r1"].kill()
     con.wait_line("err", "mscon: attempt 1 starts warm", 60)
     sched = _process_of(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
-    assert sched is not None
+    assert sched is not None and sched.name() != "mscon-spare"  # a scheduler, named as a cold one
     sched.kill()
     con.wait_line(
         "err", "mscon: attempt 1 failed: the scheduler on node1 failed first (killed by SIGKILL)", 60
