@@ -84,6 +84,13 @@ class Ranks:
         procs = cmd.procs
         if cmd.warm:  # every node's standby is ready: its processes become the attempt, on its port
             procs = tuple(P.on_standby(s, cmd.attempt) for s in procs)
+            gone = self.spares.missing(procs, cmd.run_dir, cmd.attempt, cmd.cwd)
+            if gone is not None:  # a failed start: the policy stops the others, the next is cold
+                self.spares.discard()
+                self.send(P.AgentError(node=self.node, message="cannot start warm: %s" % gone))
+                self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
+                self.all_exited_sent = True
+                return
         elif self.spares.joined:
             self.spares.discard()  # a standby of no use: its CPU and memory are the ranks'
         # Scheduler first: workers retry their connection to it, but it should be up early.

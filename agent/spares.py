@@ -157,6 +157,18 @@ class Spares:
         self._said = state[0]
         return state
 
+    def missing(self, specs: tuple, run_dir: str, attempt: int, cwd: str) -> str | None:
+        """Why the standby cannot be ``attempt`` (a spare gone since it said ready), or None. A warm
+        attempt asks first: a cold rank would try to join a cluster already formed without it."""
+        log_dir = layout.attempt_folder(run_dir, attempt)
+        base_env = procmod.attempt_env(attempt)
+        for spec in specs:
+            spare = self._by_name.get(spec.name)
+            env = procmod.process_env(spec, log_dir, base_env)
+            if attempt != self.attempt or spare is None or not spare.fits(spec, cwd, env):
+                return "the standby's process for %s is gone" % spec.name
+        return None
+
     def take(self, spec: ProcSpec, run_dir: str, attempt: int, cwd: str) -> procmod.Proc | None:
         """``spec``'s process of ``attempt`` from its spare, or None (start it cold)."""
         spare = self._by_name.pop(spec.name, None)

@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="SIGKILL this process at this optimizer step (first attempt only: a restarted group resumes)",
     )
     g.add_argument("--die-rank", type=int, default=0, help="the rank --die-at-step applies to")
+    g.add_argument(
+        "--stall-at-step",
+        type=int,
+        help="before this optimizer step, sleep --stall-s seconds in silence (first attempt only; "
+        "step 1: as a long first compile would)",
+    )
+    g.add_argument("--stall-rank", type=int, default=0, help="the rank --stall-at-step applies to (-1: all)")
+    g.add_argument("--stall-s", type=float, default=0.0, help="how long --stall-at-step sleeps (0: forever)")
     return p
 
 

@@ -260,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             profiling.before(step + 1)
             if step == start:  # model and data set built: the first batch, compile and step follow
                 metrics.phase("ready")
+            if (
+                args.stall_at_step == step + 1
+                and args.stall_rank in (rank, -1)
+                and os.environ.get("MSCON_ATTEMPT", "0") == "0"
+            ):
+                time.sleep(args.stall_s or 1e9)  # a hang, or a first compile that takes long
             t0 = time.perf_counter()
             if args.step_sleep:
                 time.sleep(args.step_sleep)

@@ -1,0 +1,83 @@
+"""The standby's bookkeeping in agent/spares.py, with stand-in processes (``sleep``) for the spares:
+when a node's standby is ready, when it is lost and why, and what a warm start finds missing.
+The real spares, joined to a real MindSpore cluster over sshd nodes: tests/e2e/test_standby.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from mscon.agent import layout
+from mscon.agent import procs as procmod
+from mscon.agent.protocol import ProcSpec, on_standby
+from mscon.agent.spares import Spare, Spares
+
+PY = ("python3", "train.py")
+SPECS = (
+    ProcSpec("sched", -1, -1, PY, {"MS_SCHED_PORT": "20000", "MS_ROLE": "MS_SCHED"}),
+    ProcSpec("r0", 0, 0, PY, {"MS_SCHED_PORT": "20000", "MS_ROLE": "MS_WORKER"}),
+)
+
+
+def _standby(tmp_path: Path, attempt: int) -> tuple[Spares, tuple[ProcSpec, ...], list[subprocess.Popen]]:
+    """Spares for ``attempt`` as ``prepare(join=True)`` leaves them, each a live ``sleep``."""
+    spares = Spares()
+    spares.attempt, spares.joined, spares._run_dir = attempt, True, str(tmp_path)
+    (tmp_path / layout.SPARES_DIR).mkdir(exist_ok=True)
+    specs = tuple(on_standby(s, attempt) for s in SPECS)
+    log_dir = layout.attempt_folder(str(tmp_path), attempt)
+    popens = []
+    for spec in specs:
+        popen = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, start_new_session=True)  # as spares
+        popens.append(popen)
+        env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))
+        spares._by_name[spec.name] = Spare(spec, popen, str(tmp_path), env)
+    return spares, specs, popens
+
+
+def test_ready_once_every_worker_joined_then_lost_once_one_is_gone(tmp_path: Path) -> None:
+    spares, specs, popens = _standby(tmp_path, 1)
+    try:
+        assert spares.poll() is None  # r0 has not joined yet (the scheduler needs no marker)
+        Path(layout.spare_joined(str(tmp_path), "r0", 1)).touch()
+        assert spares.poll() == (True, "")
+        assert spares.poll() is None  # said once
+        assert spares.missing(specs, str(tmp_path), 1, str(tmp_path)) is None
+        assert spares.missing(specs, str(tmp_path), 2, str(tmp_path)) is not None  # another attempt's
+        popens[1].kill()
+        popens[1].wait()
+        assert spares.poll() == (False, "the spare for r0 exited (SIGKILL)")
+        assert spares.poll() is None  # lost stays lost: said once
+        assert (
+            spares.missing(specs, str(tmp_path), 1, str(tmp_path)) == "the standby's process for r0 is gone"
+        )
+    finally:
+        spares.discard()
+    assert all(p.poll() is not None for p in popens) and len(spares) == 0
+
+
+def test_imported_spares_say_nothing_of_a_standby(tmp_path: Path) -> None:
+    spares, _, _ = _standby(tmp_path, 1)
+    spares.joined = False
+    try:
+        assert spares.poll() is None
+    finally:
+        spares.discard()
+
+
+def test_a_warm_scheduler_is_taken_without_an_order_and_its_log_linked(tmp_path: Path) -> None:
+    spares, specs, _ = _standby(tmp_path, 1)
+    spare_log = Path(layout.spare_log(str(tmp_path), "sched", 1))
+    spare_log.write_text("joined\n")
+    Path(layout.attempt_folder(str(tmp_path), 1)).mkdir()
+    try:
+        proc = spares.take(specs[0], str(tmp_path), 1, str(tmp_path))
+        assert proc is not None and proc.log_path == layout.log_file(
+            layout.attempt_folder(str(tmp_path), 1), "sched"
+        )
+        assert Path(proc.log_path).read_text() == "joined\n" and Path(proc.log_path).samefile(spare_log)
+        assert not Path(layout.spare_order(str(tmp_path), "sched")).exists()  # it reads none
+        proc.popen.kill()
+        proc.popen.wait()
+    finally:
+        spares.discard()
