@@ -47,10 +47,16 @@ RESUMED = re.compile(
 )
 
 
-def _launch(tmp_path: Path, cluster: SshdCluster, case: str, max_restarts: int) -> tuple[Console, str]:
+def _launch(
+    tmp_path: Path, cluster: SshdCluster, request: pytest.FixtureRequest, case: str, max_restarts: int
+) -> tuple[Console, str]:
+    """The run, once every node's standby for attempt 1 is ready."""
     inv = _inventory(tmp_path, cluster, 1, ARGS, script=TRAIN)
     run_id = _run_id(case)
-    return _start(tmp_path, inv, run_id, "--max-restarts", str(max_restarts)), run_id
+    con = _start(tmp_path, inv, run_id, "--max-restarts", str(max_restarts))
+    request.addfinalizer(con.kill)
+    _standby_ready(con, 1)
+    return con, run_id
 
 
 def _stepping_again(con: Console, timeout: float = 180) -> None:
@@ -140,9 +146,7 @@ def _check_one_step_resume(tmp_path: Path, run_id: str, victim_last: int) -> int
 def test_kill9_of_a_rank_restarts_warm_at_the_next_step(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
-    con, run_id = _launch(tmp_path, sshd_cluster, "warm", 1)
-    request.addfinalizer(con.kill)
-    _standby_ready(con, 1)
+    con, run_id = _launch(tmp_path, sshd_cluster, request, "warm", 1)
     victim = _ranks(run_id, 2)["r1"]
     victim.kill()
     con.wait_line("err", "mscon: attempt 1 starts warm: its processes are the standby cluster's", 60)
@@ -172,9 +176,7 @@ def test_kill9_of_a_rank_restarts_warm_at_the_next_step(
 def test_kill9_of_a_standby_makes_the_restart_cold(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
-    con, run_id = _launch(tmp_path, sshd_cluster, "standby-lost", 1)
-    request.addfinalizer(con.kill)
-    _standby_ready(con, 1)
+    con, run_id = _launch(tmp_path, sshd_cluster, request, "standby-lost", 1)
     spare = _process_of(run_id, 1, "r1")
     assert spare is not None and spare.name() == "mscon-spare"
     spare.kill()
@@ -194,9 +196,7 @@ def test_kill9_of_a_standby_makes_the_restart_cold(
 def test_kill9_of_the_scheduler_during_a_warm_restart(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
-    con, run_id = _launch(tmp_path, sshd_cluster, "sched-in-restart", 2)
-    request.addfinalizer(con.kill)
-    _standby_ready(con, 1)
+    con, run_id = _launch(tmp_path, sshd_cluster, request, "sched-in-restart", 2)
     _ranks(run_id, 2)["r1"].kill()
     con.wait_line("err", "mscon: attempt 1 starts warm", 60)
     sched = _process_of(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
