@@ -405,10 +405,19 @@ class RunPolicy:
     def attempt(self) -> int:
         return self.att.number
 
-    def resume(self, attempt: int, now: float) -> None:
-        """Take over an attempt already running (a detached run's coordinator)."""
+    def resume(self, attempt: int, now: float, standby_ready: tuple = ()) -> None:
+        """Take over an attempt already running (a detached run's coordinator), with the nodes whose
+        standby for the next attempt had said it was ready (``standby_ready``)."""
         self.att = _Attempt(attempt, now, hang=HangRule(self.config.hang_timeout_s))
         self.phase = Phase.RUNNING
+        self.standby = {n: True for n in standby_ready}
+        self.standby_for = attempt + 1 if standby_ready else -1
+
+    def standby_ready(self) -> tuple:
+        """The nodes whose standby for the next attempt is ready (what a coordinator is handed)."""
+        if self.standby_for != self.att.number + 1:
+            return ()
+        return tuple(n for n in self.config.nodes if self.standby.get(n))
 
     def progress(self, name: str, now: float) -> None:
         """A rank made progress (a log line, a metric): kept apart from ``step`` for its rate."""

@@ -521,6 +521,7 @@ class Detach(Message):
     next_start: dict = field(default_factory=dict)
     workers: dict = field(default_factory=dict)  # coordinator: worker name -> its node
     operator_wait_s: float = 0.0  # coordinator: 0 ends a failed run with no budget at once
+    standby_ready: tuple[str, ...] = ()  # coordinator: nodes whose standby for the next attempt is ready
     console: str = ""  # who detached (user@host pid), for `mscon ls` and a refused second attach
 
 

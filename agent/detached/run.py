@@ -77,7 +77,7 @@ class DetachedRun:
                         operator_wait_s=msg.operator_wait_s or None,
                     )
                 )
-                self.policy.resume(agent.start_cmd.attempt, time.monotonic())
+                self.policy.resume(agent.start_cmd.attempt, time.monotonic(), tuple(msg.standby_ready))
                 # On the scheduler's address only (node 0's, where the followers reach it).
                 host = msg.coordinator_host or "0.0.0.0"
                 self.coord_server = CoordServer(msg.secret, self.nodes[1:], agent.inbox, host=host)

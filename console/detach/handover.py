@@ -58,6 +58,7 @@ async def hand_over(
             next_start=next_starts[0].to_dict(),
             workers=dict(policy.config.workers),
             operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,
+            standby_ready=policy.standby_ready(),
             console=console,
         ),
         Detached,

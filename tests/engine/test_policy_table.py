@@ -598,3 +598,20 @@ def test_nothing_after_the_end() -> None:
     assert [summary(a) for a in policy.step(P.StopRequested("again", 130, 1.1))][-1].startswith("end")
     assert policy.phase is P.Phase.ENDED
     assert policy.step(P.RestartRequested("r", 2.0)) == [] and policy.step(P.Tick(99.0)) == []
+
+
+def test_a_coordinator_takes_over_the_standby_the_console_heard_of() -> None:
+    """A run detached after its standby said ready restarts warm under its coordinator too."""
+    console = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), max_restarts=1, **HOSTS["console"]))
+    console.step(P.Begin(0.0))
+    for ev in standby(1, 1.0):
+        console.step(ev)
+    assert console.standby_ready() == NODES
+    coord = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), max_restarts=1, **HOSTS["coordinator"]))
+    coord.resume(0, 2.0, console.standby_ready())
+    assert [summary(a) for a in coord.step(exited("r1", 3.0, code=7))] == [FAIL_R1]
+    got = [summary(a) for ev in done(3.2) for a in coord.step(ev)]
+    assert got == ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed", "start 1 warm"]
+    fresh = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["coordinator"]))
+    fresh.resume(0, 2.0)
+    assert fresh.standby_ready() == ()
