@@ -12,8 +12,9 @@ environment names the standby scheduler port, ``protocol.standby_port``) and cre
 once ``init()`` has returned; the script's own ``init()`` is then a no-op, so the restart skips the
 join. The standby scheduler runs its cluster inside ``init()`` and exits with it (as a cold
 scheduler does) and reads no order: ``init()`` holds the GIL while it serves, so nothing else in
-the process runs. It bears the interpreter's name from the start, and its output stays in its
-spare log, which the agent names as the attempt's scheduler log once the attempt takes it.
+the process runs. So it keeps the spare's name once its attempt takes it (nothing can rename it
+then: only a thread of the process may), and its output stays in its spare log, which the agent
+links as the attempt's scheduler log.
 
 Run as a file (``python spare_boot.py``), never imported by the agent: it imports nothing of
 mscon, so the script's ``sys.modules`` holds only what it would hold anyway, plus MindSpore.
@@ -29,7 +30,8 @@ import os
 import runpy
 import sys
 
-SPARE_NAME = b"mscon-spare"  # its process name (comm) until it becomes a rank: tools tell it apart
+# Its process name (comm) until it becomes a rank, so tools tell it apart (a standby scheduler keeps it)
+SPARE_NAME = b"mscon-spare"
 WARM_MODULES = ("mindspore", "mindspore.nn", "mindspore.communication", "mindspore.dataset")
 _PR_SET_NAME = 15
 
@@ -62,8 +64,6 @@ def _join(marker: str) -> None:
     device_id = os.environ.get("DEVICE_ID", "")
     # The device as a cold rank's script sets it (DEVICE_ID: the local rank, as msrun gives it).
     ms.set_device(target, int(device_id) if device_id.isdigit() else None)
-    if os.environ.get("MS_ROLE") == "MS_SCHED":
-        _set_name(os.path.basename(sys.executable).encode("utf-8", "replace"))  # it cannot later
     importlib.import_module("mindspore.communication").init()  # the scheduler: serves, ends with it
     _accept_set_device(ms, target)
     with open(marker, "w"):
