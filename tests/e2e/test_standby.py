@@ -43,7 +43,9 @@ ARGS = [
 ]  # fmt: skip
 STEP = re.compile(r"^epoch: 1 step: (\d+), loss is", re.M)
 RESUMED = re.compile(
-    r"mscon-trainer: resumed from step (\d+) \(snapshot saved [^)]*\); parameter checksum (\w+)"
+    # a checkpoint step is also a snapshot step: the trainer names the checkpoint then (the same state)
+    r"mscon-trainer: resumed from step (\d+) \((?:snapshot|checkpoint) saved [^)]*\); "
+    r"parameter checksum (\w+)"
 )
 
 
@@ -81,7 +83,7 @@ def _steps(tmp_path: Path, run_id: str, node: str, attempt: int, name: str) -> l
 def _resumed(tmp_path: Path, run_id: str, node: str, attempt: int, name: str) -> tuple[int, str]:
     log = Path(layout.log_path(tmp_path / "runs" / run_id / node, attempt, name)).read_text()
     found = RESUMED.search(log)
-    assert found, f"{node} {name} attempt {attempt} did not resume from a snapshot:\n{log[-2000:]}"
+    assert found, f"{node} {name} attempt {attempt} did not resume at its last step:\n{log[-2000:]}"
     return int(found.group(1)), found.group(2)
 
 
