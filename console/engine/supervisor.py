@@ -326,8 +326,9 @@ class Supervisor:
         return argv
 
     def _restart_may_come(self) -> bool:
-        """A budget, or an operator who may press r after a failure: only then does the trainer
-        keep checkpoints and do the agents prepare spare processes (both cost, and pay only then)."""
+        """A budget, or an operator who may press r after a failure: only then does the trainer keep
+        checkpoints and snapshots (they cost, and pay only then; a restarted attempt resumes from
+        them, so every attempt keeps them: spares follow ``_restart_may_follow``)."""
         return self.max_restarts > 0 or self.options.operator_wait_s is not None
 
     def _restart_may_follow(self) -> bool:
