@@ -39,14 +39,24 @@ def mindspore_missing() -> str | None:
 needs_mindspore = pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
 
 
-@pytest.fixture
-def sshd_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
+def _sshd_nodes(tmp_path: Path, n: int) -> Iterator[SshdCluster]:
     require_sshd()
-    cluster = start_sshd_cluster(tmp_path / "sshd", n=2)
+    cluster = start_sshd_cluster(tmp_path / "sshd", n=n)
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def sshd_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
+    yield from _sshd_nodes(tmp_path, 2)
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[SshdCluster]:
+    """Three sshd nodes: a bastion and two nodes behind it (test_ssh_known_hosts.behind_bastion)."""
+    yield from _sshd_nodes(tmp_path, 3)
 
 
 SSH_USER = "root"  # the only user the sshd nodes accept

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, SSH_USER, Done, free_port, mindspore_missing
-from sshd_nodes import SshdCluster, SshdNode, require_sshd, start_sshd_cluster, write_known_hosts
+from sshd_nodes import SshdCluster, SshdNode, write_known_hosts
 from test_ssh_known_hosts import CLIENT_ADDRESS, behind_bastion
 from tmux_screen import keys, wait_for, wait_screen
 
@@ -210,16 +210,6 @@ def test_hosts_with_keys_only_in_a_global_known_hosts_file(
     home = _ssh_home(tmp_path, sshd_cluster, _aliases(sshd_cluster.nodes, files))
     _trains_with_hosts(installed, home, tmp_path, per_node=1)
     assert not (home / "site" / "none").exists()
-
-
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[SshdCluster]:
-    require_sshd()
-    c = start_sshd_cluster(tmp_path / "sshd", n=3)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.mark.ssh

@@ -40,16 +40,6 @@ def home(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[SshdCluster]:
-    require_sshd()
-    c = start_sshd_cluster(tmp_path / "sshd", n=3)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home)}
 
