@@ -157,15 +157,19 @@ class Spares:
         self._said = state[0]
         return state
 
+    def _fits(self, spare: Spare | None, spec: ProcSpec, run_dir: str, attempt: int, cwd: str) -> bool:
+        """``spare`` can become ``spec``'s process of ``attempt``: the one test both a warm
+        attempt's check and each take make (the environment a cold launch would give it)."""
+        if spare is None or attempt != self.attempt:
+            return False
+        env = procmod.process_env(spec, layout.attempt_folder(run_dir, attempt), procmod.attempt_env(attempt))
+        return spare.fits(spec, cwd, env)
+
     def missing(self, specs: tuple, run_dir: str, attempt: int, cwd: str) -> str | None:
         """Why the standby cannot be ``attempt`` (a spare gone since it said ready), or None. A warm
         attempt asks first: a cold rank would try to join a cluster already formed without it."""
-        log_dir = layout.attempt_folder(run_dir, attempt)
-        base_env = procmod.attempt_env(attempt)
         for spec in specs:
-            spare = self._by_name.get(spec.name)
-            env = procmod.process_env(spec, log_dir, base_env)
-            if attempt != self.attempt or spare is None or not spare.fits(spec, cwd, env):
+            if not self._fits(self._by_name.get(spec.name), spec, run_dir, attempt, cwd):
                 return "the standby's process for %s is gone" % spec.name
         return None
 
@@ -174,11 +178,10 @@ class Spares:
         spare = self._by_name.pop(spec.name, None)
         if spare is None:
             return None
-        log_dir = layout.attempt_folder(run_dir, attempt)
-        env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))
-        if attempt != self.attempt or not spare.fits(spec, cwd, env):
+        if not self._fits(spare, spec, run_dir, attempt, cwd):
             spare.kill()
             return None
+        log_dir = layout.attempt_folder(run_dir, attempt)
         metrics = layout.metrics_file(log_dir, spec.name)
         log_path = layout.log_file(log_dir, spec.name)
         if self.joined and spec.is_scheduler:
@@ -196,7 +199,9 @@ class Spares:
             open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log
             fd = os.open(order + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"argv": list(spec.argv), "env": env, "cwd": cwd, "log": log_path}, f)
+                json.dump(
+                    {"argv": list(spec.argv), "env": spare.env, "cwd": cwd, "log": log_path}, f
+                )  # fits: the same
             os.replace(order + ".tmp", order)
             assert spare.popen.stdin is not None
             spare.popen.stdin.write((order + "\n").encode("utf-8"))
