@@ -33,7 +33,7 @@ DEFAULT_GRACE_S = 3.0  # SIGTERM -> SIGKILL, when neither the inventory nor a me
 DETACHED_OPERATOR_WAIT_S = 900.0  # a detached run that failed with no budget waits this long for `r`
 # The hang limit when the inventory sets none (hang.timeout_s), derived from what each rank did:
 FIRST_STEPS_LIMIT_S = 900.0  # until a rank's steps have a pace (start-up, cluster join, compile)
-STEADY_FLOOR_S = 10.0  # MindSpore's teardown after the last step takes ~5 s of silence
+STEADY_FLOOR_S = 9.0  # over MindSpore's ~5 s of teardown silence; + inspection: named within 10 s
 STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the attempt
 FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
 

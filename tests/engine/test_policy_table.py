@@ -434,10 +434,10 @@ TABLE += [
             (stepped(9.0, 9.0, "r0", "r2", "r3"), []),
             (P.Tick(9.0), []),  # MindSpore's teardown after a last step is ~5 s of silence: not yet
             (
-                P.Tick(11.2),
+                P.Tick(10.2),
                 {
                     "console": [
-                        "inspect a: r1 (no progress for 10 s (20 x its longest gap between steps, 0.05 s))"
+                        "inspect a: r1 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))"
                     ],
                     "coordinator": [],
                 },
