@@ -49,6 +49,12 @@ def silent_too_long(last_progress: float, now: float, timeout_s: float) -> bool:
     return timeout_s > 0 and now - last_progress > timeout_s
 
 
+def standby_complete(ready: dict, nodes: tuple) -> bool:
+    """A standby cluster can take the attempt only when every node's spares have joined it
+    (``ready``: node -> its last word): one node's cold ranks cannot join a formed cluster."""
+    return all(ready.get(n) for n in nodes)
+
+
 class HangRule:
     """How long a rank may stay silent (no log line, no metric) before it is inspected.
 
@@ -210,6 +216,7 @@ class StandbyChanged:
     attempt: int
     ready: bool
     now: float
+    why: str = ""  # what is gone, when not ready
 
 
 @dataclass(frozen=True)
@@ -250,7 +257,7 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
     if isinstance(msg, P.RankPhase) and msg.phase == P.Milestone.FIRST_STEP:
         return RankStepped(node, msg.name, now)
     if isinstance(msg, P.StandbyState):
-        return StandbyChanged(node, msg.attempt, msg.ready, now)
+        return StandbyChanged(node, msg.attempt, msg.ready, now, msg.why)
     return None
 
 
@@ -418,6 +425,10 @@ class RunPolicy:
         if self.standby_for != self.att.number + 1:
             return ()
         return tuple(n for n in self.config.nodes if self.standby.get(n))
+
+    def warm_for(self, number: int) -> bool:
+        """Attempt ``number`` would start on the standby cluster (``standby_complete``)."""
+        return number == self.standby_for and standby_complete(self.standby, self.config.nodes)
 
     def progress(self, name: str, now: float) -> None:
         """A rank made progress (a log line, a metric): kept apart from ``step`` for its rate."""
@@ -628,8 +639,7 @@ class RunPolicy:
             self._tick(now, out)
 
     def _start(self, number: int, now: float, out: list[Action]) -> None:
-        # Warm only when the whole standby cluster is there: one node's cold ranks cannot join it.
-        warm = number == self.standby_for and all(self.standby.get(n) for n in self.config.nodes)
+        warm = self.warm_for(number)
         self.standby, self.standby_for = {}, -1
         self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s))
         self.restart_at = None

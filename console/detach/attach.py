@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from mscon.agent.layout import LOGS_DIR
+from mscon.agent.policy import standby_complete
 from mscon.agent.protocol import (
     AgentError,
     Attach,
@@ -34,6 +35,7 @@ from mscon.agent.protocol import (
     MetricBatch,
     ReplayDone,
     RunCommand,
+    StandbyState,
     from_dict,
     message_class,
 )
@@ -59,6 +61,7 @@ from mscon.console.engine.events import (
     RunFinished,
     RunResult,
     RunStarted,
+    StandbyUpdated,
     Stopping,
 )
 from mscon.console.engine.plan import build_plan
@@ -112,6 +115,8 @@ class Attacher:
         self.bus = bus or EventBus()
         self.state = ClusterState()
         self.stragglers = StragglerWatch(StragglerPolicy(), self.state)  # as the supervisor's, default policy
+        self._standby: dict[str, bool] = {}  # node -> its standby for attempt _standby_for joined
+        self._standby_for = -1
         self.logs_dir = (options.logs_root / self.run_id).resolve()
         self.bus.errors_to(self.logs_dir)
         rec = options.record
@@ -332,10 +337,21 @@ class Attacher:
         reason = "all ranks finished" if root is None else describe(root)
         self.emit(AttemptEnded(self._attempt, outcome, reason, root, time.time_ns()))
 
+    def _standby_said(self, msg: StandbyState) -> None:
+        """What the coordinator's policy makes of a node's standby, by its rule (it journals no
+        word of its own on it)."""
+        if self._standby_for != msg.attempt:
+            self._standby, self._standby_for = {}, msg.attempt
+        self._standby[msg.node] = msg.ready
+        warm = standby_complete(self._standby, tuple(p.node.name for p in self.plans))
+        self.emit(StandbyUpdated(msg.attempt, msg.node, msg.ready, warm, msg.why))
+
     def _apply(self, node: str, msg: Message) -> None:
         """One message of the run, journaled or live: console events as the supervisor emits them."""
         if not isinstance(msg, Coord):
             self.emit(AgentEvent(self.attempt_no, msg))
+            if isinstance(msg, StandbyState) and msg.attempt > self._attempt:
+                self._standby_said(msg)
             if isinstance(msg, Metric | MetricBatch):
                 for ev in self.stragglers.observe(self.attempt_no, msg):
                     self.emit(ev)

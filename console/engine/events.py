@@ -344,6 +344,20 @@ class AwaitingOperator(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class StandbyUpdated(Event):
+    """A node's spares for the coming attempt joined their standby cluster (``ready``), or one is
+    gone (``why``); ``warm``: every node's has joined now, so a restart starts that attempt on the
+    standby cluster, skipping the cluster join (the policy's ``warm_for``: the one rule)."""
+
+    kind: ClassVar[str] = "standby_updated"
+    attempt: int  # the attempt the standby is for (the next one)
+    node: str
+    ready: bool
+    warm: bool
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Notice(Event):
     """Something the operator should know that is not a failure (a huge workdir, a lagging view)."""
 

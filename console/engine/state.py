@@ -53,6 +53,7 @@ from mscon.console.engine.events import (
     RunFinished,
     RunResult,
     RunStarted,
+    StandbyUpdated,
     Stopping,
     StragglerCleared,
     StragglerFlagged,
@@ -119,6 +120,7 @@ class AttemptView:
     lost_nodes: list[Failure] = field(default_factory=list)
     root: Failure | None = None  # fixed when the attempt ends (AttemptEnded carries it)
     summary: tuple[RankSummary, ...] = ()
+    warm: bool = False  # started on the standby cluster (AttemptStarted.warm)
 
 
 class ClusterState:
@@ -138,6 +140,10 @@ class ClusterState:
         self.flagged: dict[str, StragglerFlagged] = {}  # stragglers of this attempt not cleared since
         self._straggled: dict[tuple[int, str], StragglerSummary] = {}  # every one of the run, for the summary
         self.fetched: dict[str, FetchSummary] = {}  # node -> its run folder copied back at the end
+        # node -> what its standby for the coming attempt said last (StandbyUpdated; the latest
+        # one's ``warm`` is the policy's word on the whole cluster)
+        self.standby: dict[str, StandbyUpdated] = {}
+        self.standby_warm = False
         self.events = 0
         self._clock = PhaseClock()  # where each attempt's start-up time went (phases())
         # Workers of the attempt and their successful exits so far: workers_succeeded() is asked
@@ -160,12 +166,13 @@ class ClusterState:
             self._node(ev)
         elif isinstance(ev, AttemptStarted):
             self._clock.started(ev)
-            self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns))
+            self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns, warm=ev.warm))
             self.job = JobState.RUNNING
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
             self._workers = sum(1 for r in ev.ranks if not is_scheduler(r.rank))
             self._ok_exits = 0
             self.flagged = {}
+            self.standby, self.standby_warm = {}, False  # used, or killed: that attempt has started
         elif isinstance(ev, Stopping):
             att = self.attempt
             if att is not None and att.stop_reason is None:
@@ -183,6 +190,11 @@ class ClusterState:
                     ev.ts_ns,
                 )
                 att.summary = self.rank_summaries(att)
+        elif isinstance(ev, StandbyUpdated):
+            if any(u.attempt != ev.attempt for u in self.standby.values()):
+                self.standby = {}
+            self.standby[ev.node] = ev
+            self.standby_warm = ev.warm
         elif isinstance(ev, Restarting):
             self.job = JobState.RESTARTING
         elif isinstance(ev, AwaitingOperator):
@@ -402,6 +414,19 @@ class ClusterState:
     @property
     def attempt(self) -> AttemptView | None:
         return self.attempts[-1] if self.attempts else None
+
+    def restart_outlook(self) -> tuple[bool, str]:
+        """Whether a restart now would start warm, and why not: the policy's word (``standby_warm``)
+        with what the nodes said."""
+        if self.standby_warm:
+            return True, ""
+        lost = [u for u in self.standby.values() if not u.ready]
+        if lost:
+            u = min(lost, key=lambda u: u.node)
+            return False, f"the standby on {u.node} is gone: {u.why or 'a spare exited'}"
+        if self.standby:
+            return False, f"the standby cluster has joined on {len(self.standby)} of {len(self.nodes)} nodes"
+        return False, "no standby cluster has joined"
 
     def workers(self) -> list[RankView]:
         return [r for r in self.ranks.values() if not r.is_scheduler]

@@ -54,6 +54,7 @@ from mscon.console.engine.events import (
     RunFinished,
     RunResult,
     RunStarted,
+    StandbyUpdated,
     Stopping,
 )
 from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
@@ -129,6 +130,7 @@ class Supervisor:
         self._inputs: Inputs | None = None
         self._early: list[Command] = []
         self.policy: RunPolicy | None = None  # from the first attempt on
+        self._warm_for = -1  # the attempt StandbyUpdated last said would start warm (-1: none)
         self._later: list[Command] = []  # commands the policy takes once it runs
         self.session: ClusterSession | None = None
         self._stop_cmd: StopJob | None = None
@@ -368,7 +370,7 @@ class Supervisor:
                 if isinstance(done, RunVerdict):
                     return done
                 for ev in done:
-                    pending.extend(policy.step(ev))
+                    pending.extend(self._step(ev))
             if self.detached:
                 return RunVerdict(
                     JobState.DETACHED,
@@ -377,7 +379,21 @@ class Supervisor:
                 )
             item = await self._inputs.get()
             for ev in await self._take(session, item):
-                pending.extend(policy.step(ev))
+                pending.extend(self._step(ev))
+
+    def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
+        """The policy takes one input; what it makes of a standby is an event (whether a restart
+        would be warm is the operator's to know before pressing r)."""
+        assert self.policy is not None
+        actions = self.policy.step(ev)
+        if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt > self.policy.attempt:
+            warm = self.policy.warm_for(ev.attempt)
+            self.emit(StandbyUpdated(ev.attempt, ev.node, ev.ready, warm, ev.why))
+            self._warm_for = ev.attempt if warm else -1
+        elif isinstance(ev, policy_mod.NodeLost) and self._warm_for > self.policy.attempt:
+            self._warm_for = -1  # its spares went with its agent
+            self.emit(StandbyUpdated(self.policy.attempt + 1, ev.node, False, False, "its agent is gone"))
+        return actions
 
     def _observe(self, item: Input) -> None:
         """What an input means to the console's own picture, whoever takes it (the policy, or a

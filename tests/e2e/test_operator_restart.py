@@ -1,6 +1,7 @@
 """The moment the product is named for, in a real terminal (tmux): a rank dies, the operator reads
 the Failure panel while every process of the attempt is gone, presses r, and the group trains again
-from the trainer's latest checkpoint. No restart budget: the run waits for the operator."""
+from the trainer's latest snapshot. No restart budget: the run waits for the operator. The standby
+cluster had joined before the fault, so the console says the restart will be warm, and it is."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path
         ranks = wait_for(
             session, ranks_past_a_checkpoint, 240, "two training ranks past their first checkpoint"
         )
+        wait_for(session, lambda: _standby_joined(run_id), 240, "the standby for attempt 1 to join")
         victim = min(ranks, key=lambda p: p.pid)
         victim.kill()  # kill -9
         wait_for(
@@ -84,6 +86,12 @@ def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path
         assert not done.exists() and "awaiting operator" in capture(session)
         keys(session, "r")
         wait_for(session, lambda: "Restart the whole group?" in capture(session), 20, "the restart question")
+        wait_for(
+            session,  # toasts may cover the dialog for a moment
+            lambda: "It starts warm: every node's standby cluster has joined" in _words(capture(session)),
+            20,
+            "the question to say the restart starts warm",
+        )
         keys(session, "y")
         resumed = wait_for(
             session, lambda: _resumed_step(run_id), 240, "attempt 1 to resume from a checkpoint"
@@ -108,6 +116,7 @@ def test_r_after_a_failure_restarts_the_group_from_its_checkpoint(tmp_path: Path
         (1, "interrupted"),
     ]
     assert summary["attempts"][0]["root_cause"]["signal"] == "SIGKILL"
+    assert summary["attempts"][1]["phases"]["warm"] is True
 
 
 def _workers(run_id: str) -> list[psutil.Process]:
@@ -120,6 +129,17 @@ def _workers(run_id: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def _standby_joined(run_id: str) -> bool:
+    """Every worker's spare for attempt 1 has joined its standby cluster (the agent's markers)."""
+    run_dir = str(_node_run_dir(run_id))
+    return all(Path(layout.spare_joined(run_dir, name, 1)).exists() for name in ("r0", "r1"))
+
+
+def _words(screen: str) -> str:
+    """The screen's words in reading order, without the dialog's line breaks and borders."""
+    return " ".join(re.findall(r"[\w':;,.()]+", screen))
 
 
 def _node_run_dir(run_id: str) -> Path:

@@ -54,6 +54,7 @@ from mscon.agent.protocol import (
     Resolve,
     Resolved,
     Shutdown,
+    StandbyState,
     Start,
     Stop,
     decode,
@@ -152,6 +153,10 @@ class NodeConfig:
     connect_error: str | None = None  # connect() raises NodeUnreachable with this
     resolve_delay_s: float = 0.0  # a Resolve is answered this long after it arrives
     stderr: str = ""
+    # A Start with join_standby: the node's standby for the next attempt says this, this long after
+    # (None: says nothing); "lost" says a spare is gone.
+    standby: Literal["ready", "lost"] | None = None
+    standby_after_s: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -404,6 +409,13 @@ class FakeChannel(AgentChannel):
             actions = list(script.get(name, ()))
             if actions:
                 self._spawn(self._play(proc, actions), name)
+        if cmd.join_standby and self.cfg.standby is not None:
+            self._spawn(self._standby(cmd.attempt + 1, self.cfg.standby == "ready"), "standby")
+
+    async def _standby(self, attempt: int, ready: bool) -> None:
+        await self._sleep_until(self.cfg.standby_after_s)
+        why = "" if ready else "the spare for r1 exited (SIGKILL)"
+        self._emit(StandbyState(node=self.node, attempt=attempt, ready=ready, why=why))
 
     def _ts(self, seconds: float) -> int:
         return self._start_ns + int(seconds * 1e9)

@@ -570,7 +570,9 @@ def test_the_wire_means_the_same_to_both_hosts() -> None:
     assert P.from_message("b", wire.RankPhase("b", "r2", 2, wire.Milestone.JOINED, 5), 3.0) is None
     assert wire.RankPhase.reported  # a detached coordinator hears it over the link
     lost = wire.StandbyState("b", 1, False, "the spare for r2 exited (SIGKILL)")
-    assert P.from_message("b", lost, 4.0) == P.StandbyChanged("b", 1, False, 4.0)
+    assert P.from_message("b", lost, 4.0) == P.StandbyChanged(
+        "b", 1, False, 4.0, "the spare for r2 exited (SIGKILL)"
+    )
     assert wire.StandbyState.reported
 
 

@@ -68,6 +68,7 @@ from mscon.console.engine.events import (
     RunFinished,
     RunResult,
     RunStarted,
+    StandbyUpdated,
     Stopping,
     from_json,
     to_json,
@@ -482,6 +483,40 @@ async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path)
     (restarting,) = run.of(Restarting)
     assert restarting.attempt == 1 and "operator" in restarting.reason and restarting.backoff_s == 0
     assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0, 1]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("b_standby", ["ready", "lost"])
+async def test_what_r_would_do_is_the_policys_word_on_the_standby(tmp_path: Path, b_standby: str) -> None:
+    """Each node's standby for the next attempt is an event carrying the policy's verdict on the
+    whole cluster (warm only once every node's has joined): the operator reads it before pressing
+    r, and the restart is exactly that (AttemptStarted.warm, Start.warm on every node)."""
+
+    def script(attempt: int) -> Script:
+        return {"r1": [Exit(0.2, code=7)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
+
+    cluster = make_cluster(
+        tmp_path,
+        script,
+        a=NodeConfig(standby="ready", standby_after_s=0.02),
+        b=NodeConfig(standby=b_standby, standby_after_s=0.05),  # type: ignore[arg-type]
+    )
+    warm = b_standby == "ready"
+    seen: list[tuple[bool, str]] = []
+
+    async def operator(sup: Supervisor) -> None:
+        await until(lambda: sup.state.job is JobState.AWAITING_OPERATOR)
+        seen.append(sup.state.restart_outlook())
+        sup.submit(RestartGroup())
+
+    run = await run_job(tmp_path, cluster, operator_wait_s=math.inf, during=operator)
+    assert run.result.status is JobState.SUCCEEDED
+    said = [(u.node, u.ready, u.warm, u.why) for u in run.of(StandbyUpdated) if u.attempt == 1]
+    lost_why = "the spare for r1 exited (SIGKILL)"
+    assert said == [("a", True, False, ""), ("b", warm, warm, "" if warm else lost_why)]
+    assert seen == [(True, "") if warm else (False, f"the standby on b is gone: {lost_why}")]
+    assert [s.warm for s in run.of(AttemptStarted)] == [False, warm]
+    for node in ("a", "b"):
+        assert [s.msg.warm for s in cluster.sent_of(Start, node)] == [False, warm]  # type: ignore[attr-defined]
 
 
 async def test_operator_who_quits_a_waiting_run_gets_the_failed_attempts_verdict(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ RUN_ID`` opens it), and a run in the live console (``mscon up``) records itself 
 from __future__ import annotations
 
 import argparse
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,15 @@ FAIL = ["--steps", "8", "--rate", "0", "--metrics", "--fail-rank", "1", "--fail-
 
 async def test_a_headless_run_replays_by_its_run_id(tmp_path: Path) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 2, "bench/fake_rank.py", FAIL)
-    done = mscon("run", "--no-tui", "-q", inv, "--run-id", "replay-me", cwd=tmp_path)
+    run_id = f"replay-me-{secrets.token_hex(3)}"  # a node keeps a run's folder: a fixed id runs once
+    done = mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path)
     assert done.code == 3, done.err
-    events = list(read_recording(find_recording("replay-me", tmp_path / "mscon-runs")))
+    events = list(read_recording(find_recording(run_id, tmp_path / "mscon-runs")))
     app = MsconApp(ReplaySource(events, speed=0), toasts=False)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         text = await shows(pilot, "Root cause: r1 on local failed first (exit code 3)")
-        assert "replay-me" in text and "failed" in text
+        assert run_id in text and "failed" in text
     root = app.source.state.root_cause()
     assert root is not None and root.name == "r1"
 
@@ -49,11 +51,12 @@ async def test_a_run_in_the_live_console_is_recorded(tmp_path: Path, monkeypatch
     monkeypatch.setattr(launch, "run_console", headless_console)
     ok = ["--steps", "5", "--rate", "0"]
     inv = load_inventory(local_inventory(tmp_path / "inv.yaml", 2, "bench/fake_rank.py", ok))
-    sup = Supervisor(inv, RunOptions(run_id="tui-run", logs_root=tmp_path / "runs"))
+    run_id = f"tui-run-{secrets.token_hex(3)}"
+    sup = Supervisor(inv, RunOptions(run_id=run_id, logs_root=tmp_path / "runs"))
     code = await launch.run_live(sup, argparse.Namespace(events=None, json=None))
     assert code == 0
     events = list(read_recording(recording_file(sup.logs_dir)))
-    assert isinstance(events[0], RunStarted) and events[0].run_id == "tui-run"
+    assert isinstance(events[0], RunStarted) and events[0].run_id == run_id
     assert isinstance(events[-1], RunFinished) and events[-1].result.status is JobState.SUCCEEDED
     [run] = past_runs(tmp_path / "runs")
-    assert run.run_id == "tui-run" and run.status is JobState.SUCCEEDED and run.recorded
+    assert run.run_id == run_id and run.status is JobState.SUCCEEDED and run.recorded

@@ -233,3 +233,53 @@ def test_straggler_thresholds_are_checked_on_the_command_line(tmp_path: Path) ->
 
     done = mscon("run", "--no-tui", "--straggler-factor", "0.5", cwd=tmp_path)
     assert done.code == 2 and "--straggler-factor" in done.err and "Traceback" not in done.err
+
+
+def test_the_failure_screen_and_restart_question_say_whether_r_would_start_warm() -> None:
+    """What the operator reads before pressing r: the policy's word on the standby cluster (one
+    StandbyUpdated per node; its ``warm`` is the whole cluster's), with the node and cause when cold."""
+    from types import SimpleNamespace
+
+    from mscon.console.engine.events import (
+        AttemptStarted,
+        AwaitingOperator,
+        RankRef,
+        RunStarted,
+        StandbyUpdated,
+        from_json,
+        to_json,
+    )
+    from mscon.console.engine.state import ClusterState
+    from mscon.console.views.tui.feed import _notice_text
+    from mscon.console.views.tui.screens.failure import failure_text, restart_outlook_text
+
+    st = ClusterState()
+    refs = (RankRef("r0", "a", 0), RankRef("r1", "b", 1))
+    st.apply(RunStarted(0, "run", "inv.yaml", ("a", "b"), 2, "/logs", 1))
+    st.apply(AttemptStarted(0, refs, "a", 8118))
+    model = SimpleNamespace(state=st)
+    assert restart_outlook_text(st) == "cold: no standby cluster has joined; it is a full launch"
+    a_ready = StandbyUpdated(1, "a", True, False)
+    st.apply(a_ready)
+    assert st.restart_outlook() == (False, "the standby cluster has joined on 1 of 2 nodes")
+    assert _notice_text(a_ready) == ""  # one node's join is not news; the whole cluster's is
+    b_ready = StandbyUpdated(1, "b", True, True)
+    assert from_json(to_json(b_ready)) == b_ready  # recordings replay it
+    st.apply(b_ready)
+    assert st.restart_outlook() == (True, "")
+    assert "ready on every node" in _notice_text(b_ready)
+    assert "r restarts" not in failure_text(model).plain  # still running: not the question yet
+    st.apply(AwaitingOperator(0, "r1 on b failed first"))
+    warm = "r restarts the whole group warm: every node's standby cluster has joined"
+    assert warm in failure_text(model).plain
+    b_lost = StandbyUpdated(1, "b", False, False, "the spare for r1 exited (SIGKILL)")
+    st.apply(b_lost)
+    said = "cold: the standby on b is gone: the spare for r1 exited (SIGKILL); it is a full launch"
+    assert restart_outlook_text(st) == said and said in failure_text(model).plain
+    assert _notice_text(b_lost) == (
+        "b: standby for attempt 1 lost (the spare for r1 exited (SIGKILL)): a restart would be cold"
+    )
+    # The attempt it stood by for starts: used up, whatever it was
+    st.apply(AttemptStarted(1, refs, "a", 8119, warm=True))
+    assert st.attempt is not None and st.attempt.warm
+    assert st.restart_outlook() == (False, "no standby cluster has joined")

@@ -19,6 +19,7 @@ from mscon.console.views.tui.commands import MsconCommands, PaletteCommand
 from mscon.console.views.tui.feed import Changes, Feed
 from mscon.console.views.tui.linestore import LineStore
 from mscon.console.views.tui.model import PANE_LIMIT, ViewModel
+from mscon.console.views.tui.screens.failure import restart_outlook_text
 from mscon.console.views.tui.screens.main import MainScreen, View
 from mscon.console.views.tui.screens.modals import ConfirmScreen, HelpScreen, QuitChoice, QuitScreen, key_rows
 from mscon.console.views.tui.screens.rank import RankScreen
@@ -36,8 +37,8 @@ GAP_FACTOR = 3.0  # ... and at least this many times the last flush's cost (its 
 
 RESTART_BODY = (
     "Every rank on every node is stopped and the whole group starts again as a new attempt, from "
-    "the latest complete checkpoint (a rank cannot rejoin a running collective). An operator's "
-    "restart does not use up the failure restart budget."
+    "its latest complete snapshot or checkpoint (a rank cannot rejoin a running collective). An "
+    "operator's restart does not use up the failure restart budget."
 )
 STOP_BODY = (
     "Every rank on every node is stopped (TERM, then KILL after the grace period); the logs are "
@@ -210,7 +211,8 @@ class MsconApp(App[int]):
             if yes and self.source.submit(RestartGroup("restart requested from the console")):
                 self.notify("Restart requested: the whole group restarts from its latest checkpoint.")
 
-        self.push_screen(ConfirmScreen("Restart the whole group?", RESTART_BODY, "Restart"), answer)
+        body = f"{RESTART_BODY}\n\nIt starts {restart_outlook_text(self.source.state)}."
+        self.push_screen(ConfirmScreen("Restart the whole group?", body, "Restart"), answer)
 
     def action_stop(self) -> None:
         if not self._command_allowed():

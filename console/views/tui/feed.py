@@ -41,6 +41,7 @@ from mscon.console.engine.events import (
     Restarting,
     RunFinished,
     RunStarted,
+    StandbyUpdated,
     Stopping,
     StragglerCleared,
     StragglerFlagged,
@@ -160,6 +161,12 @@ class Feed:
                 if text:
                     ch.notices.append(text)
                     self.notices.append(text)
+            elif isinstance(ev, StandbyUpdated):
+                ch.failure = True  # what r would do (warm or cold) is on the failure screen
+                text = _notice_text(ev)
+                if text:  # the whole cluster ready, or a node's lost: not every node's join
+                    ch.notices.append(text)
+                    self.notices.append(text)
             elif isinstance(ev, Notice | ReplicaDivergence):
                 text = _notice_text(ev)
                 ch.notices.append(text)
@@ -191,7 +198,7 @@ def _notice_text(ev: Event) -> str:
     if isinstance(ev, AwaitingOperator):
         return (
             f"{ev.reason}. The ranks are stopped, the nodes kept: r restarts the whole group "
-            "(from its latest checkpoint), q ends the run"
+            "(from its latest snapshot or checkpoint), q ends the run"
         )
     if isinstance(ev, RunFinished):
         return f"run {ev.result.status.value}, exit {ev.result.exit_code}: {ev.result.reason}"
@@ -199,4 +206,12 @@ def _notice_text(ev: Event) -> str:
         return ev.text
     if isinstance(ev, ReplicaDivergence):
         return f"replicas diverged at step {ev.step}: {', '.join(ev.ranks)}"
+    if isinstance(ev, StandbyUpdated):
+        if ev.warm:
+            return (
+                f"standby cluster for attempt {ev.attempt} ready on every node: "
+                "a restart skips the cluster join"
+            )
+        if not ev.ready:
+            return f"{ev.node}: standby for attempt {ev.attempt} lost ({ev.why}): a restart would be cold"
     return ""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from mscon.console.engine.events import Failure, FailureKind
+from mscon.console.engine.events import Failure, FailureKind, JobState
 from mscon.console.engine.root_cause import describe
+from mscon.console.engine.state import ClusterState
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
@@ -43,12 +44,22 @@ def failure_text(model: ViewModel) -> Text:
         for v in victims:
             text.append(f"  {v.name} on {fmt.line(v.node)}: {v.status}", style="dim")
             text.append(f", last step {v.last_step if v.last_step is not None else '-'}\n", style="dim")
+    if st.job is JobState.AWAITING_OPERATOR:
+        text.append(f"\nr restarts the whole group {restart_outlook_text(st)}\n", style="bold")
     earlier = [a for a in st.attempt_summaries() if a.root_cause is not None and a.root_cause is not root]
     if earlier:
         text.append("\nEarlier attempts:\n", style="bold")
         for a in earlier:
             text.append(f"  attempt {a.attempt}: {a.outcome.value}: {fmt.line(describe(a.root_cause))}\n")
     return text
+
+
+def restart_outlook_text(st: ClusterState) -> str:
+    """How a restart now would start: "warm: ..." or "cold: why"."""
+    warm, why = st.restart_outlook()
+    if warm:
+        return "warm: every node's standby cluster has joined, so it skips MindSpore's cluster join"
+    return f"cold: {fmt.line(why)}; it is a full launch"
 
 
 def _how(f: Failure) -> str:

@@ -24,6 +24,8 @@ def status_text(model: ViewModel) -> Text:
     text.append(f" {st.run_id or '-'}  ")
     text.append_text(fmt.job_state(st.job))
     text.append(f"  attempt {att.number if att else '-'}")
+    if att is not None and att.warm:
+        text.append(" (warm)", style="green")
     text.append(f"  restarts {model.restarts_used()}/{st.max_restarts}")
     text.append(f"  ranks {up}/{len(workers)} up")
     if failed:
