@@ -383,9 +383,7 @@ def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]
             writer.write(f"node {self.node.name}\n".encode())
             return SimChannel(self.node.name, reader, writer)
 
-        async def fetch_run_dir(
-            self, remote: str, local: str, logs_root: str | None = None, **_: Any
-        ) -> int:
+        async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None, **_: Any) -> int:
             return 0
 
         async def holds_run(self, run_id: str) -> bool:
