@@ -596,6 +596,7 @@ class Coord(Message):
     restarts_left: int = 0
     ts_ns: int = 0
     wait_s: float = 0.0  # AWAITING_OPERATOR: how long the run waits for `r` before it ends
+    warm: bool = False  # ATTEMPT_STARTED: on the standby cluster (StartAttempt.warm)
 
 
 # ---------------------------------------------------------------- the coordinator link

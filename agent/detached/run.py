@@ -371,7 +371,7 @@ class DetachedRun:
         return []
 
     def _start_attempt(self, attempt: int, warm: bool) -> list:
-        self._coord(P.CoordKind.ATTEMPT_STARTED)
+        self._coord(P.CoordKind.ATTEMPT_STARTED, warm=warm)
         self._start_own(attempt, warm)
         now, lost = time.monotonic(), []
         for node in self.nodes[1:]:

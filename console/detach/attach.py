@@ -38,6 +38,7 @@ from mscon.agent.protocol import (
     StandbyState,
     from_dict,
     message_class,
+    standby_port,
 )
 from mscon.console.config.inventory import Inventory
 from mscon.console.detach.record import DetachRecord, write_record
@@ -73,6 +74,10 @@ from mscon.console.engine.summary import run_result, summary_file, write_summary
 from mscon.console.transport import make_transport
 
 E = TypeVar("E", bound=enum.Enum)
+
+
+def _started_warm(msg: Message) -> bool:
+    return isinstance(msg, Coord) and msg.kind == CoordKind.ATTEMPT_STARTED and msg.warm
 
 
 def _known(kind: type[E], value: str, default: E) -> E:
@@ -313,19 +318,22 @@ class Attacher:
         for attempt in sorted(by_attempt):
             entries = sorted(by_attempt[attempt], key=lambda e: (e[0], e[2], e[1]))
             first_ts = entries[0][0] if entries else 0
-            if attempt > self._attempt:
-                self._start_attempt(attempt, first_ts)
+            if attempt > self._attempt:  # the coordinator's word comes first by its clock, or not
+                warm = any(_started_warm(msg) for _, _, _, msg in entries)
+                self._start_attempt(attempt, first_ts, warm)
             for _, _, node, msg in entries:
                 self._apply(node, msg)
         if self.state.attempt is not None and self.state.attempt.outcome is None and self._ended is not None:
             self._end_attempt_from_state()
 
-    def _start_attempt(self, attempt: int, ts_ns: int) -> None:
+    def _start_attempt(self, attempt: int, ts_ns: int, warm: bool = False) -> None:
         if self._attempt >= 0 and self.state.attempt is not None and self.state.attempt.outcome is None:
             self._end_attempt_from_state()  # ended under the console, before the detach
         self._attempt = attempt
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
-        self.emit(AttemptStarted(attempt, refs, "", self.inv.scheduler.port, ts_ns or time.time_ns()))
+        base = self.inv.scheduler.port
+        port = standby_port(base, attempt) if warm else base
+        self.emit(AttemptStarted(attempt, refs, "", port, ts_ns or time.time_ns(), warm))
         rec = self.options.record
         if rec is not None and rec.attempt == attempt:
             # The lines the detaching console printed are not replayed: count from there.
@@ -370,7 +378,7 @@ class Attacher:
         elif msg.kind == CoordKind.ATTEMPT_STARTED:
             self._waiting = None
             if msg.attempt > self._attempt:
-                self._start_attempt(msg.attempt, msg.ts_ns)
+                self._start_attempt(msg.attempt, msg.ts_ns, msg.warm)
         elif msg.kind == CoordKind.AWAITING_OPERATOR:
             root = self.state.root_cause()
             reason = f"{msg.reason}: {describe(root)}" if root is not None else msg.reason
