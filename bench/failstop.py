@@ -8,7 +8,10 @@ node_rank > 0 running msrun's entry point with "is the master address local?" an
 Faults, injected from outside once the victim rank printed step --fault-step:
 
 * ``kill9``: SIGKILL of the victim rank (default rank 3, on the second node);
-* ``sigstop``: SIGSTOP of the victim rank (a hang: the process is alive, in state T).
+* ``sigstop``: SIGSTOP of the victim rank (a hang: the process is alive, in state T);
+* ``silent``: the victim stops after that step and sleeps, alive and running (the trainer's
+  ``--stall-at-step``): no line, no metric, the others wait in their collective. Measured from the
+  victim's last step line, as read; mscon's hang limit follows the job (no ``hang.timeout_s``).
 
 The victim is the process whose environment has RANK_ID=R, MS_ROLE=MS_WORKER and the run's marker
 (mscon: MSCON_METRICS under the run id; msrun: MS_SCHED_PORT=<this trial's port>). The job's
@@ -205,7 +208,7 @@ class Watcher(threading.Thread):
 @dataclass
 class Trial:
     launcher: str  # mscon / msrun
-    fault: str  # kill9 / sigstop / restart
+    fault: str  # kill9 / sigstop / silent / restart
     index: int
     cap: float
     ok: bool = False
@@ -497,7 +500,15 @@ def _victim_of(pids: list[int], rank: int, env_ok: Any) -> int | None:
     return leaves[0] if len(leaves) == 1 else None
 
 
-def _inject(trial: Trial, sig: int, victim: int) -> None:
+_FAULT_SIGNALS = {"kill9": signal.SIGKILL, "sigstop": signal.SIGSTOP}  # "silent": the trainer stalls
+
+
+def _inject(trial: Trial, sig: int | None, victim: int, t_line: float) -> None:
+    """The fault: a signal to the victim now, or (``sig`` None, a silent rank) none: the victim
+    went silent after the step line read at ``t_line``."""
+    if sig is None:
+        trial.t_fault = t_line
+        return
     os.kill(victim, sig)
     trial.t_fault = time.monotonic()
 
@@ -556,12 +567,12 @@ def run_mscon(
         if trial.fault == "restart":
             _restart_trial(trial, proc, lines, ours, known, a)
             return
-        sig = signal.SIGKILL if trial.fault == "kill9" else signal.SIGSTOP
+        sig = _FAULT_SIGNALS.get(trial.fault)
         want = re.compile(rf"^\[\S+ r{a.rank}\] .*?{STEP_RE.pattern}")
         deadline = trial.t_start + a.timeout
         seen = 0
         while trial.t_fault is None:
-            for _, src, text in lines.snapshot()[seen:]:
+            for t_line, src, text in lines.snapshot()[seen:]:
                 seen += 1
                 if src == "stdout" and (m := want.match(text)) and int(m.group(2)) >= a.fault_step:
                     trial.fault_step = int(m.group(2))
@@ -578,7 +589,7 @@ def run_mscon(
                     job[proc.pid] = "console"
                     trial.job, trial.victim = job, victim
                     watcher = Watcher(job)
-                    _inject(trial, sig, victim)
+                    _inject(trial, sig, victim, t_line)
                     watcher.start()
                     break
             if trial.t_fault is not None:
@@ -735,7 +746,7 @@ def run_msrun(trial: Trial, a: argparse.Namespace, train_args: list[str], tmp: P
     procs: list[subprocess.Popen[bytes]] = []
     outs = []
     watcher: Watcher | None = None
-    sig = signal.SIGKILL if trial.fault == "kill9" else signal.SIGSTOP
+    sig = _FAULT_SIGNALS.get(trial.fault)
     needle = str(port)
 
     def ours(env: dict[str, str]) -> bool:
@@ -753,7 +764,7 @@ def run_msrun(trial: Trial, a: argparse.Namespace, train_args: list[str], tmp: P
         deadline = trial.t_start + a.timeout
         seen = 0
         while trial.t_fault is None:
-            for _, src, text in lines.snapshot()[seen:]:
+            for t_line, src, text in lines.snapshot()[seen:]:
                 seen += 1
                 if src == victim_log and (m := STEP_RE.search(text)) and int(m.group(2)) >= a.fault_step:
                     trial.fault_step = int(m.group(2))
@@ -770,7 +781,7 @@ def run_msrun(trial: Trial, a: argparse.Namespace, train_args: list[str], tmp: P
                             job[p] = "launcher"  # msrun itself (and anything else it runs)
                     trial.job, trial.victim = job, victim
                     watcher = Watcher(job)
-                    _inject(trial, sig, victim)
+                    _inject(trial, sig, victim, t_line)
                     watcher.start()
                     break
             if trial.t_fault is not None:
@@ -892,7 +903,8 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
         ("+ agents / msrun gone", lambda t: t.job_gone),
         ("launcher exited", lambda t: t.exited),
     ]
-    for fault, title in (("kill9", "kill -9"), ("sigstop", "SIGSTOP")):
+    titles = (("kill9", "kill -9"), ("sigstop", "SIGSTOP"), ("silent", "silence (alive, no output)"))
+    for fault, title in titles:
         sel = {
             n: [t for t in trials if t.fault == fault and t.launcher == n and t.ok]
             for n in ("mscon", "msrun")
@@ -995,7 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--faults",
         nargs="+",
-        choices=("kill9", "sigstop", "restart"),
+        choices=("kill9", "sigstop", "silent", "restart"),
         default=["kill9", "sigstop", "restart"],
     )
     p.add_argument("--only", choices=("mscon", "msrun"), help="one launcher only (restart is mscon only)")
@@ -1028,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
         "--parallel-mode", "data_parallel", "--epochs", "1",
         "--steps-per-epoch", str(a.steps), "--step-sleep", str(a.step_sleep),
     ]  # fmt: skip
+    # The victim stops after --fault-step and sleeps (0: for ever); the others wait in AllReduce.
+    silent_args = [*train_args, "--stall-at-step", str(a.fault_step + 1), "--stall-rank", str(a.rank)]
     restart_args = [
         "--parallel-mode", "data_parallel", "--epochs", "1",
         "--steps-per-epoch", str(a.restart_steps), "--step-sleep", str(a.step_sleep),
@@ -1047,6 +1061,8 @@ def main(argv: list[str] | None = None) -> int:
         f"victim rank {a.rank} after its step {a.fault_step}"
     )
     print(f"script: {SCRIPT} {' '.join(train_args)}")
+    if "silent" in a.faults:
+        print(f"silent: the same, and {' '.join(silent_args[len(train_args) :])}")
     if "restart" in a.faults and a.only != "msrun":
         print(f"restart: mscon run --max-restarts 1 -- {SCRIPT} {' '.join(restart_args)}")
     print(
@@ -1080,9 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "mscon" and fault == "restart":
                     run_mscon(trial, cluster, a, restart_args, tmp, port, ["--max-restarts", "1"])
                 elif name == "mscon":
-                    run_mscon(trial, cluster, a, train_args, tmp, port)
+                    run_mscon(trial, cluster, a, silent_args if fault == "silent" else train_args, tmp, port)
                 else:
-                    run_msrun(trial, a, train_args, tmp, port)
+                    run_msrun(trial, a, silent_args if fault == "silent" else train_args, tmp, port)
             except (RuntimeError, OSError) as exc:
                 trial.error = str(exc)
                 trial.ok = False
