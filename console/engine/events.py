@@ -160,6 +160,7 @@ class Failure:
     traceback: str | None = None
     stack: str | None = None  # where a hung rank was stuck (py-spy dump, or kernel wchan)
     evidence: str | None = None  # MindSpore's own line that names this rank
+    wchan: str | None = None  # a hung rank's kernel wait channel
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 - A rank that MindSpore itself names (``worker N is the first one timed out``, HCCL's ``remote
   rank``) is the cause: the scheduler that reports a timeout is only the witness.
 - Otherwise the first failure of a worker by the agents' clocks (a hung or stopped rank counts
-  from its last progress), or a node lost while the attempt ran.
+  from its last progress), or a node lost while the attempt ran; silent ranks that wait on their
+  peers (``waits_on_peers``) are passed over when another failure is not such a wait.
 - The scheduler is the cause only when no worker failed and none was named.
 Ranks stopped by mscon are victims, never causes.
 """
@@ -29,7 +30,10 @@ def first_failure(att: AttemptView, ranks: dict[str, RankView]) -> Failure | Non
     - A rank that MindSpore itself names (``worker N is the first one timed out``, HCCL's
       ``remote rank``) is the cause: the scheduler that reports a timeout is only the witness.
     - Otherwise the first failure of a worker by the agents' clocks (a hung or stopped rank
-      counts from its last progress), or a node lost while the attempt ran.
+      counts from its last progress), or a node lost while the attempt ran. When some silent ranks
+      wait on their peers and another failure is not such a wait, that one is the cause: ranks that
+      wait in a collective fall silent together with the one they wait for, so their clocks alone
+      would pick any of them.
     - The scheduler is the cause only when no worker failed and none was named.
     Ranks stopped by mscon are victims, never causes.
     """
@@ -45,8 +49,50 @@ def first_failure(att: AttemptView, ranks: dict[str, RankView]) -> Failure | Non
             return _with_evidence(best, named_line(att, best.rank))
         return _named_failure(att, ranks, named[0])
     if workers:
-        return min(workers, key=lambda f: f.ts_ns)
+        return min(_suspects(workers), key=lambda f: f.ts_ns)
     return min(failures, key=lambda f: f.ts_ns) if failures else None
+
+
+# Where a silent rank waits for the others: MindSpore running a compiled graph (its collectives hold
+# every rank until the last one arrives) or a communication op, innermost in its main thread.
+_PEER_WAIT_FRAMES = (
+    "mindspore/graph/api.py",  # _CellGraphExecutor (MindSpore 2.6 on)
+    "mindspore/common/api.py",  # the same before 2.6
+    "mindspore/communication/",
+    "mindspore/ops/operations/comm_ops.py",
+)
+
+
+def waits_on_peers(f: Failure) -> bool:
+    """A hung rank whose main thread waits where a collective waits: innermost in its Python stack
+    (py-spy) one of ``_PEER_WAIT_FRAMES``; without a Python stack, in a futex (a collective's
+    condition variable; a rank stuck elsewhere sleeps, reads or spins)."""
+    if f.kind is not FailureKind.HUNG:
+        return False
+    top = main_thread_top(f.stack or "")
+    if top is not None:
+        return any(frame in top for frame in _PEER_WAIT_FRAMES)
+    return "futex" in (f.wchan or "")
+
+
+def main_thread_top(dump: str) -> str | None:
+    """The innermost frame of the main thread in a py-spy dump (``Thread N (idle): "MainThread"``,
+    then its frames innermost first), or None."""
+    lines = dump.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("Thread ") and '"MainThread"' in line:
+            for frame in lines[i + 1 :]:
+                text = frame.strip()
+                if text:
+                    return None if text.startswith("Thread ") else text
+            return None
+    return None
+
+
+def _suspects(workers: list[Failure]) -> list[Failure]:
+    waiting = [f for f in workers if waits_on_peers(f)]
+    elsewhere = [f for f in workers if not waits_on_peers(f)]
+    return elsewhere if waiting and elsewhere else workers
 
 
 def _named(att: AttemptView, ranks: dict[str, RankView], strong: bool) -> list[int]:

@@ -326,6 +326,7 @@ class ClusterState:
                     ),
                     tail=msg.tail,
                     stack=msg.stack or (f"kernel wait channel: {msg.wchan}" if msg.wchan else None),
+                    wchan=msg.wchan or None,
                 )
             )
         elif isinstance(msg, Evidence):

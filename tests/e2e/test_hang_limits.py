@@ -31,12 +31,15 @@ def test_a_silent_rank_in_a_fast_job_is_hung_at_the_steady_limit(
     con = _start(tmp_path, inv, run_id)
     request.addfinalizer(con.kill)
     last = con.wait_line("out", "[node2 r1] epoch: 1 step: 59,", 240)
-    named = con.wait_line("err", "makes no progress", 120)
+    named = con.wait_line("err", "r1 on node2 makes no progress", 120)
     rc = con.finish(120)
     _report("a rank silent at step 60, 50 ms steps, derived limit", named_after_its_last_step=named - last)
     assert rc == 124, con.text("err")[-3000:]
     root = _summary(tmp_path)["root_cause"]
     assert root["kind"] == "hung" and root["code"] == 124
+    # r0 fell silent too, waiting in the AllReduce for r1, within milliseconds of it: the cause is
+    # the rank that is not waiting in the collective (its stack), not the first by the clock.
+    assert root["name"] == "r1", root
     # The steady limit fired, not the start-up one, and the summary says why it was that long.
     fired = re.search(r"no progress for ([\d.]+) s \(20 x its longest gap between steps", root["detail"])
     assert fired, root
