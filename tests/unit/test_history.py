@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -327,16 +328,17 @@ def test_unknown_run_id_is_one_line_and_starts_nothing(tmp_path: Path, command: 
 def test_a_real_run_leaves_a_recording_that_ls_and_replay_find(tmp_path: Path) -> None:
     fail = ["--steps", "5", "--rate", "0", "--fail-rank", "1", "--fail-step", "3"]
     inv = local_inventory(tmp_path / "inv.yaml", 2, "bench/fake_rank.py", fail)
-    done = mscon("run", "--no-tui", "-q", inv, "--run-id", "hist-1", cwd=tmp_path)
+    run_id = f"hist-{secrets.token_hex(3)}"  # a node keeps a run's folder: a fixed id runs once
+    done = mscon("run", "--no-tui", "-q", inv, "--run-id", run_id, cwd=tmp_path)
     assert done.code == 3, done.err
-    recording = find_recording("hist-1", tmp_path / "mscon-runs")
+    recording = find_recording(run_id, tmp_path / "mscon-runs")
     events = list(read_recording(recording))
-    assert isinstance(events[0], RunStarted) and events[0].run_id == "hist-1"
+    assert isinstance(events[0], RunStarted) and events[0].run_id == run_id
     assert isinstance(events[-1], RunFinished) and events[-1].result.status is JobState.FAILED
     listed = mscon("ls", "--json", cwd=tmp_path)
     [run] = json.loads(listed.out)
-    assert run["run_id"] == "hist-1" and run["status"] == "failed" and run["root_cause"]["name"] == "r1"
+    assert run["run_id"] == run_id and run["status"] == "failed" and run["root_cause"]["name"] == "r1"
     assert run["size_bytes"] > recording.stat().st_size
-    shutil.rmtree(tmp_path / "mscon-runs" / "hist-1" / "local")  # what ls sizes is what is there
+    shutil.rmtree(tmp_path / "mscon-runs" / run_id / "local")  # what ls sizes is what is there
     [again] = json.loads(mscon("ls", "--json", cwd=tmp_path).out)
     assert again["size_bytes"] < run["size_bytes"]
