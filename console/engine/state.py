@@ -60,7 +60,7 @@ from mscon.console.engine.events import (
     StragglerSummary,
 )
 from mscon.console.engine.phases import PhaseClock
-from mscon.console.engine.root_cause import first_failure
+from mscon.console.engine.root_cause import first_failure, waits_on_peers
 
 _TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
 _HISTORY = 512  # (step, loss) points kept per rank for plots
@@ -446,6 +446,7 @@ class ClusterState:
     def rank_summaries(self, att: AttemptView | None = None) -> tuple[RankSummary, ...]:
         att = att or self.attempt
         root = self.root_cause(att) if att is not None else None
+        waiting = {f.name for f in att.failures if waits_on_peers(f)} if att is not None else set()
         rows = []
         for r in self.ranks.values():
             e = r.exited
@@ -464,6 +465,8 @@ class ClusterState:
                 role = "root cause"
             elif root is not None and r.state in (RankState.STOPPED, RankState.FAILED, RankState.LOST):
                 role = "victim"
+            elif root is not None and r.state is RankState.HUNG and r.name in waiting:
+                role = "victim"  # silent because it waited on the root cause in a collective
             else:
                 role = ""
             rows.append(

@@ -84,3 +84,24 @@ def test_the_main_thread_is_read_from_the_dump() -> None:
     assert main_thread_top("py-spy dump failed: Permission denied") is None
     stopped = Failure(FailureKind.STOPPED, "n", "r0", 0, 1, "agent", 124, "stopped", wchan="futex_do_wait")
     assert not waits_on_peers(stopped)  # a stopped rank is stopped, whatever it waited on
+
+
+def test_the_summary_calls_the_waiting_peers_victims() -> None:
+    from mscon.agent.protocol import ProcHung, ProcStarted
+    from mscon.console.engine.events import AgentEvent, AttemptStarted, RankRef, RunStarted
+    from mscon.console.engine.state import ClusterState
+
+    st = ClusterState()
+    st.apply(RunStarted(0, "run", "inv.yaml", ("node1", "node2"), 2, "/logs"))
+    st.apply(AttemptStarted(0, (RankRef("r0", "node1", 0), RankRef("r1", "node2", 1)), "node1", 8118))
+    for name, node, rank in (("r0", "node1", 0), ("r1", "node2", 1)):
+        st.apply(AgentEvent(0, ProcStarted(node, name, rank, 100 + rank, 1_000, "/l")))
+    # r0 waits in the AllReduce for r1, which sleeps; r0's last line came first by the clock
+    st.apply(
+        AgentEvent(
+            0, ProcHung("node1", "r0", 0, 100, "no progress", "S", 5_000, 9_000, "futex", IN_COLLECTIVE)
+        )
+    )
+    st.apply(AgentEvent(0, ProcHung("node2", "r1", 1, 101, "no progress", "S", 5_001, 9_000, "", ELSEWHERE)))
+    roles = {s.name: (s.role, s.status) for s in st.rank_summaries()}
+    assert roles == {"r0": ("victim", "hung"), "r1": ("root cause", "hung")}
