@@ -130,7 +130,6 @@ class Supervisor:
         self._inputs: Inputs | None = None
         self._early: list[Command] = []
         self.policy: RunPolicy | None = None  # from the first attempt on
-        self._warm_for = -1  # the attempt StandbyUpdated last said would start warm (-1: none)
         self._later: list[Command] = []  # commands the policy takes once it runs
         self.session: ClusterSession | None = None
         self._stop_cmd: StopJob | None = None
@@ -384,15 +383,17 @@ class Supervisor:
     def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
         """The policy takes one input; what it makes of a standby is an event (whether a restart
         would be warm is the operator's to know before pressing r)."""
-        assert self.policy is not None
-        actions = self.policy.step(ev)
-        if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt > self.policy.attempt:
-            warm = self.policy.warm_for(ev.attempt)
-            self.emit(StandbyUpdated(ev.attempt, ev.node, ev.ready, warm, ev.why))
-            self._warm_for = ev.attempt if warm else -1
-        elif isinstance(ev, policy_mod.NodeLost) and self._warm_for > self.policy.attempt:
-            self._warm_for = -1  # its spares went with its agent
-            self.emit(StandbyUpdated(self.policy.attempt + 1, ev.node, False, False, "its agent is gone"))
+        policy = self.policy
+        assert policy is not None
+        nxt = policy.attempt + 1
+        # Asked of a lost node only: this runs for every input.
+        was_warm = isinstance(ev, policy_mod.NodeLost) and policy.warm_for(nxt)
+        actions = policy.step(ev)
+        if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt > policy.attempt:
+            self.emit(StandbyUpdated(ev.attempt, ev.node, ev.ready, policy.warm_for(ev.attempt), ev.why))
+        elif isinstance(ev, policy_mod.NodeLost) and was_warm and policy.attempt + 1 == nxt:
+            # its spares went with its agent
+            self.emit(StandbyUpdated(nxt, ev.node, False, policy.warm_for(nxt), "its agent is gone"))
         return actions
 
     def _observe(self, item: Input) -> None:

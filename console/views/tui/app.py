@@ -209,7 +209,9 @@ class MsconApp(App[int]):
 
         def answer(yes: bool | None) -> None:
             if yes and self.source.submit(RestartGroup("restart requested from the console")):
-                self.notify("Restart requested: the whole group restarts from its latest checkpoint.")
+                self.notify(
+                    "Restart requested: the whole group restarts from its latest snapshot or checkpoint."
+                )
 
         body = f"{RESTART_BODY}\n\nIt starts {restart_outlook_text(self.source.state)}."
         self.push_screen(ConfirmScreen("Restart the whole group?", body, "Restart"), answer)

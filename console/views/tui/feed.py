@@ -155,16 +155,12 @@ class Feed:
                     ch.ranks.update(r.name for r in self.source.state.ranks.values() if r.node == ev.node)
             elif isinstance(ev, CheckReported | ChecksFinished):
                 ch.checks = ch.nodes = True
-            elif isinstance(ev, Stopping | AttemptEnded | Restarting | AwaitingOperator | RunFinished):
+            elif isinstance(
+                ev, Stopping | AttemptEnded | Restarting | AwaitingOperator | RunFinished | StandbyUpdated
+            ):  # a standby's word: what r would do (warm or cold) is on the failure screen
                 ch.failure = ch.nodes = True
                 text = _notice_text(ev)
-                if text:
-                    ch.notices.append(text)
-                    self.notices.append(text)
-            elif isinstance(ev, StandbyUpdated):
-                ch.failure = True  # what r would do (warm or cold) is on the failure screen
-                text = _notice_text(ev)
-                if text:  # the whole cluster ready, or a node's lost: not every node's join
+                if text:  # of a standby, only the whole cluster's readiness or a node's loss
                     ch.notices.append(text)
                     self.notices.append(text)
             elif isinstance(ev, Notice | ReplicaDivergence):
