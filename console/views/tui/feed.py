@@ -155,13 +155,16 @@ class Feed:
                     ch.ranks.update(r.name for r in self.source.state.ranks.values() if r.node == ev.node)
             elif isinstance(ev, CheckReported | ChecksFinished):
                 ch.checks = ch.nodes = True
-            elif isinstance(
-                ev, Stopping | AttemptEnded | Restarting | AwaitingOperator | RunFinished | StandbyUpdated
-            ):  # a standby's word: what r would do (warm or cold) is on the failure screen
+            elif isinstance(ev, Stopping | AttemptEnded | Restarting | AwaitingOperator | RunFinished):
                 ch.failure = ch.nodes = True
                 text = _notice_text(ev)
-                if text:  # of a standby, only the whole cluster's readiness or a node's loss
+                if text:
                     ch.notices.append(text)
+                    self.notices.append(text)
+            elif isinstance(ev, StandbyUpdated):
+                ch.failure = True  # what r would do (warm or cold) is on the failure screen
+                text = _notice_text(ev)
+                if text:  # the Overview's notes, not a toast: no failure, and it comes every attempt
                     self.notices.append(text)
             elif isinstance(ev, Notice | ReplicaDivergence):
                 text = _notice_text(ev)
