@@ -46,6 +46,8 @@ AGENT_FILES = (
     "ranks.py",
     "spares.py",
     "spare_boot.py",
+    "kept.py",
+    "keeper.py",
     "streaming.py",
     "services.py",
 )

@@ -5,6 +5,8 @@
     <home>/.cache/mscon/                 cache_folder(home): the node user's mscon folder
       agent-<digest>/mscon_agent/        the deployed agent (digest: console/transport/bundle.py)
       sync/<archive>.tar.gz              synced workdirs (SSH, Slurm)
+      warm/<node>/                       kept_folder(): the standby a run kept for the next one
+        keeper.sock  keeper.pid          its keeper (agent/keeper.py); <name>.log, <name>.joined
       runs/<run id>/<node>/              run_folder(): this node's part of one run
         journal.jsonl  state.json        what a later attach and `mscon ls` read (journal.py)
         agent.sock  agent.err            a detached agent's socket and stderr
@@ -35,6 +37,7 @@ import stat
 CACHE_DIR = ".cache/mscon"  # under the node user's home
 AGENT_PREFIX = "agent-"  # + the bundle's digest
 RUNS_DIR = "runs"
+KEPT_DIR = "warm"
 SYNC_DIR = "sync"
 WORK_DIR = "work"
 CHECKPOINT_DIR = "checkpoints"
@@ -95,6 +98,15 @@ def run_parts(run_id: str, node: str) -> tuple:
 def run_folder(cache: str | None, run_id: str, node: str) -> str:
     """The node's folder of a run (``cache`` as for :func:`runs_root`)."""
     return posixpath.join(runs_root(cache), *run_parts(run_id, node)[1:])
+
+
+def kept_folder(run_dir: str, node: str) -> str:
+    """The node's kept standby (agent/keeper.py), beside the runs: it outlives the run that left
+    it. Per node name: several nodes may share one home folder."""
+    if not plain(node):
+        raise ValueError("not a plain name: %r" % (node,))
+    cache = posixpath.dirname(posixpath.dirname(posixpath.dirname(run_dir)))
+    return posixpath.join(cache, KEPT_DIR, node)
 
 
 def attempt_name(attempt: int) -> str:

@@ -212,7 +212,10 @@ class Agent(Ranks, Streaming, Services):
             self.stop(msg.reason, msg.grace_s)
         elif isinstance(msg, P.Shutdown):
             self.stop_and_wait("shutdown", self.grace())
+            self.keep_standby(msg.keep_warm_s)
             return False
+        elif isinstance(msg, P.Adopt):
+            self.adopt(msg)
         elif isinstance(msg, P.Inspect):
             # The console saw silence on its clock; a rank whose lines it has not read yet (a
             # console behind at scale) is not hung: only a rank silent here too is reported.

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 # 4: typed coordinator links, the run's policy in agent/policy.py (one outcome vocabulary)
 # 5: rank start-up milestones (RankPhase)
 # 6: standby clusters (Start.join_standby/warm, LinkStart.warm, StandbyState)
-PROTOCOL_VERSION = 6
+# 7: kept standbys (Adopt, Shutdown.keep_warm_s)
+PROTOCOL_VERSION = 7
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -198,6 +199,7 @@ class Start(Message):
     metrics_pattern: str | None = None  # a user regex for loss lines (named groups step, loss, epoch)
     watchdog_s: float = 0.0  # no word from the console this long (a partition): stop the ranks, exit
     keep_runs: int | None = None  # older runs of this node kept as it starts (None: retention.KEEP_RUNS)
+    drop_kept: bool = False  # a cold attempt 0 ends the standby an earlier run kept (Adopt) on the node
 
 
 @dataclass(frozen=True)
@@ -236,9 +238,22 @@ class Stop(Message):
 
 @dataclass(frozen=True)
 class Shutdown(Message):
-    """Stop everything (if still running) and exit."""
+    """Stop everything (if still running) and exit; ``keep_warm_s``: first leave a joined standby
+    for the next run of the job, kept that long (agent/keeper.py)."""
 
     type: ClassVar[str] = "shutdown"
+    keep_warm_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Adopt(Message):
+    """Before attempt 0: take the standby a run of this job kept on the node, if it fits this
+    attempt's processes (answered by a StandbyState for attempt 0; a misfit is dropped)."""
+
+    type: ClassVar[str] = "adopt"
+    run_dir: str
+    cwd: str
+    procs: tuple[ProcSpec, ...]
 
 
 # ---------------------------------------------------------------- agent -> console

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 
+from . import kept, layout
 from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
@@ -93,6 +94,8 @@ class Ranks:
                 return
         elif self.spares.joined:
             self.spares.discard()  # a standby of no use: its CPU and memory are the ranks'
+        if cmd.attempt == 0 and not cmd.warm and cmd.drop_kept:
+            kept.drop(layout.kept_folder(cmd.run_dir, self.node))  # a standby kept for another job
         # Scheduler first: workers retry their connection to it, but it should be up early.
         for spec in sorted(procs, key=lambda s: not s.is_scheduler):
             try:
@@ -122,6 +125,27 @@ class Ranks:
             )
         self.spares.discard()  # those this attempt did not take
         self._save_state()
+
+    def adopt(self, msg: P.Adopt) -> None:
+        """Take the standby a run of this job kept on the node, if it fits attempt 0 (the policy
+        starts it warm only when every node's did): answered with a StandbyState."""
+        try:
+            folder = layout.kept_folder(msg.run_dir, self.node)
+        except ValueError as exc:
+            self.send(P.StandbyState(node=self.node, attempt=0, ready=False, why=str(exc)))
+            return
+        specs = tuple(P.on_standby(s, 0) for s in msg.procs)
+        why = self.spares.adopt(folder, msg.run_dir, msg.cwd, specs)
+        self.send(P.StandbyState(node=self.node, attempt=0, ready=why is None, why=why or ""))
+
+    def keep_standby(self, ttl_s: float) -> None:
+        """As the agent leaves a run that ended by itself: a joined standby for the next run."""
+        cmd = self.start_cmd
+        if cmd is None or ttl_s <= 0:
+            return
+        error = kept.keep(cmd.procs, cmd.run_dir, self.node, ttl_s)
+        if error is not None:
+            self._note_once(error)
 
     def _prepare_spares(self) -> None:
         """Once every worker of this attempt has stepped (start-up is over, and its CPU is free

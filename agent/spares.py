@@ -27,7 +27,7 @@ import os
 import signal
 import subprocess
 
-from . import layout
+from . import kept, layout
 from . import procs as procmod
 from .protocol import ProcSpec, on_standby
 
@@ -41,21 +41,34 @@ def eligible(spec: ProcSpec) -> bool:
 
 
 class Spare:
-    def __init__(self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict) -> None:
+    def __init__(self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict, log: str = "") -> None:
         self.spec = spec
         self.popen = popen
         self.cwd = cwd
         self.env = env
+        self.log = log
+        self.keeper: kept.Keeper | None = None  # a kept spare: the keeper is its parent (kept.py)
 
     def fits(self, spec: ProcSpec, cwd: str, env: dict) -> bool:
         """It can become ``spec``: alive, same interpreter and script, same folder and environment
-        (what MindSpore may read at import time is what the rank would have had)."""
-        return (
-            self.popen.poll() is None
-            and spec.argv[:2] == self.spec.argv[:2]
-            and cwd == self.cwd
-            and env == self.env
-        )
+        (what MindSpore may read at import time is what the rank would have had). A kept spare
+        came from another run: its folder is the order's, its environment the same but for the
+        run's own keys (``kept.same_job_env``)."""
+        if self.popen.poll() is not None or spec.argv[:2] != self.spec.argv[:2]:
+            return False
+        if self.keeper is not None:
+            return kept.same_job_env(self.env, env) is None
+        return cwd == self.cwd and env == self.env
+
+    def give(self, order: str) -> bool:
+        """Tell it what to become (the path of its order file)."""
+        if self.keeper is not None:
+            reply = self.keeper.ask({"op": "order", "name": self.spec.name, "path": order})
+            return bool(reply and reply.get("ok"))
+        assert self.popen.stdin is not None
+        self.popen.stdin.write((order + "\n").encode("utf-8"))
+        self.popen.stdin.close()  # one short line into an empty pipe: never blocks
+        return True
 
     def kill(self) -> None:
         try:
@@ -77,6 +90,7 @@ class Spares:
         self._by_name: dict[str, Spare] = {}
         self._run_dir = ""
         self._said: bool | None = None  # the standby state last reported (poll)
+        self._keeper: kept.Keeper | None = None  # the adopted kept standby, until a take or a drop
 
     def prepare(self, run_dir: str, attempt: int, cwd: str, specs: tuple, join: bool = False) -> list:
         """Start a spare per eligible process for ``attempt``; the one-line errors of those that
@@ -125,10 +139,36 @@ class Spares:
             except OSError as exc:
                 errors.append("spare for %s: %s" % (spec.name, exc))
                 continue
-            self._by_name[spec.name] = Spare(spec, popen, cwd, env)
+            self._by_name[spec.name] = Spare(spec, popen, cwd, env, log)
         if join and errors:
             self.discard()
         return errors
+
+    def adopt(self, folder: str, run_dir: str, cwd: str, specs: tuple) -> str | None:
+        """Take the standby a run of this job kept on the node (``keeper.py``) as attempt 0's
+        (``specs`` on its standby port); why not (then it is dropped), or None."""
+        self.discard()
+        keeper = kept.connect(folder)
+        if keeper is None:
+            return "no standby kept on this node"
+        state = keeper.ask({"op": "state"})
+        why = "its keeper does not answer" if state is None else kept.fit(state, specs, run_dir)
+        if why is None and keeper.ask({"op": "adopt"}) is None:
+            why = "its keeper does not answer"
+        if why is not None:
+            keeper.drop()
+            return why
+        assert state is not None
+        self.attempt, self.joined, self._run_dir, self._said = 0, True, run_dir, True
+        self._keeper = keeper
+        for spec in specs:
+            held = state["procs"][spec.name]
+            spare = Spare(
+                spec, kept.KeptPopen(keeper, spec.name, int(held["pid"])), cwd, held["env"], held["log"]
+            )
+            spare.keeper = keeper
+            self._by_name[spec.name] = spare
+        return None
 
     def poll(self) -> tuple[bool, str] | None:
         """The standby's state when it changed since the last call: (True, "") once every spare
@@ -181,6 +221,7 @@ class Spares:
         if not self._fits(spare, spec, run_dir, attempt, cwd):
             spare.kill()
             return None
+        self._keeper = None  # taken: its ranks hold the connection (the keeper reaps them)
         log_dir = layout.attempt_folder(run_dir, attempt)
         metrics = layout.metrics_file(log_dir, spec.name)
         log_path = layout.log_file(log_dir, spec.name)
@@ -188,34 +229,37 @@ class Spares:
             # It has served the standby cluster since it started and reads no order (init() holds
             # the GIL): its spare log becomes the attempt's scheduler log too (a hard link, so both
             # names grow together and the layout holds for fetch and attach).
-            spare_log = layout.spare_log(run_dir, spec.name, attempt)
+            spare_log = spare.log
             try:
                 os.link(spare_log, log_path)
             except OSError:
                 log_path = spare_log
             return procmod.Proc(spec, spare.popen, log_path, metrics)
         order = layout.spare_order(run_dir, spec.name)
+        env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))  # fits: as the spare's
         try:
+            os.makedirs(layout.spares_folder(run_dir), exist_ok=True)
             open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log
             fd = os.open(order + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(
-                    {"argv": list(spec.argv), "env": spare.env, "cwd": cwd, "log": log_path}, f
-                )  # fits: the same
+                json.dump({"argv": list(spec.argv), "env": env, "cwd": cwd, "log": log_path}, f)
             os.replace(order + ".tmp", order)
-            assert spare.popen.stdin is not None
-            spare.popen.stdin.write((order + "\n").encode("utf-8"))
-            spare.popen.stdin.close()  # one short line into an empty pipe: never blocks
+            if not spare.give(order):
+                raise OSError("its keeper took no order")
         except (OSError, ValueError):
             spare.kill()
             return None
         return procmod.Proc(spec, spare.popen, log_path, metrics)
 
     def discard(self) -> None:
-        """Kill every spare not taken (the attempt started, or the run is over)."""
+        """Kill every spare not taken (the attempt started, or the run is over); a kept standby
+        none of whose spares was taken goes with its keeper."""
         for spare in self._by_name.values():
             spare.kill()
         self._by_name.clear()
+        if self._keeper is not None:
+            self._keeper.drop()
+            self._keeper = None
 
     def __len__(self) -> int:
         return len(self._by_name)

@@ -31,7 +31,9 @@ written there only; brackets say what a missing key means where that is not a pl
                      max_workdir_gib > 0: a larger workdir is refused before it is packed
                      env: as a node's env; metrics: {pattern: a regex with named groups
                      step and loss, optionally epoch}
-    restart          max_restarts 0..1000, backoff_s 0..600 (waited only after a failure before any step)
+    restart          max_restarts 0..1000, backoff_s 0..600 (waited only after a failure before any step);
+                     standby auto|joined|imported; keep_warm_s 0..86400: a joined standby kept
+                     after the run for the next run of the job (agent/keeper.py)
     hang             timeout_s 5..86400: seconds without output before a rank counts as hung
     checks           shm_min_gib 0..1024
     ssh              known_hosts, config (paths, relative to the inventory's folder);

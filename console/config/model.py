@@ -57,9 +57,16 @@ class RestartSpec:
     # MindSpore. "auto": joined on CPU, imported on GPU/Ascend (where a second process per device
     # holding a context and a communicator is not verified).
     standby: str = "auto"
+    # After a run that ended by itself, each node keeps a joined standby cluster this long for the
+    # next run of the same job (agent/keeper.py): its first attempt then starts warm. 0: none kept.
+    keep_warm_s: float = 0.0
 
     def standby_joins(self, device_target: str) -> bool:
         return self.standby == "joined" or (self.standby == "auto" and device_target == "CPU")
+
+    def keeps_warm(self, device_target: str) -> bool:
+        """A joined standby outlives the run (only a joined one: it is what a launch waits on)."""
+        return self.keep_warm_s > 0 and self.standby_joins(device_target)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
             "max_restarts": lambda n, w: r.integer(n, w, 0, 1000),
             "backoff_s": lambda n, w: r.number(n, w, 0, 600),
             "standby": lambda n, w: r.choice(n, w, STANDBY_KINDS),
+            "keep_warm_s": lambda n, w: r.number(n, w, 0, 86400),
         },
     )
     hang = _section(r, top, "hang", HangSpec, {"timeout_s": lambda n, w: r.number(n, w, 5, 86400)})

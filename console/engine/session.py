@@ -337,14 +337,17 @@ class ClusterSession:
 
     # ------------------------------------------------------------ close
 
-    async def close(self, grace_s: float) -> None:
-        await asyncio.gather(*(self._close_link(link, grace_s + 10) for link in self.links.values()))
+    async def close(self, grace_s: float, keep_warm_s: float = 0.0) -> None:
+        """Shut every agent down (``keep_warm_s``: each leaves a standby for the next run first)."""
+        await asyncio.gather(
+            *(self._close_link(link, grace_s + 10, keep_warm_s) for link in self.links.values())
+        )
 
-    async def _close_link(self, link: NodeLink, grace_s: float) -> None:
+    async def _close_link(self, link: NodeLink, grace_s: float, keep_warm_s: float = 0.0) -> None:
         if link.channel is not None:
             if link.open:
                 with contextlib.suppress(Exception):
-                    await link.channel.send(Shutdown())
+                    await link.channel.send(Shutdown(keep_warm_s=keep_warm_s))
             link.open = False  # from here on an ended channel is our doing, not a lost node
             with contextlib.suppress(Exception):
                 await link.channel.close(wait_s=grace_s)

@@ -22,6 +22,7 @@ from mscon.agent import layout
 from mscon.agent import policy as policy_mod
 from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
 from mscon.agent.protocol import (
+    Adopt,
     Inspect,
     LogBatch,
     Message,
@@ -72,6 +73,7 @@ from mscon.console.transport import NodeUnreachable, make_transport
 T = TypeVar("T")
 
 _TICK_S = 0.25
+_ADOPT_WAIT_S = 15.0  # for every node's word on its kept standby (a misfit is ended first: ~1 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,9 @@ class RunOptions:
     operator_wait_s: float | None = None
     fetch: tuple[str, ...] = ()  # --fetch: parts of run folders copied back too (layout.FETCHED_ON_REQUEST)
     spares: bool = True  # --no-spares: no next-attempt processes started ahead (agent/spares.py)
+    # The nodes are this run's: it adopts or ends the standby an earlier run kept there (not so a
+    # run nested in another, preflight's smoke test).
+    owns_nodes: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +215,11 @@ class Supervisor:
             if self.detached:
                 self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
             else:
-                await session.close(self.inv.stop.grace_s)
+                # A run that ended by itself leaves a standby for the next run of the job (an
+                # interrupted one leaves nothing: Ctrl-C means the nodes are wanted back).
+                ended = verdict.status in (JobState.SUCCEEDED, JobState.FAILED)
+                keep_s = self.inv.restart.keep_warm_s if ended and self._keeps_warm() else 0.0
+                await session.close(self.inv.stop.grace_s, keep_s)
                 await session.fetch_logs(self.logs_dir, self.options.fetch)
             await session.disconnect()
         result = self._result(verdict, time.monotonic() - t0)
@@ -356,7 +365,10 @@ class Supervisor:
         """Feed the policy what happens and carry out what it decides, until it ends the run."""
         assert self._inputs is not None
         policy = self.policy = RunPolicy(self._policy_config())
-        pending: deque[policy_mod.Action] = deque(policy.step(policy_mod.Begin(time.monotonic())))
+        pending: deque[policy_mod.Action] = deque()
+        if self._keeps_warm():
+            pending.extend(await self._adopt_kept(session))
+        pending.extend(policy.step(policy_mod.Begin(time.monotonic())))
         for cmd in self._later:
             self._inputs.put_nowait(cmd)
         self._later.clear()
@@ -379,6 +391,36 @@ class Supervisor:
             item = await self._inputs.get()
             for ev in await self._take(session, item):
                 pending.extend(self._step(ev))
+
+    def _keeps_warm(self) -> bool:
+        return self.options.owns_nodes and self.inv.restart.keeps_warm(self.inv.device_target)
+
+    async def _adopt_kept(self, session: ClusterSession) -> list[policy_mod.Action]:
+        """Before attempt 0: each node takes the standby an earlier run of the job kept there, if
+        it fits (agent/keeper.py); the policy starts the attempt warm only when every node's did
+        (its StandbyChanged for attempt 0). What the policy decided on the way (a stop) comes back."""
+        assert self._inputs is not None
+        waiting: set[str] = set()
+        for index, plan in enumerate(self.plans):
+            start = self._start_msg(session, index, 0, self._sched)
+            if await session.send(
+                plan.node.name, Adopt(run_dir=start.run_dir, cwd=start.cwd, procs=start.procs)
+            ):
+                waiting.add(plan.node.name)
+        out: list[policy_mod.Action] = []
+        deadline = time.monotonic() + _ADOPT_WAIT_S
+        while waiting and self._stop_cmd is None:
+            try:
+                item = await asyncio.wait_for(self._inputs.get(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                break  # a node that did not answer: the attempt starts cold (its adopted standby dropped)
+            for ev in await self._take(session, item):
+                if isinstance(ev, policy_mod.StandbyChanged | policy_mod.NodeLost) and (
+                    not isinstance(ev, policy_mod.StandbyChanged) or ev.attempt == 0
+                ):
+                    waiting.discard(ev.node)
+                out.extend(self._step(ev))
+        return out
 
     def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
         """The policy takes one input; what it makes of a standby is an event (whether a restart
@@ -578,6 +620,7 @@ class Supervisor:
             join_standby=self.inv.restart.standby_joins(self.inv.device_target),
             warm=warm,
             keep_runs=self.inv.retention.keep_runs,
+            drop_kept=self.options.owns_nodes,
         )
 
     # ------------------------------------------------------------ detach
@@ -672,5 +715,6 @@ class Supervisor:
             logs_root=logs_root,
             accept_new_host_keys=self.options.accept_new_host_keys,
             max_restarts=0,
+            owns_nodes=False,
         )
         return Supervisor(inv, options, bus=bus)
