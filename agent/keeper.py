@@ -178,14 +178,11 @@ class Keeper:
             if not self.adopted:
                 if self.why_lost or now - self.started > self.ttl_s:
                     return  # lost before adoption (all or nothing), or unclaimed
-            elif all(h.returncode is not None for h in self.held.values()) and self.client is None:
-                return
             elif self.client is None:
-                return  # the adopter went while its ranks ran: they go too
+                return  # its adopter went: the ranks still running go too (no orphans)
             watch = [listener] + ([self.client] if self.client is not None else [])
             readable, _, _ = select.select(watch, [], [], _TICK_S)
-            if listener in readable:
-                self.accept(listener)
+            # The client first: a client that closed and then connected again is one adopter.
             if self.client is not None and self.client in readable:
                 try:
                     data = self.client.recv(65536)
@@ -203,6 +200,8 @@ class Keeper:
                         continue
                     if not isinstance(msg, dict) or not self.command(msg):
                         return
+            if listener in readable:
+                self.accept(listener)
 
     def accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()

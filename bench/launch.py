@@ -23,6 +23,22 @@ exit and total wall, and the ratio mscon/msrun. The machine has 2 cores: each tr
 other jobs leave it idle, and a trial during which another job ran MindSpore or used CPU is flagged
 and run again (--retry-shared).
 The node-side run folders mscon leaves (agent/layout.py) are removed after each trial.
+
+``--second`` measures the second launch of the same job on the same nodes, the one
+``restart.keep_warm_s`` is for. Each mscon trial is then preceded by an untimed first launch of the
+job with ``restart: {keep_warm_s: 600}``: as it ends, every node's agent leaves a kept standby
+(agent/keeper.py: one spare per process of the node, joined to its own MindSpore cluster on the
+scheduler port + 1). Once every worker's spare has joined (its ``<name>.joined`` marker in the node's
+``~/.cache/mscon/warm/<node>/``) and the keeper serves (``keeper.sock``), the timed trial runs on the
+same inventory and should adopt it: its stderr must say ``kept standby taken`` for every node and
+``attempt 0 starts warm``. A trial where it does not is flagged COLD, printed with why, and left out
+of the mscon column. The keeper the timed run leaves in turn (and any the bench leaves when it stops)
+is ended after it (SIGTERM to the process running agent/keeper.py in that folder, the pid its
+``keeper.pid`` names; its spares die with it), so msrun and the next trial find the machine as they
+would without --second. msrun's trial is the same either way: msrun keeps nothing, so its second
+launch is any launch (neither launcher uses the compile cache).
+
+    .venv/bin/python bench/launch.py --second [--repeat 3]
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -72,6 +89,17 @@ MSRUN_REMOTE = (
     "sys.argv[0] = 'msrun'; sys.exit(main())"
 )
 SCHED_MARK = "mscon-trainer scheduler"  # the trainer's first line on the scheduler, before `import mindspore`
+# --second: the first launch keeps its standby longer than any wait for it (the bench ends it itself),
+# and it must have joined on every node this long after the first launch exited.
+KEEP_WARM_S = 600
+KEPT_WAIT_S = 120.0
+KEEPER_SOCKET = "keeper.sock"  # agent/keeper.py SOCKET: there while the keeper serves
+# The headless reporter's word on each node's kept standby, and on a warm attempt 0.
+KEPT_RE = re.compile(
+    r"^mscon: (?P<node>\S+): kept standby "
+    r"(?:taken: |not taken \((?P<why>.*)\): attempt 0 starts cold$)"
+)
+WARM_MARK = "mscon: attempt 0 starts warm"
 
 
 @dataclass
@@ -92,6 +120,12 @@ class Trial:
     # mscon: where its start-up went, from its summary (the line it prints, and each milestone's seconds)
     phases_line: str = ""
     phases: list[tuple[str, float]] = field(default_factory=list)
+    # --second: the trial should have started on the standby the first launch kept; cold says why
+    # not (nodes that did not take it, or no warm attempt 0), "" when it did
+    second: bool = False
+    kept: dict[str, str] = field(default_factory=dict)  # node -> "" (taken) or why not, from stderr
+    warm: bool = False  # stderr said "attempt 0 starts warm"
+    cold: str = ""
 
     @property
     def shared(self) -> bool:
@@ -117,12 +151,15 @@ class Trial:
         if not self.ok:
             return f"{self.launcher} #{self.index}: FAILED after {self.wall:.1f} s: {self.error}{shared}"
         per_rank = " ".join(f"r{r}={t:.2f}" for r, t in sorted(self.first_step.items()))
+        standby = ""
+        if self.second:
+            standby = f" COLD! ({self.cold})" if self.cold else " [warm: kept standby taken on every node]"
         first = "-" if self.first_output is None else f"{self.first_output:.2f}"
         up = "-" if self.launcher_up is None else f"{self.launcher_up:.2f}"
         return (
             f"{self.launcher} #{self.index}: launcher up {up} s, scheduler up {first} s; "
             f"first step {per_rank}; all ranks {self.all_ranks:.2f} s; last step {self.last_step:.2f} s; "
-            f"total wall {self.wall:.2f} s{shared}"
+            f"total wall {self.wall:.2f} s{standby}{shared}"
             + (f"\n  mscon's own breakdown, {self.phases_line}" if self.phases_line else "")
         )
 
@@ -150,16 +187,17 @@ def _kill_group(proc: subprocess.Popen[bytes], first: int = signal.SIGTERM, grac
             continue
 
 
-def _pids_with_sched_port(port: int) -> list[int]:
-    """Processes whose environment carries MS_SCHED_PORT=port: the ranks of one trial (ports are unique)."""
-    needle = f"MS_SCHED_PORT={port}".encode()
+def _pids_with_sched_port(ports: Iterable[int]) -> list[int]:
+    """Processes whose environment carries MS_SCHED_PORT=one of ``ports``: the ranks of one trial
+    (ports are unique), with its standby clusters' when it has the ports above its own."""
+    needles = {f"MS_SCHED_PORT={port}".encode() for port in ports}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
+                if needles.intersection(f.read().split(b"\0")):
                     found.append(int(entry))
         except OSError:
             continue
@@ -176,6 +214,10 @@ class Contention(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.lock = threading.Lock()
+        # --second: the keepers of these nodes and their spares are ours, though outside our tree (an
+        # agent starts its keeper in a session of its own and leaves: init adopts it), and the
+        # adopted spares are the timed trial's ranks
+        self.kept_nodes: tuple[str, ...] = ()
         self.own_ports: set[str] = set()
         self.peak = 0  # other jobs' MindSpore processes, at most at once
         self.cpu = 0.0  # CPU seconds used outside our tree since reset()
@@ -184,7 +226,7 @@ class Contention(threading.Thread):
         self.stop = threading.Event()
 
     def _foreign_cpu(self) -> dict[int, float]:
-        return foreign_cpu(self.ours)
+        return foreign_cpu(self.ours, keepers(self.kept_nodes) if self.kept_nodes else ())
 
     def reset(self, own_port: int) -> None:
         """Count from now, for a trial whose scheduler has ``own_port`` (and its standby clusters
@@ -209,10 +251,13 @@ class Contention(threading.Thread):
             self.sample()
 
 
-def end_bench(watch: Contention, cluster: Any, tmp: Path, keep: bool) -> None:
-    """What every bench does last, also after Ctrl-C or a failure: stop watching the machine, stop
-    the sshd nodes, and remove the scratch folder (or say where it was kept)."""
+def end_bench(watch: Contention, cluster: Any, tmp: Path, keep: bool, kept_nodes: Iterable[str] = ()) -> None:
+    """What every bench does last, also after Ctrl-C or a failure: stop watching the machine, end
+    the keepers of ``kept_nodes`` (a kept standby outlives its run and its sshd node), stop the sshd
+    nodes, and remove the scratch folder (or say where it was kept)."""
     watch.stop.set()
+    if ended := end_keepers(kept_nodes):
+        print(f"ended the kept standby of {', '.join(ended)}")
     if cluster is not None:
         cluster.stop()
     if keep:
@@ -243,10 +288,12 @@ def wait_idle(watch: Contention, max_wait_s: float) -> None:
         print(f"  the machine is still busy after {max_wait_s:.0f} s; measuring anyway")
 
 
-def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
-    """Wait for a trial's ranks to be gone; kill (by pid) and report any that outlive their launcher."""
+def _reap_leftovers(ports: Iterable[int], what: str, wait_s: float = 15.0) -> None:
+    """Wait for a trial's ranks (MS_SCHED_PORT one of ``ports``) to be gone; kill (by pid) and
+    report any that outlive their launcher."""
+    ports = tuple(ports)
     deadline = time.monotonic() + wait_s
-    while (pids := _pids_with_sched_port(port)) and time.monotonic() < deadline:
+    while (pids := _pids_with_sched_port(ports)) and time.monotonic() < deadline:
         time.sleep(0.2)
     if pids:
         print(
@@ -260,14 +307,122 @@ def _reap_leftovers(port: int, what: str, wait_s: float = 15.0) -> None:
                 pass
 
 
+# ---------------------------------------------------------------- kept standby (--second)
+
+
+def kept_folder(node: str) -> Path:
+    """Where the agent of sshd node ``node`` keeps the standby a run left for the next one
+    (agent/layout.py: beside the runs of the node user, root, whose home the nodes share; one folder
+    per node name). layout derives it from a run folder: any run id will do."""
+    return Path(layout.kept_folder(str(NODE_RUNS / "any" / node), node))
+
+
+def keepers(nodes: Iterable[str]) -> dict[int, str]:
+    """The live keepers of ``nodes``: pid -> node. Found by their command line and working folder
+    (the node's kept folder), not by keeper.pid: a keeper writes that only after starting its
+    spares, and a killed one leaves it behind, its pid free for reuse."""
+    folders = {str(kept_folder(node)): node for node in nodes}
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if not any(arg.endswith(b"/keeper.py") for arg in argv[1:3]):
+                continue
+            node = folders.get(os.readlink(f"/proc/{entry}/cwd"))
+        except OSError:
+            continue
+        if node is not None:
+            found[int(entry)] = node
+    return found
+
+
+def end_keepers(nodes: Iterable[str], grace_s: float = 10.0) -> list[str]:
+    """End the keepers of ``nodes`` and wait until they are gone: SIGTERM (a keeper kills its
+    spares as it leaves; they would die with it anyway: parent-death signal), KILL after grace_s.
+    The nodes that had one. A keeper left alone holds its spares for KEEP_WARM_S, and they would
+    take CPU from msrun's trial and be adopted by (or dropped at a cost to) the next mscon one."""
+    nodes = tuple(nodes)
+    found = keepers(nodes)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in found:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while keepers(nodes) and time.monotonic() < deadline:  # a zombie's cmdline is empty: gone
+            time.sleep(0.1)
+        if not keepers(nodes):
+            break
+    return sorted(set(found.values()))
+
+
+def wait_kept(workers: dict[str, list[str]], timeout_s: float) -> str:
+    """Wait until the standby kept on every node of ``workers`` (node -> its worker names) is ready:
+    its keeper serves (keeper.sock) and each worker's spare has joined (its .joined marker; the
+    scheduler's spare leaves none). "" once it is, else why not. The agents started the keepers
+    before they left, so a node without one lost its standby (or kept none)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = {}
+        for node, names in workers.items():
+            folder = kept_folder(node)
+            wanted = [KEEPER_SOCKET, *(f"{name}.joined" for name in names)]
+            if lacks := [f for f in wanted if not (folder / f).exists()]:
+                missing[node] = lacks
+        lost = sorted(set(workers) - set(keepers(workers)))
+        if not missing and not lost:
+            return ""
+        if lost or time.monotonic() > deadline:
+            why = f"no keeper runs on {', '.join(lost)}" if lost else f"not ready after {timeout_s:.0f} s"
+            detail = "; ".join(f"{node} lacks {', '.join(lacks)}" for node, lacks in missing.items())
+            return f"the standby the first launch kept: {why} ({detail or 'every marker there'})"
+        time.sleep(0.2)
+
+
+def kept_logs(nodes: Iterable[str], lines: int = 5) -> list[str]:
+    """The last lines of each node's keeper.err and spare logs, for a standby that did not come."""
+    out = []
+    for node in nodes:
+        folder = kept_folder(node)
+        for path in sorted(folder.glob("*.log")) + [folder / "keeper.err"]:
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            out += [f"--- {kept_folder(node) / path.name} ---", *tail]
+    return out
+
+
 # ---------------------------------------------------------------- mscon
 
 
-def write_inventory(path: Path, cluster: Any, ranks_per_node: int, sched_port: int) -> None:
+def node_name(node: Any) -> str:
+    """An sshd node's name in the inventory: the name its agent (and its kept folder) goes by."""
+    return f"bench-{node.name}"
+
+
+def node_workers(cluster: Any, ranks_per_node: int) -> dict[str, list[str]]:
+    """Node name -> its worker processes' names: global ranks go node by node, in inventory order
+    (console/engine/plan.py); the scheduler is the first node's, besides."""
+    return {
+        node_name(n): [f"r{i * ranks_per_node + k}" for k in range(ranks_per_node)]
+        for i, n in enumerate(cluster.nodes)
+    }
+
+
+def write_inventory(
+    path: Path, cluster: Any, ranks_per_node: int, sched_port: int, keep_warm_s: float = 0.0
+) -> None:
+    """The bench's inventory; ``keep_warm_s`` > 0: a run that ends by itself keeps a joined standby
+    that long for the next run of the job (--second)."""
     nodes = "\n".join(
-        f"  - {{host: {n.host}, name: bench-{n.name}, port: {n.port}, devices: {ranks_per_node}}}"
+        f"  - {{host: {n.host}, name: {node_name(n)}, port: {n.port}, devices: {ranks_per_node}}}"
         for n in cluster.nodes
     )
+    restart = f"restart: {{keep_warm_s: {keep_warm_s:g}}}\n" if keep_warm_s > 0 else ""
     path.write_text(
         f"""# written by bench/launch.py
 name: bench-launch
@@ -287,25 +442,13 @@ job:
 ssh:
   known_hosts: {cluster.known_hosts}
 stop: {{grace_s: 3}}
-""",
+{restart}""",
         encoding="utf-8",
     )
 
 
-def run_mscon(
-    index: int,
-    cluster: Any,
-    ranks_per_node: int,
-    train_args: list[str],
-    tmp: Path,
-    timeout_s: float,
-    port: int,
-) -> Trial:
-    world = len(cluster.nodes) * ranks_per_node
-    run_id = f"bench-launch-{os.getpid()}-{next(_RUN_SEQ)}"
-    inv = tmp / f"{run_id}.yaml"
-    write_inventory(inv, cluster, ranks_per_node, port)
-    cmd = [
+def mscon_cmd(run_id: str, inv: Path, tmp: Path, train_args: list[str]) -> list[str]:
+    return [
         str(ENV.bin / "mscon"),
         "run",
         "--no-tui",
@@ -321,7 +464,92 @@ def run_mscon(
         SCRIPT,
         *train_args,
     ]
-    trial = Trial("mscon", index, world)
+
+
+def first_launch(
+    cluster: Any, ranks_per_node: int, train_args: list[str], tmp: Path, timeout_s: float, port: int
+) -> tuple[str, str]:
+    """--second: the untimed first launch of the job, which leaves a kept standby on every node as it
+    ends. (its run id, "" or why it failed). Its node-side run folder stays until the trial's end:
+    the kept spares started in its workdir."""
+    run_id = f"bench-launch-{os.getpid()}-{next(_RUN_SEQ)}-first"
+    inv = tmp / f"{run_id}.yaml"
+    write_inventory(inv, cluster, ranks_per_node, port, keep_warm_s=KEEP_WARM_S)
+    out_path = tmp / f"{run_id}.out"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(
+            mscon_cmd(run_id, inv, tmp, train_args),
+            cwd=tmp,
+            env=bench_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
+            rc = None
+        except KeyboardInterrupt:
+            _kill_group(proc, first=signal.SIGINT)
+            raise
+    _reap_leftovers([port], "mscon's first launch")  # not port + 1: the kept standby's cluster
+    if rc == 0:
+        return run_id, ""
+    tail = out_path.read_text(errors="replace").splitlines()[-20:]
+    why = f"timed out after {timeout_s:.0f} s" if rc is None else f"exited with {rc}"
+    return run_id, f"the untimed first launch {why}; its last lines:" + "".join(f"\n    {x}" for x in tail)
+
+
+def run_second(
+    index: int,
+    cluster: Any,
+    ranks_per_node: int,
+    train_args: list[str],
+    tmp: Path,
+    timeout_s: float,
+    port: int,
+    watch: Contention,
+) -> Trial:
+    """--second: the first launch, a wait for the standby it kept, then the timed trial on it."""
+    workers = node_workers(cluster, ranks_per_node)
+    first_id = ""
+    try:
+        first_id, problem = first_launch(cluster, ranks_per_node, train_args, tmp, timeout_s, port)
+        t = time.monotonic()
+        if not problem and (problem := wait_kept(workers, KEPT_WAIT_S)):
+            problem += "; its logs:" + "".join(f"\n    {x}" for x in kept_logs(workers))
+        if problem:
+            return Trial("mscon", index, len(cluster.nodes) * ranks_per_node, second=True, error=problem)
+        took = time.monotonic() - t
+        print(f"  (first launch done; every node's kept standby ready {took:.1f} s after it)", flush=True)
+        watch.reset(port)  # the timed trial starts here: the first launch was ours, not another job's
+        return run_mscon(index, cluster, ranks_per_node, train_args, tmp, timeout_s, port, KEEP_WARM_S)
+    finally:
+        end_keepers(workers)  # the first launch's, when the timed trial did not run (it ends its own)
+        if first_id:
+            shutil.rmtree(NODE_RUNS / first_id, ignore_errors=True)
+
+
+def run_mscon(
+    index: int,
+    cluster: Any,
+    ranks_per_node: int,
+    train_args: list[str],
+    tmp: Path,
+    timeout_s: float,
+    port: int,
+    keep_warm_s: float = 0.0,
+) -> Trial:
+    """One timed mscon launch; ``keep_warm_s`` > 0 (--second): with the inventory of the first launch
+    that kept a standby, which this one should adopt (and whose stderr is checked for it)."""
+    world = len(cluster.nodes) * ranks_per_node
+    run_id = f"bench-launch-{os.getpid()}-{next(_RUN_SEQ)}"
+    inv = tmp / f"{run_id}.yaml"
+    write_inventory(inv, cluster, ranks_per_node, port, keep_warm_s)
+    cmd = mscon_cmd(run_id, inv, tmp, train_args)
+    trial = Trial("mscon", index, world, second=keep_warm_s > 0)
     recent: collections.deque[str] = collections.deque(maxlen=40)
     err: collections.deque[str] = collections.deque(maxlen=40)
     lock = threading.Lock()
@@ -358,7 +586,12 @@ def run_mscon(
         for raw in proc.stderr:
             if trial.launcher_up is None:  # "mscon: run ID: N ranks on ...": imports done, engine starting
                 trial.launcher_up = time.monotonic() - t0
-            err.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            err.append(line)
+            if m := KEPT_RE.match(line):
+                trial.kept[m.group("node")] = m.group("why") or ""
+            elif line.startswith(WARM_MARK):
+                trial.warm = True
 
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for t in readers:
@@ -385,7 +618,18 @@ def run_mscon(
         trial.ok = True
     for _, line, took in start_up(tmp / f"{run_id}.json")[:1]:
         trial.phases_line, trial.phases = line, took
-    _reap_leftovers(port, "mscon")
+    if trial.second:
+        names = [node_name(n) for n in cluster.nodes]
+        cold = [f"{node}: no word on a kept standby" for node in names if node not in trial.kept]
+        cold += [f"{node}: not taken ({why})" for node, why in trial.kept.items() if why]
+        if not cold and not trial.warm:
+            cold.append("no 'attempt 0 starts warm'")
+        trial.cold = "; ".join(cold)
+        # This run kept a standby in turn: end it before the leftovers are counted (its spares sit
+        # on port + 1, as this run's adopted ranks did)
+        end_keepers(names)
+    # port + 1, port + 2: the standby clusters' (agent/protocol.py standby_port), the agents end them
+    _reap_leftovers(range(port, port + 3), "mscon")
     # The "nodes" share this machine's home: drop the node-side run folder (logs + unpacked workdir),
     # which mscon keeps forever; the fetched copy under tmp goes with tmp.
     shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
@@ -508,7 +752,7 @@ def run_msrun(
         trial.error = f"only ranks {sorted(trial.first_step)} of {world} logged a step"
     else:
         trial.ok = True
-    _reap_leftovers(port, "msrun")
+    _reap_leftovers([port], "msrun")
     return trial
 
 
@@ -527,8 +771,9 @@ def _ratio(a: list[float], b: list[float]) -> str:
     return f"{statistics.median(a) / statistics.median(b):.2f}x"
 
 
-def report(trials: list[Trial]) -> None:
-    ok = {name: [t for t in trials if t.launcher == name and t.ok] for name in ("mscon", "msrun")}
+def report(trials: list[Trial], second: bool = False) -> None:
+    # --second: a cold mscon trial measured a first launch again, not the second one asked for
+    ok = {n: [t for t in trials if t.launcher == n and t.ok and not t.cold] for n in ("mscon", "msrun")}
     rows = [
         ("launcher's first line", lambda t: t.launcher_up),
         ("scheduler's first line", lambda t: t.first_output),
@@ -537,12 +782,18 @@ def report(trials: list[Trial]) -> None:
         ("total wall", lambda t: t.wall),
     ]
     print()
-    head = ("seconds from command start", "mscon median (min)", "msrun median (min)", "mscon/msrun")
-    print(f"{head[0]:<28}{head[1]:>22}{head[2]:>22}{head[3]:>14}")
+    if second:
+        print("mscon: the 2nd launch of the job on the same nodes, on the standby the 1st one kept")
+    mscon = "mscon 2nd, kept standby" if second else "mscon median (min)"
+    head = ("seconds from command start", mscon, "msrun median (min)", "mscon/msrun")
+    width = max(22, len(mscon) + 2)
+    print(f"{head[0]:<28}{head[1]:>{width}}{head[2]:>22}{head[3]:>14}")
+    if second:
+        print(f"{'':<28}{'median (min)':>{width}}")
     for label, get in rows:
         a = [v for t in ok["mscon"] if (v := get(t)) is not None]
         b = [v for t in ok["msrun"] if (v := get(t)) is not None]
-        print(f"{label:<28}{_stats(a):>22}{_stats(b):>22}{_ratio(a, b):>14}")
+        print(f"{label:<28}{_stats(a):>{width}}{_stats(b):>22}{_ratio(a, b):>14}")
     timed = [t.phases for t in ok["mscon"] if t.phases]
     if timed:
         print(f"mscon's start-up by milestone (median s, each after the one before): {phase_medians(timed)}")
@@ -552,12 +803,25 @@ def report(trials: list[Trial]) -> None:
     failed = [t for t in trials if not t.ok]
     counts = ", ".join(f"{name} {len(v)}" for name, v in ok.items())
     print(f"successful trials: {counts}; failed: {len(failed)}")
+    if second:
+        tried = [t for t in trials if t.launcher == "mscon" and t.ok]
+        cold = [f"#{t.index}" for t in tried if t.cold]
+        print(
+            f"mscon trials warm (kept standby taken on every node): {len(tried) - len(cold)} of {len(tried)}"
+            + (f"; COLD, left out of the table: {', '.join(cold)}" if cold else "")
+        )
     print(
         "note: mscon's times include SSH connect + auth, the agent deploy and the workdir sync\n"
         "(archive, upload unless already cached on the node, unpack) and the agent start; msrun's\n"
         "do not (its nodes are local processes reading the repo in place). Detection latency:\n"
         "mscon lines pass through the agent's log tail (flushed every 0.1 s); msrun logs are\n"
         "polled every 0.02 s."
+        + (
+            "\n--second: mscon's untimed first launch and the wait for its kept standby come before\n"
+            "the command start; msrun's trial is an ordinary launch (it keeps nothing between runs)."
+            if second
+            else ""
+        )
     )
 
 
@@ -588,6 +852,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run a trial again (up to this many times) when another job used the machine during it",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, inventories)")
+    p.add_argument(
+        "--second",
+        action="store_true",
+        help="time mscon's 2nd launch of the job: after an untimed 1st one that keeps a standby "
+        f"(restart.keep_warm_s {KEEP_WARM_S}) for it to adopt",
+    )
     a = p.parse_args(argv)
     if a.nodes * a.ranks_per_node > 4:
         p.error("at most 4 MindSpore ranks at once on this machine")
@@ -595,10 +865,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeat must be >= 1")
     if problem := ENV.problem("mscon", "msrun"):
         p.error(problem)
+    if a.second and a.only == "msrun":
+        p.error("--second is about mscon's launch: drop --only msrun")
     train_args = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", str(a.steps)]
     world = a.nodes * a.ranks_per_node
     print(f"launch benchmark: {a.nodes} nodes x {a.ranks_per_node} ranks (world {world}) on loopback")
     print(f"script: {SCRIPT} {' '.join(train_args)}; {a.repeat} trial(s) per launcher, order alternating")
+    if a.second:
+        print("--second: each mscon trial is the job's 2nd launch, on the standby an untimed 1st one kept")
     if not a.no_warmup:
         t = time.monotonic()
         warm = [str(PYTHON), "-c", "import mindspore"]
@@ -608,11 +882,15 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-launch-"))
     cluster = None
     trials: list[Trial] = []
+    kept_nodes: list[str] = []  # the nodes' names: their kept standbys (--second) end with the bench
     watch = Contention()
     watch.start()
     try:
         if a.only != "msrun":
             cluster = sshd_nodes().start_sshd_cluster(tmp / "sshd", n=a.nodes)
+            kept_nodes[:] = [node_name(n) for n in cluster.nodes]
+            if a.second:
+                watch.kept_nodes = tuple(kept_nodes)
             where = ", ".join(f"{n.host}:{n.port}" for n in cluster.nodes)
             print(f"sshd nodes: {where}")
         launchers = ["mscon", "msrun"] if a.only is None else [a.only]
@@ -623,7 +901,11 @@ def main(argv: list[str] | None = None) -> int:
                     wait_idle(watch, a.max_wait_idle)
                     port = sshd_nodes().find_free_port(["127.0.0.1", "127.0.0.2"])
                     watch.reset(port)
-                    if name == "mscon":
+                    if name == "mscon" and a.second:
+                        trial = run_second(
+                            i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port, watch
+                        )
+                    elif name == "mscon":
                         trial = run_mscon(i, cluster, a.ranks_per_node, train_args, tmp, a.timeout, port)
                     else:
                         trial = run_msrun(i, a.nodes, a.ranks_per_node, train_args, tmp, a.timeout, port)
@@ -641,9 +923,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; partial results:")
     finally:
-        end_bench(watch, cluster, tmp, a.keep)
-    report(trials)
-    return 0 if trials and all(t.ok for t in trials) else 1
+        end_bench(watch, cluster, tmp, a.keep, kept_nodes)
+    report(trials, a.second)
+    return 0 if trials and all(t.ok and not t.cold for t in trials) else 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pwd
 import statistics
 import sys
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,14 +84,16 @@ def proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
-def foreign_cpu(ours: set[int]) -> dict[int, float]:
-    """CPU seconds per process outside this process's tree. ``ours`` grows with every call: once
-    ours, always ours (an orphan is re-parented to init but still counts as ours)."""
+def foreign_cpu(ours: set[int], roots: Iterable[int] = ()) -> dict[int, float]:
+    """CPU seconds per process outside this process's tree (and the trees of ``roots``: ours too,
+    though no child of ours, such as a keeper an agent left in its own session). ``ours`` grows
+    with every call: once ours, always ours (an orphan is re-parented to init but still counts as
+    ours)."""
     table = proc_table()
     children: dict[int, list[int]] = collections.defaultdict(list)
     for pid, (ppid, _) in table.items():
         children[ppid].append(pid)
-    stack = [os.getpid()]
+    stack = [os.getpid(), *roots]
     while stack:
         pid = stack.pop()
         ours.add(pid)

@@ -201,7 +201,7 @@ def agent_processes(node_names: list[str], roots: list[int] | None = None) -> li
         cmd = p.info["cmdline"] or []
         if p.info["status"] == psutil.STATUS_ZOMBIE or not any("mscon_agent" in w for w in cmd):
             continue
-        if any(w.endswith("spare_boot.py") for w in cmd):  # a spare rank (agent/spares.py), no agent
+        if any(w.endswith(("spare_boot.py", "keeper.py")) for w in cmd):  # spares and their keeper
             continue
         if roots is not None:
             try:

@@ -292,6 +292,12 @@ class HeadlessReporter:
                 self.note(f"{_who(msg.name, msg.node)}: profiler output in {msg.profile_dir}")
         elif isinstance(msg, AgentError):
             self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
+        elif isinstance(msg, StandbyState) and msg.attempt == 0:  # the one a last run kept (Adopt)
+            if msg.ready:
+                what = "taken: the standby the last run of this job kept (the launch skips the join)"
+            else:
+                what = f"not taken ({printable(msg.why)}): attempt 0 starts cold"
+            self.note(f"{printable(msg.node)}: kept standby {what}")
         elif isinstance(msg, StandbyState):
             if msg.ready:
                 what = "ready (its spares joined their own MindSpore cluster: a restart skips the join)"

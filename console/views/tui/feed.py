@@ -205,7 +205,12 @@ def _notice_text(ev: Event) -> str:
         return ev.text
     if isinstance(ev, ReplicaDivergence):
         return f"replicas diverged at step {ev.step}: {', '.join(ev.ranks)}"
-    if isinstance(ev, StandbyUpdated):
+    if isinstance(ev, StandbyUpdated) and ev.attempt == 0:  # the one a last run kept (Adopt)
+        if ev.warm:
+            return "the standby the last run of this job kept is ready on every node: attempt 0 starts warm"
+        if not ev.ready:
+            return f"{ev.node}: kept standby not taken ({ev.why}): attempt 0 starts cold"
+    elif isinstance(ev, StandbyUpdated):
         if ev.warm:
             return (
                 f"standby cluster for attempt {ev.attempt} ready on every node: "

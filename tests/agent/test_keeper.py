@@ -1,0 +1,207 @@
+"""The kept standby (agent/keeper.py, agent/kept.py, Spares.adopt) with stand-in spares: a small
+script that says it joined (its marker) and then does what its order says. What the keeper holds,
+when the next run may adopt it, how the ranks it becomes are watched (exit statuses relayed by
+the keeper), and that nothing outlives what it should: the TTL, a drop, an adopter that goes.
+The real thing, MindSpore spares joined to their own cluster: tests/e2e/test_kept_standby.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_gone
+from mscon.agent import kept, layout
+from mscon.agent.protocol import ProcSpec, on_standby
+from mscon.agent.spares import Spares
+
+FAKE_BOOT = """\
+import json, os, sys
+if sys.argv[1:2] == ["--join"]:
+    open(sys.argv[2], "w").close()
+line = sys.stdin.readline().strip()
+if not line:
+    sys.exit(0)
+with open(line) as f:
+    order = json.load(f)
+with open(order["log"], "a") as f:
+    f.write("became %s in %s\\n" % (order["argv"][1], order["cwd"]))
+sys.exit(int(order["env"].get("EXIT_CODE", "0")))
+"""
+
+PY = (sys.executable, "train.py")
+SPECS = (
+    ProcSpec("sched", -1, -1, PY, {"MS_SCHED_PORT": "20000", "MS_ROLE": "MS_SCHED"}),
+    ProcSpec("r0", 0, 0, PY, {"MS_SCHED_PORT": "20000", "MS_ROLE": "MS_WORKER", "EXIT_CODE": "3"}),
+)
+
+
+def _run_dir(home: Path, run_id: str) -> str:
+    path = layout.run_folder(str(home / ".cache/mscon"), run_id, "n1")
+    os.makedirs(layout.attempt_folder(path, 0), exist_ok=True)
+    return path
+
+
+def _start_keeper(home: Path, ttl_s: float = 120.0, specs: tuple = SPECS) -> tuple[str, subprocess.Popen]:
+    """A keeper as ``kept.keep`` starts one, for a run in ``run-1``, with stand-in spares."""
+    old = _run_dir(home, "run-1")
+    folder = layout.kept_folder(old, "n1")
+    os.makedirs(folder, mode=0o700)
+    boot = home / "boot.py"
+    boot.write_text(FAKE_BOOT)
+    procs = []
+    for spec in (on_standby(s, 0) for s in specs):
+        marker = os.path.join(folder, spec.name + ".joined")
+        procs.append(
+            {
+                "name": spec.name,
+                "argv": list(spec.argv),
+                "boot_argv": [sys.executable, str(boot), "--join", marker],
+                "env": kept.first_attempt_env(spec, old),
+                "cwd": str(home),
+                "log": os.path.join(folder, spec.name + ".log"),
+                "marker": marker,
+                "scheduler": spec.is_scheduler,
+            }
+        )
+    order = {"folder": folder, "ttl_s": ttl_s, "key": old, "procs": procs}
+    popen = subprocess.Popen(
+        [sys.executable, kept.KEEPER], cwd=folder, stdin=subprocess.PIPE, start_new_session=True
+    )
+    assert popen.stdin is not None
+    popen.stdin.write(json.dumps(order).encode())
+    popen.stdin.close()
+    return folder, popen
+
+
+def _ready(folder: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        client = kept.connect(folder)
+        if client is not None:
+            state = client.ask({"op": "state"})
+            client.close()
+            if state and state["ready"]:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the keeper in {folder} never said ready")
+
+
+def _held(keeper: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(keeper.pid).children()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    for pidfile in tmp_path.glob(".cache/mscon/warm/*/keeper.pid"):  # a failed case leaves none running
+        try:
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def test_the_next_run_adopts_it_and_its_ranks_exits_are_relayed(home: Path) -> None:
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    held = _held(keeper)
+    assert len(held) == 2
+    new = _run_dir(home, "run-2")  # another run: its metrics files differ, the job does not
+    specs = tuple(on_standby(s, 0) for s in SPECS)
+    spares = Spares()
+    assert spares.adopt(folder, new, str(home), specs) is None
+    assert spares.missing(specs, new, 0, str(home)) is None
+    sched = spares.take(specs[0], new, 0, str(home))
+    r0 = spares.take(specs[1], new, 0, str(home))
+    assert sched is not None and r0 is not None
+    spares.discard()  # none left untaken: the keeper stays (it reaps the ranks)
+    assert keeper.poll() is None
+    # The scheduler serves from its start and reads no order: its kept log is the attempt's.
+    assert Path(sched.log_path).samefile(os.path.join(folder, "sched.log"))
+    deadline = time.monotonic() + 30
+    while not r0.poll() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r0.returncode == 3  # the order's environment (EXIT_CODE), the exit relayed
+    assert Path(r0.log_path).read_text() == f"became train.py in {home}\n"
+    sched.signal_group(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not sched.poll() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sched.returncode == -signal.SIGKILL
+    for c in list(kept._open):
+        c.close()  # the agent leaves: the keeper has nothing left to hold
+    assert keeper.wait(30) == 0
+    assert not os.path.exists(os.path.join(folder, kept.SOCKET))
+
+
+def test_a_job_that_differs_is_not_adopted_and_the_keeper_ends(home: Path) -> None:
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    held = _held(keeper)
+    changed = tuple(on_standby(s, 0) for s in SPECS)
+    changed = (changed[0], ProcSpec("r0", 0, 0, PY, {**changed[1].env, "GLOG_v": "1"}))
+    why = Spares().adopt(folder, _run_dir(home, "run-2"), str(home), changed)
+    assert why == "r0's environment differs in GLOG_v"
+    assert keeper.wait(30) == 0
+    assert wait_gone(held, 10) == []
+
+
+def test_unclaimed_it_ends_at_its_ttl(home: Path) -> None:
+    folder, keeper = _start_keeper(home, ttl_s=3.0)
+    _ready(folder)
+    held = _held(keeper)
+    assert keeper.wait(60) == 0
+    assert wait_gone(held, 10) == []
+    assert kept.connect(folder) is None
+
+
+def test_its_adopter_gone_the_ranks_go_too(home: Path) -> None:
+    """A crashed console's agent: the ranks the keeper holds for it hold devices: they are killed."""
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    held = _held(keeper)
+    spares = Spares()
+    specs = tuple(on_standby(s, 0) for s in SPECS)
+    assert spares.adopt(folder, _run_dir(home, "run-2"), str(home), specs) is None
+    assert spares.take(specs[0], _run_dir(home, "run-2"), 0, str(home)) is not None  # the scheduler runs on
+    for c in list(kept._open):
+        c.close()
+    assert keeper.wait(30) == 0
+    assert wait_gone(held, 10) == []
+
+
+def test_another_run_cannot_take_or_end_an_adopted_one(home: Path) -> None:
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    first = kept.connect(folder)
+    assert first is not None and first.ask({"op": "adopt"}) == {"adopted": True}
+    second = kept.connect(folder)
+    assert second is not None and second.ask({"op": "state"}) is None and second.busy
+    kept.drop(folder)  # what a cold first attempt of another run does: not this run's to end
+    assert keeper.poll() is None
+    first.drop()
+    assert keeper.wait(30) == 0
+
+
+def test_a_spare_lost_before_adoption_ends_the_standby(home: Path) -> None:
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    held = {p.pid: p for p in _held(keeper)}
+    os.killpg(min(held), signal.SIGKILL)  # all or nothing: the cluster it joined is broken
+    assert keeper.wait(30) == 0
+    assert wait_gone(list(held.values()), 10) == []
+
+
+def test_run_specific_keys_do_not_make_another_job() -> None:
+    a = {"MSCON_METRICS": "/a/r0.metrics.jsonl", "SSH_CONNECTION": "1 2 3 4", "PATH": "/bin", "GLOG_v": "3"}
+    b = {"MSCON_METRICS": "/b/r0.metrics.jsonl", "SSH_CONNECTION": "5 6 7 8", "PATH": "/bin", "GLOG_v": "3"}
+    assert kept.same_job_env(a, b) is None
+    assert kept.same_job_env(a, {**b, "PATH": "/usr/bin"}) == "PATH"
+    assert kept.same_job_env(a, {**b, "EXTRA": "1"}) == "EXTRA"
