@@ -31,7 +31,8 @@ def _standby(tmp_path: Path, attempt: int) -> tuple[Spares, tuple[ProcSpec, ...]
         popen = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, start_new_session=True)  # as spares
         popens.append(popen)
         env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))
-        spares._by_name[spec.name] = Spare(spec, popen, str(tmp_path), env)
+        log = layout.spare_log(str(tmp_path), spec.name, attempt)
+        spares._by_name[spec.name] = Spare(spec, popen, str(tmp_path), env, log)
     return spares, specs, popens
 
 

@@ -22,7 +22,7 @@ job: {script: train.py}
 """
 EVERY_KEY = """\
 scheduler: {port: 9000, host: 10.0.0.1}
-restart: {max_restarts: 4, backoff_s: 1.5, standby: imported}
+restart: {max_restarts: 4, backoff_s: 1.5, standby: imported, keep_warm_s: 30}
 hang: {timeout_s: 30}
 checks: {shm_min_gib: 2.5}
 ssh: {known_hosts: kh, config: cfg, connect_timeout_s: 3, keepalive_s: 7, max_parallel_connects: 4}
@@ -68,7 +68,7 @@ def test_every_field_of_every_section_is_read(tmp_path: Path) -> None:
 
 
 def test_an_unknown_key_names_the_dataclass_fields(tmp_path: Path) -> None:
-    known = r"restart\.bogus: unknown key \(known: backoff_s, max_restarts, standby\)"
+    known = r"restart\.bogus: unknown key \(known: backoff_s, keep_warm_s, max_restarts, standby\)"
     with pytest.raises(InventoryError, match=known):
         _load(tmp_path, "restart: {bogus: 1}\n")
 
