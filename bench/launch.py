@@ -93,6 +93,7 @@ SCHED_MARK = "mscon-trainer scheduler"  # the trainer's first line on the schedu
 # and it must have joined on every node this long after the first launch exited.
 KEEP_WARM_S = 600
 KEPT_WAIT_S = 120.0
+KEEPER_START_S = 30.0  # after mscon exits, its agents' keepers have started by then
 KEEPER_SOCKET = "keeper.sock"  # agent/keeper.py SOCKET: there while the keeper serves
 # The headless reporter's word on each node's kept standby, and on a warm attempt 0.
 KEPT_RE = re.compile(
@@ -338,13 +339,17 @@ def keepers(nodes: Iterable[str]) -> dict[int, str]:
     return found
 
 
-def end_keepers(nodes: Iterable[str], grace_s: float = 10.0) -> list[str]:
+def end_keepers(nodes: Iterable[str], expect_s: float = 0.0, grace_s: float = 10.0) -> list[str]:
     """End the keepers of ``nodes`` and wait until they are gone: SIGTERM (a keeper kills its
     spares as it leaves; they would die with it anyway: parent-death signal), KILL after grace_s.
     The nodes that had one. A keeper left alone holds its spares for KEEP_WARM_S, and they would
-    take CPU from msrun's trial and be adopted by (or dropped at a cost to) the next mscon one."""
+    take CPU from msrun's trial and be adopted by (or dropped at a cost to) the next mscon one.
+    ``expect_s``: a run that should have kept a standby just ended; its agents start their keepers
+    as they leave, which can be after mscon exited: wait up to that long for every node's."""
     nodes = tuple(nodes)
-    found = keepers(nodes)
+    deadline = time.monotonic() + expect_s
+    while len(set((found := keepers(nodes)).values())) < len(nodes) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in found:
             try:
@@ -362,9 +367,11 @@ def end_keepers(nodes: Iterable[str], grace_s: float = 10.0) -> list[str]:
 def wait_kept(workers: dict[str, list[str]], timeout_s: float) -> str:
     """Wait until the standby kept on every node of ``workers`` (node -> its worker names) is ready:
     its keeper serves (keeper.sock) and each worker's spare has joined (its .joined marker; the
-    scheduler's spare leaves none). "" once it is, else why not. The agents started the keepers
-    before they left, so a node without one lost its standby (or kept none)."""
+    scheduler's spare leaves none). "" once it is, else why not. A keeper may start after mscon
+    exited (an agent leaves it as it goes, and mscon does not wait for that); one that was seen and
+    is gone lost its standby: no use waiting on."""
     deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
     while True:
         missing = {}
         for node, names in workers.items():
@@ -372,11 +379,18 @@ def wait_kept(workers: dict[str, list[str]], timeout_s: float) -> str:
             wanted = [KEEPER_SOCKET, *(f"{name}.joined" for name in names)]
             if lacks := [f for f in wanted if not (folder / f).exists()]:
                 missing[node] = lacks
-        lost = sorted(set(workers) - set(keepers(workers)))
-        if not missing and not lost:
+        running = set(keepers(workers).values())
+        seen |= running
+        lost = sorted(seen - running)
+        if not missing and not lost and running == set(workers):
             return ""
         if lost or time.monotonic() > deadline:
-            why = f"no keeper runs on {', '.join(lost)}" if lost else f"not ready after {timeout_s:.0f} s"
+            if lost:
+                why = f"the keeper of {', '.join(lost)} is gone"
+            elif never := sorted(set(workers) - seen):
+                why = f"no keeper started on {', '.join(never)} in {timeout_s:.0f} s"
+            else:
+                why = f"not ready after {timeout_s:.0f} s"
             detail = "; ".join(f"{node} lacks {', '.join(lacks)}" for node, lacks in missing.items())
             return f"the standby the first launch kept: {why} ({detail or 'every marker there'})"
         time.sleep(0.2)
@@ -515,6 +529,7 @@ def run_second(
     """--second: the first launch, a wait for the standby it kept, then the timed trial on it."""
     workers = node_workers(cluster, ranks_per_node)
     first_id = ""
+    timed = False
     try:
         first_id, problem = first_launch(cluster, ranks_per_node, train_args, tmp, timeout_s, port)
         t = time.monotonic()
@@ -525,9 +540,11 @@ def run_second(
         took = time.monotonic() - t
         print(f"  (first launch done; every node's kept standby ready {took:.1f} s after it)", flush=True)
         watch.reset(port)  # the timed trial starts here: the first launch was ours, not another job's
+        timed = True
         return run_mscon(index, cluster, ranks_per_node, train_args, tmp, timeout_s, port, KEEP_WARM_S)
     finally:
-        end_keepers(workers)  # the first launch's, when the timed trial did not run (it ends its own)
+        if not timed:  # the first launch's standby (the timed run ends its own, and this one)
+            end_keepers(workers, expect_s=KEEPER_START_S if first_id else 0.0)
         if first_id:
             shutil.rmtree(NODE_RUNS / first_id, ignore_errors=True)
 
@@ -625,9 +642,10 @@ def run_mscon(
         if not cold and not trial.warm:
             cold.append("no 'attempt 0 starts warm'")
         trial.cold = "; ".join(cold)
-        # This run kept a standby in turn: end it before the leftovers are counted (its spares sit
-        # on port + 1, as this run's adopted ranks did)
-        end_keepers(names)
+        # This run kept a standby in turn (unless stopped at the timeout: then it did not end by
+        # itself): end it before the leftovers are counted (its spares sit on port + 1, as this
+        # run's adopted ranks did)
+        end_keepers(names, expect_s=0.0 if rc is None else KEEPER_START_S)
     # port + 1, port + 2: the standby clusters' (agent/protocol.py standby_port), the agents end them
     _reap_leftovers(range(port, port + 3), "mscon")
     # The "nodes" share this machine's home: drop the node-side run folder (logs + unpacked workdir),
@@ -818,7 +836,9 @@ def report(trials: list[Trial], second: bool = False) -> None:
         "polled every 0.02 s."
         + (
             "\n--second: mscon's untimed first launch and the wait for its kept standby come before\n"
-            "the command start; msrun's trial is an ordinary launch (it keeps nothing between runs)."
+            "the command start; msrun's trial is an ordinary launch (it keeps nothing between runs).\n"
+            "A warm mscon run has no scheduler's first line: its scheduler is the kept standby's,\n"
+            "serving in init() since the wait, and never runs the trainer."
             if second
             else ""
         )
