@@ -98,12 +98,20 @@ class Keeper:
         )
 
     def state(self) -> dict:
+        """What an adopter decides on: whether the spares fit its run (argv, environment), whether
+        they have all joined (``ready``; each worker's ``marker`` says so) or one is lost."""
         return {
             "key": self.order["key"],
             "ready": self.ready(),
-            "why": self.why_lost or ("" if self.ready() else "its spares have not all joined yet"),
+            "lost": self.why_lost,
             "procs": {
-                name: {"pid": h.popen.pid, "argv": h.spec["argv"], "env": h.spec["env"], "log": h.spec["log"]}
+                name: {
+                    "pid": h.popen.pid,
+                    "argv": h.spec["argv"],
+                    "env": h.spec["env"],
+                    "log": h.spec["log"],
+                    "marker": h.spec["marker"],
+                }
                 for name, h in self.held.items()
                 if h.returncode is None
             },

@@ -197,10 +197,11 @@ def connect(folder: str) -> Keeper | None:
 
 
 def fit(state: dict, procs: tuple, run_dir: str) -> str | None:
-    """Why the kept spares (``state``) cannot be ``procs`` (on the standby port of attempt 0), or None."""
+    """Why the kept spares (``state``) cannot be ``procs`` (on the standby port of attempt 0), or
+    None: they can, once they have all joined (a run that comes while they join waits for them)."""
     kept = state.get("procs") or {}
-    if not state.get("ready"):
-        return state.get("why") or "not ready"
+    if state.get("lost"):
+        return state["lost"]
     if sorted(kept) != sorted(s.name for s in procs):
         return "it holds %s, this run has %s" % (
             ", ".join(sorted(kept)),
@@ -304,4 +305,11 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
         popen.stdin.close()
     except OSError as exc:
         return "no standby kept: %s" % exc
+    # Serving (its spares started) before this agent leaves: a run right after this one finds it
+    # and waits for its spares to join, rather than not finding it and launching cold.
+    deadline = time.monotonic() + _REPLY_S
+    while not os.path.exists(os.path.join(folder, PIDFILE)):
+        if popen.poll() is not None or time.monotonic() > deadline:
+            return "no standby kept: its keeper did not start (%s)" % os.path.join(folder, "keeper.err")
+        time.sleep(0.01)
     return None

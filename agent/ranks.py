@@ -136,7 +136,10 @@ class Ranks:
             return
         specs = tuple(P.on_standby(s, 0) for s in msg.procs)
         why = self.spares.adopt(folder, msg.run_dir, msg.cwd, specs)
-        self.send(P.StandbyState(node=self.node, attempt=0, ready=why is None, why=why or ""))
+        if why is not None:
+            self.send(P.StandbyState(node=self.node, attempt=0, ready=False, why=why))
+        else:
+            self._standby_state()  # ready now; else once its spares have joined, or one is lost
 
     def keep_standby(self, ttl_s: float) -> None:
         """As the agent leaves a run that ended by itself: a joined standby for the next run."""

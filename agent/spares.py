@@ -41,12 +41,15 @@ def eligible(spec: ProcSpec) -> bool:
 
 
 class Spare:
-    def __init__(self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict, log: str = "") -> None:
+    def __init__(
+        self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict, log: str = "", marker: str = ""
+    ) -> None:
         self.spec = spec
         self.popen = popen
         self.cwd = cwd
         self.env = env
         self.log = log
+        self.marker = marker  # there once it has joined its standby cluster (a joined spare's)
         self.keeper: kept.Keeper | None = None  # a kept spare: the keeper is its parent (kept.py)
 
     def fits(self, spec: ProcSpec, cwd: str, env: dict) -> bool:
@@ -117,8 +120,8 @@ class Spares:
             env = procmod.process_env(spec, log_dir, base_env)
             log = layout.spare_log(run_dir, spec.name, attempt)
             argv = [spec.argv[0], BOOT]
+            marker = layout.spare_joined(run_dir, spec.name, attempt)
             if join:
-                marker = layout.spare_joined(run_dir, spec.name, attempt)
                 try:
                     os.unlink(marker)
                 except OSError:
@@ -139,7 +142,7 @@ class Spares:
             except OSError as exc:
                 errors.append("spare for %s: %s" % (spec.name, exc))
                 continue
-            self._by_name[spec.name] = Spare(spec, popen, cwd, env, log)
+            self._by_name[spec.name] = Spare(spec, popen, cwd, env, log, marker)
         if join and errors:
             self.discard()
         return errors
@@ -159,13 +162,13 @@ class Spares:
             keeper.drop()
             return why
         assert state is not None
-        self.attempt, self.joined, self._run_dir, self._said = 0, True, run_dir, True
+        # Ready now, or once its spares have joined (a run that came while they join): poll says.
+        self.attempt, self.joined, self._run_dir, self._said = 0, True, run_dir, None
         self._keeper = keeper
         for spec in specs:
             held = state["procs"][spec.name]
-            spare = Spare(
-                spec, kept.KeptPopen(keeper, spec.name, int(held["pid"])), cwd, held["env"], held["log"]
-            )
+            popen = kept.KeptPopen(keeper, spec.name, int(held["pid"]))
+            spare = Spare(spec, popen, cwd, held["env"], held["log"], held["marker"])
             spare.keeper = keeper
             self._by_name[spec.name] = spare
         return None
@@ -187,9 +190,7 @@ class Spares:
             if len(self._by_name) == 0 or self._said:
                 return None
             joined = all(
-                spare.spec.is_scheduler
-                or os.path.exists(layout.spare_joined(self._run_dir, name, self.attempt))
-                for name, spare in self._by_name.items()
+                spare.spec.is_scheduler or os.path.exists(spare.marker) for spare in self._by_name.values()
             )
             if not joined:
                 return None

@@ -73,7 +73,9 @@ from mscon.console.transport import NodeUnreachable, make_transport
 T = TypeVar("T")
 
 _TICK_S = 0.25
-_ADOPT_WAIT_S = 15.0  # for every node's word on its kept standby (a misfit is ended first: ~1 s)
+# For every node's word on its kept standby: at once, or once its spares have joined (a run that
+# came while they join waits for them: seconds, never more than a cold launch would take).
+_ADOPT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,9 +417,11 @@ class Supervisor:
             except TimeoutError:
                 break  # a node that did not answer: the attempt starts cold (its adopted standby dropped)
             for ev in await self._take(session, item):
-                if isinstance(ev, policy_mod.StandbyChanged | policy_mod.NodeLost) and (
-                    not isinstance(ev, policy_mod.StandbyChanged) or ev.attempt == 0
+                if isinstance(ev, policy_mod.NodeLost) or (
+                    isinstance(ev, policy_mod.StandbyChanged) and ev.attempt == 0 and not ev.ready
                 ):
+                    return [*out, *self._step(ev)]  # all or nothing: the attempt starts cold
+                if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt == 0:
                     waiting.discard(ev.node)
                 out.extend(self._step(ev))
         return out

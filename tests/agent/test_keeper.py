@@ -23,7 +23,9 @@ from mscon.agent.protocol import ProcSpec, on_standby
 from mscon.agent.spares import Spares
 
 FAKE_BOOT = """\
-import json, os, sys
+import json, os, sys, time
+while os.environ.get("HOLD_UNTIL") and not os.path.exists(os.environ["HOLD_UNTIL"]):
+    time.sleep(0.02)  # still joining
 if sys.argv[1:2] == ["--join"]:
     open(sys.argv[2], "w").close()
 line = sys.stdin.readline().strip()
@@ -197,6 +199,29 @@ def test_a_spare_lost_before_adoption_ends_the_standby(home: Path) -> None:
     os.killpg(min(held), signal.SIGKILL)  # all or nothing: the cluster it joined is broken
     assert keeper.wait(30) == 0
     assert wait_gone(list(held.values()), 10) == []
+
+
+def test_a_run_that_comes_while_it_joins_takes_it_once_joined(home: Path) -> None:
+    go = home / "joined-now"
+    specs = (SPECS[0], ProcSpec("r0", 0, 0, PY, {**SPECS[1].env, "HOLD_UNTIL": str(go)}))
+    folder, keeper = _start_keeper(home, specs=specs)
+    while not os.path.exists(os.path.join(folder, kept.PIDFILE)):  # serving; its r0 has not joined
+        time.sleep(0.02)
+    spares = Spares()
+    assert (
+        spares.adopt(folder, _run_dir(home, "run-2"), str(home), tuple(on_standby(s, 0) for s in specs))
+        is None
+    )
+    assert spares.poll() is None  # taken, not ready: the policy waits for every node's word
+    go.touch()
+    deadline = time.monotonic() + 30
+    said = None
+    while said is None and time.monotonic() < deadline:
+        said = spares.poll()
+        time.sleep(0.02)
+    assert said == (True, "")
+    spares.discard()  # the attempt went cold after all (another node's was not ready): it ends
+    assert keeper.wait(30) == 0
 
 
 def test_run_specific_keys_do_not_make_another_job() -> None:

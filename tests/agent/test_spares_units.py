@@ -32,7 +32,8 @@ def _standby(tmp_path: Path, attempt: int) -> tuple[Spares, tuple[ProcSpec, ...]
         popens.append(popen)
         env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))
         log = layout.spare_log(str(tmp_path), spec.name, attempt)
-        spares._by_name[spec.name] = Spare(spec, popen, str(tmp_path), env, log)
+        marker = layout.spare_joined(str(tmp_path), spec.name, attempt)
+        spares._by_name[spec.name] = Spare(spec, popen, str(tmp_path), env, log, marker)
     return spares, specs, popens
 
 
