@@ -117,8 +117,7 @@ class Keeper:
         try:
             self._send(obj)
         except OSError:
-            self.gone = True
-            return None
+            pass  # it closed on us: what it said first (busy) is still to be read
         return self._read(_REPLY_S)
 
     def pump(self) -> None:
