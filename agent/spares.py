@@ -16,7 +16,12 @@ starts one spare per process of its node (``spare_boot.py``) with the next attem
   (``Start.warm``: take the spares, on the standby port) only when every node's are ready; a cold
   attempt kills them first and launches on the inventory's port.
 
-Unused spares are killed. Spares die with the agent (parent-death signal, own session).
+- Kept spares (``adopt``): the standby a run of the job left on the node as it ended
+  (``kept.py``, ``keeper.py``) becomes attempt 0's, by the same all-or-nothing rule; their keeper
+  is their parent, so their exits come from it (``kept.KeptPopen``).
+
+Unused spares are killed. Spares die with the agent (parent-death signal, own session); kept ones
+with their keeper, which ends them when the agent that took them goes.
 Stdlib only, Python 3.8 syntax (runs on the nodes).
 """
 
