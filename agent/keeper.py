@@ -159,7 +159,8 @@ class Keeper:
             ok = h is not None and h.returncode is None and h.popen.stdin is not None
             if ok:
                 try:
-                    h.popen.stdin.write((str(msg["path"]) + "\n").encode("utf-8"))
+                    if msg.get("path"):  # none: it serves as it is (a scheduler), and exits after
+                        h.popen.stdin.write((str(msg["path"]) + "\n").encode("utf-8"))
                     h.popen.stdin.close()
                 except (OSError, ValueError, KeyError):
                     ok = False

@@ -69,12 +69,14 @@ class Spare:
         return cwd == self.cwd and env == self.env
 
     def give(self, order: str) -> bool:
-        """Tell it what to become (the path of its order file)."""
+        """Tell it what to become (the path of its order file); "": nothing, it goes on as it is
+        and exits once its ``init()`` returns (a standby scheduler, serving its cluster)."""
         if self.keeper is not None:
             reply = self.keeper.ask({"op": "order", "name": self.spec.name, "path": order})
             return bool(reply and reply.get("ok"))
         assert self.popen.stdin is not None
-        self.popen.stdin.write((order + "\n").encode("utf-8"))
+        if order:
+            self.popen.stdin.write((order + "\n").encode("utf-8"))
         self.popen.stdin.close()  # one short line into an empty pipe: never blocks
         return True
 
@@ -240,6 +242,14 @@ class Spares:
                 os.link(spare_log, log_path)
             except OSError:
                 log_path = spare_log
+            try:
+                # Its input ends: once the cluster is over and init() returns, it exits (0) at once,
+                # as a cold scheduler does, not at the linger's stop.
+                if not spare.give(""):
+                    raise OSError("its keeper took no order")
+            except (OSError, ValueError):
+                spare.kill()
+                return None
             return procmod.Proc(spec, spare.popen, log_path, metrics)
         order = layout.spare_order(run_dir, spec.name)
         env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))  # fits: as the spare's

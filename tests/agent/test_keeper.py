@@ -132,11 +132,10 @@ def test_the_next_run_adopts_it_and_its_ranks_exits_are_relayed(home: Path) -> N
         time.sleep(0.02)
     assert r0.returncode == 3  # the order's environment (EXIT_CODE), the exit relayed
     assert Path(r0.log_path).read_text() == f"became train.py in {home}\n"
-    sched.signal_group(signal.SIGKILL)
     deadline = time.monotonic() + 30
     while not sched.poll() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sched.returncode == -signal.SIGKILL
+    assert sched.returncode == 0  # its input ended (no order): done serving, it exits as it is
     for c in list(kept._open):
         c.close()  # the agent leaves: the keeper has nothing left to hold
     assert keeper.wait(30) == 0
