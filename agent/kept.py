@@ -51,6 +51,7 @@ def same_job_env(a: dict, b: dict) -> str | None:
 
 
 def eligible(spec: ProcSpec) -> bool:
+    """``python SCRIPT.py ARGS``: what a spare can become (not ``-m``, ``-c`` or a binary)."""
     argv = spec.argv
     return len(argv) >= 2 and argv[1].endswith(".py") and not argv[1].startswith("-")
 

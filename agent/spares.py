@@ -39,12 +39,6 @@ from .protocol import ProcSpec, on_standby
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
 
 
-def eligible(spec: ProcSpec) -> bool:
-    """``python SCRIPT.py ARGS``: what a spare can become (not ``-m``, ``-c`` or a binary)."""
-    argv = spec.argv
-    return len(argv) >= 2 and argv[1].endswith(".py") and not argv[1].startswith("-")
-
-
 class Spare:
     def __init__(
         self, spec: ProcSpec, popen: subprocess.Popen, cwd: str, env: dict, log: str = "", marker: str = ""
@@ -109,7 +103,7 @@ class Spares:
         self.discard()
         self.attempt, self.joined, self._run_dir, self._said = attempt, join, run_dir, None
         if join:
-            odd = [s.name for s in specs if not eligible(s)]
+            odd = [s.name for s in specs if not kept.eligible(s)]
             if odd:  # self.attempt is set: not tried again this attempt
                 return ["no standby cluster: %s is not run as `python SCRIPT.py`" % ", ".join(odd)]
             specs = tuple(on_standby(s, attempt) for s in specs)
@@ -122,7 +116,7 @@ class Spares:
         except OSError as exc:
             return ["cannot make %s: %s" % (folder, exc)]
         for spec in specs:
-            if not eligible(spec):
+            if not kept.eligible(spec):
                 continue
             env = procmod.process_env(spec, log_dir, base_env)
             log = layout.spare_log(run_dir, spec.name, attempt)

@@ -413,6 +413,18 @@ def kept_logs(nodes: Iterable[str], lines: int = 5) -> list[str]:
 # ---------------------------------------------------------------- mscon
 
 
+def _wait_mscon(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """mscon's exit code, or None once it ran past ``timeout_s`` and was stopped."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
+        return None
+    except KeyboardInterrupt:
+        _kill_group(proc, first=signal.SIGINT)
+        raise
+
+
 def node_name(node: Any) -> str:
     """An sshd node's name in the inventory: the name its agent (and its kept folder) goes by."""
     return f"bench-{node.name}"
@@ -500,14 +512,7 @@ def first_launch(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
-            rc = None
-        except KeyboardInterrupt:
-            _kill_group(proc, first=signal.SIGINT)
-            raise
+        rc = _wait_mscon(proc, timeout_s)
     _reap_leftovers([port], "mscon's first launch")  # not port + 1: the kept standby's cluster
     if rc == 0:
         return run_id, ""
@@ -613,14 +618,7 @@ def run_mscon(
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for t in readers:
         t.start()
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, first=signal.SIGINT)  # SIGINT: mscon stops the ranks on every node
-        rc = None
-    except KeyboardInterrupt:
-        _kill_group(proc, first=signal.SIGINT)
-        raise
+    rc = _wait_mscon(proc, timeout_s)
     for t in readers:
         t.join(timeout=10)
     trial.wall = time.monotonic() - t0
