@@ -370,6 +370,8 @@ class Supervisor:
         pending: deque[policy_mod.Action] = deque()
         if self._keeps_warm():
             pending.extend(await self._adopt_kept(session))
+            if self._stop_cmd is not None:  # stopped while the nodes answered: nothing was started
+                return self._interrupted()
         pending.extend(policy.step(policy_mod.Begin(time.monotonic())))
         for cmd in self._later:
             self._inputs.put_nowait(cmd)
