@@ -538,6 +538,7 @@ class Detach(Message):
     operator_wait_s: float = 0.0  # coordinator: 0 ends a failed run with no budget at once
     standby_ready: tuple[str, ...] = ()  # coordinator: nodes whose standby for the next attempt is ready
     console: str = ""  # who detached (user@host pid), for `mscon ls` and a refused second attach
+    keep_warm_s: float = 0.0  # a run that ends by itself leaves a standby for the next (Shutdown's)
 
 
 @dataclass(frozen=True)

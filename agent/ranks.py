@@ -146,6 +146,9 @@ class Ranks:
         cmd = self.start_cmd
         if cmd is None or ttl_s <= 0:
             return
+        if any(w.proc.alive for w in self.watched):  # a stop not over (an orphaned detached run)
+            self._note_once("no standby kept: the run's processes are still stopping")
+            return
         error = kept.keep(cmd.procs, cmd.run_dir, self.node, ttl_s)
         if error is not None:
             self._note_once(error)

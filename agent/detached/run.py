@@ -58,6 +58,7 @@ class DetachedRun:
         self.peers: dict = {}  # the coordinator's links, by follower name
         self.heard: dict = {}  # node -> monotonic time of its last line
         self.lost: set = set()
+        self.end_status = ""  # how the run ended here (RunStatus), once it has
         self.last_ping = 0.0
         self.ended = False  # the run is over: exit once our processes are
         self.end_at: float | None = None
@@ -430,6 +431,7 @@ class DetachedRun:
         if self.ended:
             return
         self.ended = True
+        self.end_status = status
         self.agent.spares.discard()  # no attempt follows
         self.end_at = time.monotonic() + (_END_FLUSH_S if self.clients else 0.0)
         self.agent._save_state(status=status, reason=reason, attached=False)
@@ -437,6 +439,9 @@ class DetachedRun:
             c.end()
 
     def close(self) -> None:
+        if self.end_status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            # Ended by itself, as an attached run's Shutdown.keep_warm_s says: a standby for the next.
+            self.agent.keep_standby(self.msg.keep_warm_s)
         deadline = time.monotonic() + _END_FLUSH_S
         for c in self.clients:
             while not c.closed and not c.out.empty() and time.monotonic() < deadline:

@@ -33,6 +33,7 @@ async def hand_over(
     next_starts: list[Start],
     sched: str,
     hang_timeout_s: float | None,
+    keep_warm_s: float = 0.0,
 ) -> str | None:
     """Hand the run to the nodes (in the session's order, node 0 first); the error (the run then
     stays attached, nothing changed) or None."""
@@ -60,6 +61,7 @@ async def hand_over(
             operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,
             standby_ready=policy.standby_ready(),
             console=console,
+            keep_warm_s=keep_warm_s,
         ),
         Detached,
         _ANSWER_S,
@@ -73,6 +75,7 @@ async def hand_over(
         coordinator_port=lead.coordinator_port,
         hang_timeout_s=hang_timeout_s or 0.0,
         console=console,
+        keep_warm_s=keep_warm_s,
     )
     answers = await asyncio.gather(
         *(

@@ -635,7 +635,8 @@ class Supervisor:
         assert self.policy is not None
         nxt = self.policy.attempt + 1
         starts = [self._start_msg(session, i, nxt, self._sched) for i in range(len(self.plans))]
-        error = await hand_over(session, self.policy, starts, self._sched, self.hang_timeout_s)
+        keep_s = self.inv.restart.keep_warm_s if self._keeps_warm() else 0.0
+        error = await hand_over(session, self.policy, starts, self._sched, self.hang_timeout_s, keep_s)
         if error is None:
             self.detached = True
             await self._let_go(session)

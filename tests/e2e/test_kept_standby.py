@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import node_home, wait_gone
+from conftest import mscon, node_home, wait_gone
 from mscon.agent import layout
 from sshd_nodes import SshdCluster
 from test_faults import TRAIN, _inventory, _run_id, _start, _summary
@@ -168,3 +168,20 @@ def test_an_interrupted_run_keeps_nothing(
     finally:
         con.kill()
     assert _keepers() == {}
+
+
+def test_a_detached_run_keeps_one_as_it_ends_and_an_attached_run_takes_it(
+    tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
+) -> None:
+    """Detached, the nodes end the run themselves: each keeps its standby then, as an attached
+    run's agents do on the console's Shutdown."""
+    inv = _inventory(tmp_path, sshd_cluster, 1, ARGS, script=TRAIN, restart={"keep_warm_s": 600})
+    done = mscon(
+        "run", "--no-tui", "--detach", inv, "--run-id", _run_id("detached"), cwd=tmp_path, timeout=120
+    )
+    assert done.code == 0, done.err[-3000:]
+    _kept_ready()  # the run ended on the nodes (10 steps), and each node's keeper has joined
+    rc, err = _run(tmp_path, inv, "after-detached")
+    assert rc == 0, err[-3000:]
+    assert "attempt 0 starts warm" in err, err[-3000:]
+    assert _summary(tmp_path)["attempts"][0]["phases"]["warm"] is True
