@@ -101,7 +101,7 @@ class Keeper:
         """What an adopter decides on: whether the spares fit its run (argv, environment), whether
         they have all joined (``ready``; each worker's ``marker`` says so) or one is lost."""
         return {
-            "key": self.order["key"],
+            "kept_by": self.order["kept_by"],
             "ready": self.ready(),
             "lost": self.why_lost,
             "procs": {

@@ -274,7 +274,7 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
     except OSError as exc:
         return "no standby kept: %s" % exc
     cwd = os.getcwd()
-    order = {"folder": folder, "ttl_s": ttl_s, "key": run_dir, "procs": []}
+    order = {"folder": folder, "ttl_s": ttl_s, "kept_by": run_dir, "procs": []}
     for spec in specs:
         marker = os.path.join(folder, spec.name + ".joined")
         order["procs"].append(

@@ -73,7 +73,7 @@ def _start_keeper(home: Path, ttl_s: float = 120.0, specs: tuple = SPECS) -> tup
                 "scheduler": spec.is_scheduler,
             }
         )
-    order = {"folder": folder, "ttl_s": ttl_s, "key": old, "procs": procs}
+    order = {"folder": folder, "ttl_s": ttl_s, "kept_by": old, "procs": procs}
     popen = subprocess.Popen(
         [sys.executable, kept.KEEPER], cwd=folder, stdin=subprocess.PIPE, start_new_session=True
     )
