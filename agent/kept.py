@@ -228,11 +228,25 @@ def drop(folder: str) -> None:
         _wait_gone(folder)
 
 
-def _wait_gone(folder: str) -> None:
+def _keeper_pid(folder: str) -> int | None:
+    """The pid its keeper.pid names, if that process is still this folder's keeper: a keeper that
+    was killed leaves the file behind, and its pid may be another process's by now."""
     try:
         with open(os.path.join(folder, PIDFILE)) as f:
             pid = int(f.read().strip())
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read().split(b"\0")
+        here = os.readlink("/proc/%d/cwd" % pid)
     except (OSError, ValueError):
+        return None
+    if not any(a.endswith(b"/keeper.py") for a in argv[1:3]) or here != os.path.realpath(folder):
+        return None
+    return pid
+
+
+def _wait_gone(folder: str) -> None:
+    pid = _keeper_pid(folder)
+    if pid is None:
         return
     deadline = time.monotonic() + _GONE_S
     while time.monotonic() < deadline:

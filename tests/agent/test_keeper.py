@@ -223,6 +223,22 @@ def test_a_run_that_comes_while_it_joins_takes_it_once_joined(home: Path) -> Non
     assert keeper.wait(30) == 0
 
 
+def test_a_stale_pid_file_names_no_keeper(home: Path) -> None:
+    """A killed keeper leaves keeper.pid: its pid, reused by another process, is never waited on
+    or killed as the keeper."""
+    folder = layout.kept_folder(_run_dir(home, "run-1"), "n1")
+    os.makedirs(folder)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        Path(folder, kept.PIDFILE).write_text(f"{other.pid}\n")
+        t0 = time.monotonic()
+        kept.drop(folder)
+        assert other.poll() is None and time.monotonic() - t0 < 5
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_run_specific_keys_do_not_make_another_job() -> None:
     a = {"MSCON_METRICS": "/a/r0.metrics.jsonl", "SSH_CONNECTION": "1 2 3 4", "PATH": "/bin", "GLOG_v": "3"}
     b = {"MSCON_METRICS": "/b/r0.metrics.jsonl", "SSH_CONNECTION": "5 6 7 8", "PATH": "/bin", "GLOG_v": "3"}
