@@ -32,6 +32,7 @@ import sys
 import time
 
 SOCKET = "keeper.sock"  # bound relative to its folder (absolute paths may pass the 107-byte limit)
+PIDFILE = "keeper.pid"  # written once its spares are started, removed as it ends
 _TICK_S = 0.1
 
 
@@ -252,9 +253,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         keeper.spawn()
-        with open("keeper.pid.tmp", "w") as f:
+        with open(PIDFILE + ".tmp", "w") as f:
             f.write("%d\n" % os.getpid())
-        os.replace("keeper.pid.tmp", "keeper.pid")
+        os.replace(PIDFILE + ".tmp", PIDFILE)
         keeper.serve(listener)
     finally:
         keeper.kill_all()
@@ -262,7 +263,7 @@ def main() -> int:
         try:
             if os.stat(SOCKET).st_ino == inode:  # not a later keeper's
                 os.unlink(SOCKET)
-                os.unlink("keeper.pid")
+                os.unlink(PIDFILE)
         except OSError:
             pass
     return 0

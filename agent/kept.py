@@ -24,12 +24,12 @@ import time
 
 from . import layout
 from . import procs as procmod
+from .keeper import PIDFILE, SOCKET  # the keeper's own names (it runs as a file, importing nothing)
 from .protocol import ProcSpec, on_standby
 
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
-SOCKET = "keeper.sock"
-PIDFILE = "keeper.pid"
+_ERRORS = "keeper.err"  # the keeper's stderr, in its folder
 _REPLY_S = 5.0
 _GONE_S = 10.0
 # What differs between two runs of one job without changing what MindSpore saw at import and
@@ -304,7 +304,7 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
             }
         )
     try:
-        with open(os.path.join(folder, "keeper.err"), "ab", buffering=0) as err:
+        with open(os.path.join(folder, _ERRORS), "ab", buffering=0) as err:
             popen = subprocess.Popen(
                 [sys.executable, KEEPER],
                 cwd=folder,
@@ -324,6 +324,6 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
     deadline = time.monotonic() + _REPLY_S
     while not os.path.exists(os.path.join(folder, PIDFILE)):
         if popen.poll() is not None or time.monotonic() > deadline:
-            return "no standby kept: its keeper did not start (%s)" % os.path.join(folder, "keeper.err")
+            return "no standby kept: its keeper did not start (%s)" % os.path.join(folder, _ERRORS)
         time.sleep(0.01)
     return None
