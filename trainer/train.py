@@ -308,15 +308,16 @@ def main(argv: list[str] | None = None) -> int:
                 agreed = interval.observe(dt, writer.copy_s / writer.count, rank, size)
                 if agreed is not None and say:
                     print(f"mscon-trainer: a snapshot every {agreed} step(s) (auto)", flush=True)
-            if (
-                args.die_at_step == step
-                and rank == args.die_rank
-                and os.environ.get("MSCON_ATTEMPT", "0") == "0"
-            ):
+            if args.die_at_step == step and os.environ.get("MSCON_ATTEMPT", "0") == "0":
                 if writer is not None:
-                    writer.wait()  # a test's fault comes after its step's snapshot is safe
-                print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+                    # A test's fault comes after every rank's snapshot of its step is safe: else a
+                    # slow writer on a survivor, stopped with it, makes the resume a step earlier.
+                    writer.wait()
+                    if size > 1:
+                        snapshot.agree_max(0, rank, size)  # the ranks meet: all have written
+                if rank == args.die_rank:
+                    print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
     metrics.close()
     if writer is not None:
         writer.wait()
