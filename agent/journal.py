@@ -87,6 +87,21 @@ def read_state(run_dir: str) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
+def agent_alive(state: dict) -> bool:
+    """The process state.json names (the run's agent, or its detached coordinator) still exists.
+    A reused pid reads as alive: what relies on this only ever keeps more, never kills."""
+    pid = state.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def log_lines(path: str, start: int, stop: int | None = None, checkpoint: tuple = (0, 0)):  # noqa: ANN201
     """Lines ``start`` .. ``stop`` (exclusive; None: to the end, a last unterminated line included)
     of a rank's log, split and cleaned exactly as FileTail does, in lists of at most 500.

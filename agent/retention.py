@@ -1,4 +1,5 @@
-"""Which old run folders go: keep the newest N runs of a node, never one that is running or detached.
+"""Which old run folders go: keep the newest N runs of a node, never one that is running or detached;
+and the node memory (/dev/shm) a run that is over still holds.
 
 Run on the nodes (the agent prunes its node's runs as a run starts, and ``mscon prune`` asks it to)
 and by the console for its own fetched ``./mscon-runs``, so the choice is one pure function,
@@ -21,8 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .journal import RunStatus, read_state
-from .layout import plain, runs_root
+from .journal import RunStatus, agent_alive, read_state
+from .layout import plain, runs_root, shm_snapshot_folder
 
 KEEP_RUNS = 20  # runs of each node kept by default (inventory retention.keep_runs)
 TRASH_PREFIX = ".pruning-"  # a folder being deleted, renamed out of the runs root's listing
@@ -116,6 +117,7 @@ def remove(root: str, path: str) -> None:
     """Delete a run folder under ``root``: renamed out of sight first, then deleted; its run id's
     folder goes too once no node's folder is left in it. OSError if it cannot be moved."""
     trash = posixpath.join(root, "%s%s" % (TRASH_PREFIX, os.urandom(6).hex()))
+    shutil.rmtree(shm_snapshot_folder(path), ignore_errors=True)  # keyed by the run's path
     os.rename(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
     try:
@@ -164,12 +166,36 @@ def prune(
     return done
 
 
+def release_memory(root: str, node: str, skip: tuple = ()) -> list[str]:
+    """Remove the trainer's state copies in node memory (/dev/shm) of the node's runs that are
+    over: ended, or lost (their agent was killed before it could remove them, so the memory
+    would stay taken until a reboot, and a later preflight would find /dev/shm short). A running
+    or detached run's stay, as do those of runs in ``skip`` (run ids). The folders removed."""
+    freed = []
+    for c in node_runs(root, node):
+        if c.key in skip:
+            continue
+        state = read_state(c.path)
+        if state is None or (state.get("detached") and state.get("status") == RunStatus.RUNNING):
+            continue
+        if state.get("status", RunStatus.RUNNING) == RunStatus.RUNNING and agent_alive(state):
+            continue
+        folder = shm_snapshot_folder(c.path)
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            freed.append(folder)
+    return freed
+
+
 def prune_at_start(run_dir: str, node: str, keep: int) -> None:
     """What the agent does as a run starts: the node's older runs beyond ``keep``, the starting
-    run never among them. Never raises: the run must start whatever happens here."""
+    run never among them, and the memory of the node's runs that are over. Never raises: the run
+    must start whatever happens here."""
     try:
         root = posixpath.dirname(posixpath.dirname(run_dir))
-        prune(root, node, keep, skip=(posixpath.basename(posixpath.dirname(run_dir)),))
+        starting = (posixpath.basename(posixpath.dirname(run_dir)),)
+        prune(root, node, keep, skip=starting)
+        release_memory(root, node, skip=starting)
     except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never the run's failure
         print("mscon agent: pruning old runs: %s" % exc, file=sys.stderr, flush=True)
 

@@ -19,7 +19,7 @@ import threading
 import time
 
 from .. import protocol as P
-from ..journal import RunStatus, log_lines, read_journal, read_state
+from ..journal import RunStatus, agent_alive, log_lines, read_journal, read_state
 from ..layout import SOCKET, attempt_folder, log_file, metrics_file, run_folder, runs_root, socket_file
 from ..metrics import LineParser
 from ..metrics import from_record as metric_from_record
@@ -253,7 +253,7 @@ def ls_main(node: str, cache: str | None = None) -> int:
         status = state.get("status", RunStatus.RUNNING)
         live = False
         if status == RunStatus.RUNNING:
-            live = (len(run_dir) < 100 and _alive(run_dir)) or _alive_by_pid(state)
+            live = (len(run_dir) < 100 and _alive(run_dir)) or agent_alive(state)
             if not live:
                 status = RunStatus.LOST
         _write(
@@ -274,16 +274,3 @@ def ls_main(node: str, cache: str | None = None) -> int:
 
 def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _alive_by_pid(state: dict) -> bool:
-    pid = state.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

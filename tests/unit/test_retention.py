@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from mscon.agent import layout, retention
@@ -125,6 +126,50 @@ def test_prune_at_start_keeps_the_starting_run_and_never_raises(tmp_path: Path) 
     retention.prune_at_start(starting, NODE, keep=2)
     assert _ids(root) == {"run2", "run3", "new"}
     retention.prune_at_start(str(tmp_path / "missing" / "x" / NODE), NODE, keep=0)  # nothing there: quiet
+
+
+def _shm(run_folder: Path) -> Path:
+    """The run's state copies in node memory, as the trainer writes them by default."""
+    folder = Path(layout.shm_snapshot_folder(str(run_folder)))
+    (folder / "rank_0").mkdir(parents=True)
+    (folder / "rank_0" / "snap_7.npz").write_bytes(b"\0" * 64)
+    return folder
+
+
+def test_the_memory_of_runs_that_are_over_is_released_and_of_live_ones_kept(tmp_path: Path) -> None:
+    """A killed agent never removed its /dev/shm copies: the next run on the node does, for runs
+    ended or lost, never for one whose agent is alive, a detached one, or the starting one."""
+    import subprocess
+    import sys
+
+    root = tmp_path / layout.RUNS_DIR
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that was an agent's and is gone
+    runs = {
+        "ended": _run(root, "ended", NOW - 300),
+        "lost": _run(root, "lost", NOW - 200, RunStatus.RUNNING, pid=dead.pid),
+        "live": _run(root, "live", NOW - 100, RunStatus.RUNNING, pid=os.getpid()),
+        "detached": _run(root, "detached", NOW - 90, RunStatus.RUNNING, detached=True, pid=dead.pid),
+        "new": _run(root, "new", NOW, RunStatus.RUNNING, pid=dead.pid),
+    }
+    shm = {k: _shm(v) for k, v in runs.items()}
+    try:
+        retention.prune_at_start(str(runs["new"]), NODE, keep=20)
+        assert {k for k, f in shm.items() if f.exists()} == {"live", "detached", "new"}
+        assert _ids(root) == set(runs)  # the run folders stay: only the memory went
+    finally:
+        for f in shm.values():
+            shutil.rmtree(f, ignore_errors=True)
+
+
+def test_a_pruned_runs_memory_goes_with_its_folder(tmp_path: Path) -> None:
+    folder = _run(tmp_path, "old", NOW - 10 * DAY)
+    shm = _shm(folder)
+    try:
+        assert [r[0] for r in retention.prune(str(tmp_path), NODE, keep=0, now=NOW)] == ["old"]
+        assert not shm.exists()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def test_choose_is_pure_over_candidates() -> None:
