@@ -81,10 +81,11 @@ def _standby(p: Params, hosts: list) -> list:
                 continue
             err = _try_bind(*infos[0][:3], infos[0][4]) if infos else None
             if err is not None and err.errno == errno.EADDRINUSE:
-                holder = port_holder(port)
-                if "spare_boot.py" in holder:  # mscon's own standby: one a last run kept (keeper.py)
+                pid = _holder_pid(port)
+                if pid is not None and _is_spare(pid):  # mscon's own standby: one a last run kept
                     kept.append(str(port))
                 else:
+                    holder = _describe_holder(pid)
                     busy.append("%d%s" % (port, " (held by %s)" % holder if holder else ""))
                 break
     if not p.standby_ports:
@@ -127,6 +128,29 @@ def _try_bind(family: int, kind: int, proto: int, addr: tuple) -> OSError | None
 
 def port_holder(port: int) -> str:
     """'pid 1234 (python3 ...)' of the process listening on the TCP port, where it can be told."""
+    return _describe_holder(_holder_pid(port))
+
+
+def _describe_holder(pid: int | None) -> str:
+    return "" if pid is None else "pid %d (%s)" % (pid, _describe_pid(pid))
+
+
+def _is_spare(pid: int) -> bool:
+    """The process is a standby spare (``python .../spare_boot.py``): its whole command line is
+    read, as a description cut to a line could lose the script's name behind a long interpreter path."""
+    argv = _argv(pid)
+    return any(a == b"spare_boot.py" or a.endswith(b"/spare_boot.py") for a in argv[1:3])
+
+
+def _argv(pid: int) -> list:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _holder_pid(port: int) -> int | None:
     pid = None
     psutil = psutil_module()  # optional on nodes: without it /proc is read
     if psutil is not None:
@@ -139,19 +163,13 @@ def port_holder(port: int) -> str:
             pid = None
     if pid is None:
         pid = _proc_port_holder(port)
-    if pid is None:
-        return ""
-    return "pid %d (%s)" % (pid, _describe_pid(pid))
+    return pid
 
 
 def _describe_pid(pid: int) -> str:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        if cmd:
-            return oneline(cmd, 120)
-    except OSError:
-        pass
+    cmd = b" ".join(_argv(pid)).decode("utf-8", "replace").strip()
+    if cmd:
+        return oneline(cmd, 120)
     return proc_name(pid).strip() or "?"
 
 

@@ -672,6 +672,31 @@ def test_standby_ports_free_or_held(held_port: int) -> None:
     assert "standby port" not in run("port", sched_port=free, is_first=True)  # no standby: no result
 
 
+def test_a_standby_port_held_by_mscons_kept_spare_is_ok(tmp_path: Path) -> None:
+    """A kept standby's spare (``python .../spare_boot.py``) holds the port: mscon's own, taken or
+    ended by this run. Told by its whole command line, even behind paths longer than a description."""
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name-on-a-real-node"] * 4)
+    deep.mkdir(parents=True)
+    boot = deep / "spare_boot.py"
+    boot.write_text(
+        "import socket, sys\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()\n"
+    )
+    spare = subprocess.Popen(
+        [sys.executable, str(boot)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert spare.stdout is not None
+        port = int(spare.stdout.readline())
+        assert "spare_boot.py" not in port_checks.port_holder(port)  # the description is cut before it
+        got = run("port", sched_port=_free_port(), is_first=True, standby_ports=[port])["standby port"]
+        assert got["status"] == "ok" and got["value"].startswith(f"{port} held by mscon's standby")
+    finally:
+        spare.kill()
+        spare.wait()
+
+
 def test_port_sched_host_that_is_not_this_node() -> None:
     got = run("port", sched_port=_free_port(), is_first=True, sched_host="192.0.2.1")["port"]  # TEST-NET-1
     assert got["status"] == "warn" and "not an address of this node" in got["value"]
