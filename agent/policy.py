@@ -34,6 +34,8 @@ DETACHED_OPERATOR_WAIT_S = 900.0  # a detached run that failed with no budget wa
 # The hang limit when the inventory sets none (hang.timeout_s), derived from what each rank did:
 FIRST_STEPS_LIMIT_S = 900.0  # until a rank's steps have a pace (start-up, cluster join, compile)
 STEADY_FLOOR_S = 9.0  # over MindSpore's ~5 s of teardown silence; + inspection: named within 10 s
+# Workers this close to their hang limit when another passes its own are inspected with it.
+SILENT_TOGETHER_S = 1.0
 STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the attempt
 FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
 
@@ -678,11 +680,36 @@ class RunPolicy:
                 att.sched_stopped = True
                 out.append(StopScheduler())
         if self.phase is Phase.RUNNING and cfg.inspects:
-            silent: dict[tuple[str, float, str], list[str]] = {}
-            for name in sorted(att.live - att.inspected):
-                limit, why = att.hang.limit(name, finishing=bool(att.ok_workers))
-                if silent_too_long(att.progress.get(name, att.started), now, limit):
-                    silent.setdefault((cfg.workers[name], limit, why), []).append(name)
-            for (node, limit, why), names in silent.items():
-                att.inspected.update(names)
-                out.append(Inspect(node, tuple(names), "no progress for %g s (%s)" % (limit, why), limit))
+            self._inspect_silent(now, out)
+
+    def _inspect_silent(self, now: float, out: list[Action]) -> None:
+        """Inspect the workers silent past their limit, and with them those within
+        ``SILENT_TOGETHER_S`` of theirs: ranks waiting in a collective fall silent with the rank
+        they wait for, and whose limit passes first on the console's clock is chance (log reads,
+        ticks). The first report stops the attempt; a rank not inspected by then has no stack, and
+        the root cause could not tell the rank that stopped from the ones waiting on it."""
+        att, cfg = self.att, self.config
+        due: dict[tuple[str, float, str], list[str]] = {}
+        near: dict[tuple[str, float, str], list[str]] = {}
+        for name in sorted(att.live - att.inspected):
+            limit, why = att.hang.limit(name, finishing=bool(att.ok_workers))
+            last = att.progress.get(name, att.started)
+            if silent_too_long(last, now, limit):
+                due.setdefault((cfg.workers[name], limit, why), []).append(name)
+            elif silent_too_long(last, now, limit - SILENT_TOGETHER_S):
+                near.setdefault((cfg.workers[name], limit, why), []).append(name)
+        if not due:
+            return
+        first = min(n for names in due.values() for n in names)
+        for (node, limit, why), names in due.items():
+            att.inspected.update(names)
+            out.append(Inspect(node, tuple(names), "no progress for %g s (%s)" % (limit, why), limit))
+        for (node, limit, why), names in near.items():
+            att.inspected.update(names)
+            reason = "no progress for %g s (%s); inspected up to %g s early, with %s" % (
+                limit,
+                why,
+                SILENT_TOGETHER_S,
+                first,
+            )
+            out.append(Inspect(node, tuple(names), reason, limit - SILENT_TOGETHER_S))

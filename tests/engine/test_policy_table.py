@@ -555,6 +555,34 @@ def test_progress_keeps_a_rank_from_being_inspected() -> None:
     assert [summary(a) for a in policy.step(P.Tick(10.5))] == ["inspect a: r1"]
 
 
+def test_ranks_silent_nearly_as_long_are_inspected_with_the_one_past_its_limit() -> None:
+    """Ranks in a collective fall silent with the rank they wait for: which limit passes first on
+    the console's clock is chance, and a rank not inspected before the stop has no stack to tell
+    the root cause it was the one that stopped. Those within SILENT_TOGETHER_S go with it."""
+    policy = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["console"]))
+    policy.step(P.Begin(0.0))
+    for ev in started(0.0):
+        policy.step(ev)
+    policy.progress("r1", 0.2)  # past its 10 s at 10.5
+    policy.progress("r2", 0.2 + P.SILENT_TOGETHER_S - 0.1)  # 0.1 s within it
+    policy.progress("r0", 9.0)
+    policy.progress("r3", 9.0)
+    got = policy.step(P.Tick(10.5))
+    assert [summary(a) for a in got] == ["inspect a: r1", "inspect b: r2"]
+    assert got[0].reason == "no progress for 10 s (hang.timeout_s)" and got[0].silent_s == 10.0
+    assert got[1].reason == "no progress for 10 s (hang.timeout_s); inspected up to 1 s early, with r1"
+    assert got[1].silent_s == 10.0 - P.SILENT_TOGETHER_S  # its agent checks that much on its clock
+    assert policy.step(P.Tick(10.75)) == []  # nobody is inspected twice
+    # Nearly as long, but nobody past a limit yet: nobody is inspected.
+    quiet = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["console"]))
+    quiet.step(P.Begin(0.0))
+    for ev in started(0.0):
+        quiet.step(ev)
+    for name in WORKERS:
+        quiet.progress(name, 1.0)
+    assert quiet.step(P.Tick(10.5)) == []
+
+
 def test_the_wire_means_the_same_to_both_hosts() -> None:
     exit_msg = wire.ProcExited("b", "r2", 2, 99, None, "SIGKILL", 9, 5, False)
     killed = P.RankExited("b", "r2", True, False, False, "killed by SIGKILL", 1.0)
