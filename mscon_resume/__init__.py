@@ -1,0 +1,47 @@
+"""mscon_resume: any MindSpore training script resumes at its last step.
+
+Under mscon each rank keeps a copy of its training state in node memory at every step boundary
+(written in the background, within a budget of the step time); a restarted attempt's ranks agree
+on the newest step all have and continue from it: parameters, optimizer state, the epoch, the
+position in the data and the random state. The same script runs under plain ``python`` or
+``msrun``: relaunch it with ``MSCON_RESUME=1`` after a failure.
+
+Two shapes, one mechanism (:mod:`mscon_resume.core`):
+
+- hand-written loops: :func:`batches` (and :func:`track_loss` for the loss in the metrics);
+- ``Model.train``: :class:`ResumeCallback`.
+
+Pure Python over numpy and MindSpore; mscon's agent ships it with itself and puts it on every
+rank's ``PYTHONPATH``, and it is in mscon's wheel (``pip install mscon`` on a node works too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import Resumed, Resumer
+from .loop import Loop, batches, track_loss
+
+__all__ = ["Loop", "Resumed", "Resumer", "ResumeCallback", "batches", "track_loss", "FILES"]
+
+# Every file of the package: what the console ships to the nodes beside its agent.
+FILES = (
+    "__init__.py",
+    "env.py",
+    "store.py",
+    "collective.py",
+    "interval.py",
+    "metrics.py",
+    "rng.py",
+    "core.py",
+    "loop.py",
+    "callback.py",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ResumeCallback":  # imports mindspore.train: only when asked for
+        from .callback import ResumeCallback
+
+        return ResumeCallback
+    raise AttributeError(name)

@@ -1,0 +1,184 @@
+"""The one mechanism behind every shape of the library (and the reference trainer).
+
+A :class:`Resumer` answers, once per launch, where to start (a collective when resuming: the
+newest step every rank has a snapshot of), and at each step boundary writes the rank's metrics
+record and, when due, hands a copy of the kept state to the background writer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import collective, env, rng, store
+from .interval import AUTO, Interval
+from .metrics import MetricsWriter
+
+Source = str  # "snapshot", "checkpoint", "none": what an attempt resumed from
+SNAPSHOT, CHECKPOINT, NONE = "snapshot", "checkpoint", "none"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where this launch starts: after ``step`` (0: the beginning), from ``source``."""
+
+    step: int
+    source: Source
+    meta: dict = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The kept parameters (weights and optimizer state), by name."""
+        return rng.parameters_only(self.arrays)
+
+
+class Resumer:
+    """Snapshots, resume and metrics for one rank.
+
+    ``state_dir``: the folder whose node-memory twin holds the snapshots (argument, else
+    ``$MSCON_STATE_DIR``, else ``./.mscon-state``); ``every``: a snapshot every N steps, or
+    ``"auto"`` (every step until timed, then as often as ``budget`` of the step time allows;
+    0: no snapshots).
+    """
+
+    def __init__(
+        self,
+        state_dir: str | None = None,
+        every: int | str = AUTO,
+        budget: float = 0.02,
+        metrics: MetricsWriter | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.rank, self.size = collective.rank_and_size()
+        self.state_dir = env.state_dir(state_dir)
+        self.roots = store.candidate_dirs(self.state_dir)
+        self.key = env.snapshot_key()
+        self.interval = Interval(every, budget)
+        self.metrics = metrics if metrics is not None else MetricsWriter()
+        self.writer: store.Writer | None = None
+        self.params: list[tuple[str, Any]] = []
+        self._said: set = set()
+        self._say = say or (lambda text: print(f"mscon_resume: {text}", flush=True))
+
+    # -------------------------------------------------------------- where to start
+
+    def resume(self, slots: np.ndarray | None = None, slot_step: Any = None) -> Resumed:
+        """Where this launch starts. Resuming (a restarted attempt under mscon, or
+        ``MSCON_RESUME=1``), every rank must call it at the same point: the ranks agree on the
+        newest step all have. The answer is also the attempt's resume record for the console."""
+        if not env.resuming():
+            self.metrics.resumed(0, None, NONE)
+            return Resumed(0, NONE)
+        snaps = store.newest_valid(self.roots, self.rank, self.key) if self.interval.every else []
+        step, from_snapshot = collective.agree(
+            self.rank, self.size, [s.step for s in snaps], store.KEEP, slots, slot_step
+        )
+        if step and from_snapshot:
+            snap = next(s for s in snaps if s.step == step)
+            got = Resumed(step, SNAPSHOT, snap.meta, snap.arrays)
+        elif step:
+            got = Resumed(step, CHECKPOINT)
+        else:
+            got = Resumed(0, NONE)
+        epoch = got.meta.get("epoch")
+        self.metrics.resumed(got.step, epoch if isinstance(epoch, int) else None, got.source)
+        if got.step:
+            saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
+            where = f"snapshot saved {saved}" if got.source == SNAPSHOT else got.source
+            self._say(f"rank {self.rank} resumes after step {got.step} ({where})")
+        else:
+            self._say(f"rank {self.rank}: no state every rank has; starting from the beginning")
+        return got
+
+    def restore_rng(self, got: Resumed) -> None:
+        if got.source == SNAPSHOT:
+            rng.restore(got.meta, got.arrays)
+
+    # -------------------------------------------------------------- each step
+
+    def keep(self, params: list[tuple[str, Any]]) -> None:
+        """What every snapshot holds from now on; picks the folder (node memory when it has room)."""
+        self.params = params
+        if not self.interval.every or self.writer is not None:
+            return
+        state_bytes = sum(_nbytes(p) for _, p in params)
+        root = store.choose_dir(self.roots, state_bytes, said=self._said)
+        if root is None:
+            self._say(f"no private folder for snapshots under {self.state_dir} or /dev/shm; none taken")
+            return
+        try:
+            key = self.key if self.key is not None else store.folder_key(root)
+        except OSError as exc:
+            self._say(f"{exc}; no snapshots")
+            return
+        self.writer = store.Writer(root, self.rank, key)
+
+    def stepped(self, step: int, epoch: int, pos: int, step_s: float, record: dict | None = None) -> None:
+        """Step ``step`` (global, from 1) is done: ``pos`` batches of epoch ``epoch`` (0-based)
+        consumed. Writes the metrics record (``record``: its fields, e.g. the loss) and, when
+        due, a snapshot."""
+        self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
+        if self.writer is None:
+            return
+        if self.interval.due(step):
+            meta, arrays = rng.capture()
+            self.writer.submit(step, self.params, {"epoch": epoch, "pos": pos, "rng": meta}, arrays)
+        if self.writer.count:
+            agreed = self.interval.observe(
+                step_s, self.writer.copy_s / self.writer.count, self.rank, self.size
+            )
+            if agreed is not None and self.rank == 0:
+                self._say(f"a snapshot every {agreed} step(s) (auto)")
+
+    def settle(self) -> None:
+        """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""
+        if self.writer is not None:
+            self.writer.wait()
+            if self.size > 1:
+                collective.agree_max(0, self.rank, self.size)
+
+    def finish(self, completed: bool = True) -> None:
+        """The training is over: the last write awaited, and (``completed``) the snapshots
+        dropped, since nothing is left to resume and /dev/shm is memory."""
+        if self.writer is not None:
+            self.writer.wait()
+            if completed:
+                store.remove(self.roots, self.rank)
+            self.writer = None
+        self.metrics.close()
+
+
+def as_parameters(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Arrays as the {name: Parameter} dict ``load_param_into_net`` takes."""
+    import mindspore as ms
+
+    return {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in arrays.items()}
+
+
+def kept_parameters(*objects: Any) -> list[tuple[str, Any]]:
+    """(name, Parameter) of every Cell or Optimizer given, each name once."""
+    seen: dict[str, Any] = {}
+    for obj in objects:
+        for name, p in store.named_params(obj):
+            seen.setdefault(name, p)
+    return list(seen.items())
+
+
+def load_into(objects: tuple, arrays: dict[str, np.ndarray]) -> None:
+    """Load snapshot arrays into every kept Cell/Optimizer (each takes the names it has)."""
+    import mindspore as ms
+
+    params = as_parameters(rng.parameters_only(arrays))
+    for obj in objects:
+        ms.load_param_into_net(obj, params, strict_load=False)
+
+
+def _nbytes(p: Any) -> int:
+    try:
+        return int(p.nbytes)
+    except (AttributeError, TypeError):
+        return int(np.prod(p.shape)) * 4

@@ -1,0 +1,43 @@
+"""The environment variables the library reads: set by mscon's agent for every rank, or by hand.
+
+Under mscon nothing needs setting. Under plain ``python``/``msrun`` set ``MSCON_RESUME=1`` on the
+relaunch after a failure (and, if the default folder does not suit, ``MSCON_STATE_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+
+ATTEMPT = "MSCON_ATTEMPT"  # the agent: this attempt's number (0 first); > 0 resumes
+RESUME = "MSCON_RESUME"  # by hand: 1 resumes at the newest step every rank has (plain python/msrun)
+STATE_DIR = "MSCON_STATE_DIR"  # where snapshots may go if /dev/shm has no room (the agent: the run folder's)
+SNAPSHOT_KEY = "MSCON_SNAPSHOT_KEY"  # the agent: the run's secret (hex); a snapshot must carry its MAC
+METRICS = "MSCON_METRICS"  # the agent: the rank's metrics file (JSON lines)
+DEFAULT_STATE_DIR = ".mscon-state"  # under the current folder, when neither argument nor variable says
+
+
+def attempt() -> int:
+    try:
+        return max(0, int(os.environ.get(ATTEMPT, "0")))
+    except ValueError:
+        return 0
+
+
+def resuming() -> bool:
+    """Whether this launch continues an earlier one: a restarted attempt under mscon, or
+    ``MSCON_RESUME=1`` by hand."""
+    return attempt() > 0 or os.environ.get(RESUME, "").strip().lower() in ("1", "true", "yes")
+
+
+def state_dir(given: str | None) -> str:
+    return os.path.abspath(given or os.environ.get(STATE_DIR) or DEFAULT_STATE_DIR)
+
+
+def snapshot_key() -> bytes | None:
+    text = os.environ.get(SNAPSHOT_KEY, "").strip()
+    if not text:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None

@@ -1,0 +1,52 @@
+"""Every how many steps a snapshot is taken: fixed, or chosen by a budget of the step time."""
+
+from __future__ import annotations
+
+import math
+
+from .collective import agree_max
+
+AUTO = "auto"
+
+
+class Interval:
+    """Fixed, or (``auto``) every step until ``PROBE_STEPS`` have been timed, then the fewest steps
+    whose copies cost at most ``budget`` of the step time. Every rank must snapshot the same steps
+    (the resume needs one all have), so the ranks agree on the largest of their figures: one
+    AllReduce, at one step, on every rank."""
+
+    PROBE_STEPS = 5
+
+    def __init__(self, every: int | str, budget: float) -> None:
+        self.auto = every == AUTO
+        self.every = 1 if self.auto else int(every)
+        self.budget = budget
+        self._timed: list[float] = []
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def observe(self, step_s: float, copy_s: float, rank: int, size: int) -> int | None:
+        """After each step (``copy_s``: the copy time per snapshot so far): the agreed interval
+        once decided at this step, else None."""
+        if not self.auto or len(self._timed) > self.PROBE_STEPS:
+            return None
+        self._timed.append(step_s)
+        if len(self._timed) <= self.PROBE_STEPS:
+            return None
+        timed = sorted(self._timed[1:])  # the first step compiles
+        self.every = agree_max(budget_interval(copy_s, timed[len(timed) // 2], self.budget), rank, size)
+        return self.every
+
+
+FREE_COPY_S = 0.001  # a copy this cheap is taken every step, whatever the budget says
+
+
+def budget_interval(copy_s: float, step_s: float, budget: float) -> int:
+    """The fewest steps between snapshots whose copy (``copy_s`` each) costs at most ``budget`` of
+    the step time: a restart then loses at most that many steps. A copy under ``FREE_COPY_S``
+    (a small model's) is taken every step: a restart then loses at most one step, for a cost that
+    no real step notices, though a tiny step's share may pass the budget."""
+    if copy_s <= FREE_COPY_S or step_s <= 0:
+        return 1
+    return max(1, math.ceil(copy_s / (budget * step_s)))

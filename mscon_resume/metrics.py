@@ -1,0 +1,46 @@
+"""Structured metrics for the console: JSON lines to ``$MSCON_METRICS`` (one per step, also the
+rank's step-boundary heartbeat), start-up milestones and the resume record."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+from . import env
+
+
+class MetricsWriter:
+    """One writer per rank; line-buffered so a killed rank leaves whole lines behind. Without
+    ``$MSCON_METRICS`` (plain ``python``/``msrun``) it writes nothing."""
+
+    def __init__(self, path: str | None = None) -> None:
+        path = path if path is not None else os.environ.get(env.METRICS)
+        self.out = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.out is None:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self.out.write(json.dumps({**clean, "ts": time.time()}) + "\n")
+
+    def phase(self, name: str) -> None:
+        """A start-up milestone (imported, joined, ready, compiled), timed by this rank's clock."""
+        if self.out is not None:
+            self.out.write(json.dumps({"phase": name, "ts": time.time()}) + "\n")
+
+    def resumed(self, step: int, epoch: int | None, source: str) -> None:
+        """Where this attempt starts: after ``step`` (0: from the start), from ``source``
+        ("snapshot", "checkpoint" or "none"). The console's summary says it per attempt."""
+        if self.out is not None:
+            what: dict[str, Any] = {"step": step, "source": source}
+            if epoch is not None:
+                what["epoch"] = epoch
+            self.out.write(json.dumps({"resume": what, "ts": time.time()}) + "\n")
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None

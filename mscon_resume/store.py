@@ -1,0 +1,396 @@
+"""Snapshots of a rank's training state: private folders, authenticated files, a background writer.
+
+At a step boundary the training thread copies every kept parameter (weights and optimizer state)
+to host numpy arrays (``take``: the only part a step pays); a background thread writes the copy
+as one ``.npz`` to a temp name and renames it into place. A file's name carries its step, so a
+rank killed mid-write leaves only a temp file, never a snapshot; a truncated or corrupt one fails
+``np.load``'s CRC check and is skipped on resume.
+
+Another user on the node must not read a snapshot, nor make a run load one it planted:
+
+- a folder is used only if this user owns it and nobody else may write or read it (made 0700; a
+  name taken by someone else is passed over for the next of a fixed list, said once in the log);
+- files are created exclusively (``O_EXCL | O_NOFOLLOW``), mode 0600, never through a link;
+- every snapshot carries a MAC (HMAC-SHA256) under the run's key (``MSCON_SNAPSHOT_KEY``, which
+  mscon's agent hands its ranks; by hand, a key file made in the private folder), so a file
+  written by anyone or anything else is skipped on resume, and said.
+
+Where: ``/dev/shm`` (RAM) when it is writable and has room, else a folder under the state folder
+(:func:`candidate_dirs`). Each rank keeps its newest ``KEEP`` snapshots, and drops the oldest
+before writing the next: at most ``KEEP`` states on disk at any time, a temp file included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import sys
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KEEP = 2  # a rank killed mid-write still has the previous one, which every other rank also has
+SHM = "/dev/shm"
+SHM_PREFIX = "mscon-"  # + a digest of the state folder (agent/layout.py names the same folder)
+_NAME_RE = re.compile(r"^snap_(\d+)\.npz$")
+_META = "__mscon_meta__"  # the npz member holding the step, the MAC and what the script needs to go on
+_ALTERNATES = 8  # how many names a private folder may take when others are taken by another user
+_SHM_HEADROOM = KEEP  # /dev/shm must hold this many states: KEEP snapshots (a temp file among them)
+_KEY_FILE = ".key"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def _say(text: str) -> None:
+    print(f"mscon_resume: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot read back: its step, metadata and named arrays."""
+
+    step: int
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+
+# ------------------------------------------------------------------ folders
+
+
+def shm_folder(state_dir: str, shm: str = SHM) -> str:
+    """The /dev/shm folder of a state folder: the same digest ``agent/layout.py`` uses, so the
+    agent frees a run's node memory when the run is over."""
+    key = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:16]
+    return os.path.join(shm, SHM_PREFIX + key)
+
+
+def candidate_dirs(state_dir: str, shm: str = SHM) -> list[str]:
+    """Where this rank's snapshots may be: node memory first, then ``<state dir>/snapshots``."""
+    return [shm_folder(state_dir, shm), os.path.join(os.path.abspath(state_dir), "snapshots")]
+
+
+def alternates(folder: str) -> list[str]:
+    """The names a private folder may have: ``folder``, then ``folder.1`` ... (the first that is
+    this user's, or free, is the one: every rank and attempt of the run finds the same)."""
+    return [folder] + [f"{folder}.{i}" for i in range(1, _ALTERNATES)]
+
+
+def private(path: str) -> bool:
+    """Whether ``path`` is a folder (not a link) of this user that nobody else can enter or write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def make_private(folder: str, said: set | None = None) -> str | None:
+    """This user's private folder of that name (made 0700), or the first free alternate when
+    another user holds the name; None when all are taken or none can be made."""
+    for i, path in enumerate(alternates(folder)):
+        parent = os.path.dirname(path)
+        try:
+            if i == 0 and not os.path.isdir(parent):
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            if st.st_mode & 0o077:  # ours, made under an old umask: nobody else may use it now
+                try:
+                    os.chmod(path, 0o700)
+                except OSError:
+                    continue
+            if i and said is not None and folder not in said:
+                said.add(folder)
+                _say(f"{folder} is not this user's private folder; snapshots go to {path}")
+            return path
+    return None
+
+
+def find_private(folder: str) -> str | None:
+    """The folder :func:`make_private` would choose, if it exists (never makes one)."""
+    for path in alternates(folder):
+        if private(path):
+            return path
+    return None
+
+
+def choose_dir(
+    candidates: list[str], state_bytes: int, shm: str = SHM, said: set | None = None
+) -> str | None:
+    """The first candidate that can take the snapshots and is private: one under /dev/shm needs
+    it writable with room for ``_SHM_HEADROOM`` states."""
+    for folder in candidates:
+        if folder.startswith(shm + os.sep) and folder is not candidates[-1]:
+            try:
+                free = shutil.disk_usage(shm).free if os.access(shm, os.W_OK) else 0
+            except OSError:
+                free = 0
+            if free <= _SHM_HEADROOM * state_bytes:
+                continue
+        got = make_private(folder, said)
+        if got is not None:
+            return got
+    return None
+
+
+def rank_dir(root: str, rank: int) -> str:
+    return os.path.join(root, f"rank_{rank}")
+
+
+# ------------------------------------------------------------------ the run's key
+
+
+def folder_key(root: str) -> bytes:
+    """The key of a private folder used without mscon: made once (0600, published with a link so
+    a rank that loses the race reads a whole key), then read by every rank and attempt."""
+    path = os.path.join(root, _KEY_FILE)
+    if not os.path.exists(path):
+        tmp = os.path.join(root, f".key.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another rank's key is the folder's
+        finally:
+            os.remove(tmp)
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise OSError(f"{path} is not this user's private file")
+        key = f.read()
+    if len(key) < 32:
+        raise OSError(f"{path} holds no key")
+    return key
+
+
+def _mac(key: bytes, arrays: dict[str, np.ndarray], info: dict) -> str:
+    """HMAC-SHA256 of the metadata and every array (name, dtype, shape, bytes), in name order."""
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    h.update(json.dumps(info, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ files
+
+
+def named_params(payload: Any) -> list[tuple[str, Any]]:
+    """(name, Parameter) of what is kept: a Cell, or a list of {"name", "data"}."""
+    if isinstance(payload, list):
+        return [(d["name"], d["data"]) for d in payload]
+    return [(p.name, p) for p in payload.get_parameters()]
+
+
+def take(params: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
+    """A host copy of every parameter, taken between steps (``asnumpy`` shares the tensor's memory
+    on CPU, and the next step updates it in place: hence the copy)."""
+    return {name: np.array(p.asnumpy(), copy=True) for name, p in params}
+
+
+def steps(root: str, rank: int) -> list[int]:
+    """The steps this rank has a snapshot file of, oldest first (not yet checked)."""
+    try:
+        names = os.listdir(rank_dir(root, rank))
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_NAME_RE.match, names) if m)
+
+
+def path(root: str, rank: int, step: int) -> str:
+    return os.path.join(rank_dir(root, rank), f"snap_{step}.npz")
+
+
+def _drop(root: str, rank: int, keep: int) -> None:
+    for old in steps(root, rank)[: max(len(steps(root, rank)) - keep, 0)]:
+        try:
+            os.remove(path(root, rank, old))
+        except FileNotFoundError:
+            pass
+
+
+def write(
+    root: str, rank: int, step: int, arrays: dict[str, np.ndarray], meta: dict, key: bytes, keep: int = KEEP
+) -> str:
+    """Write one snapshot: the oldest beyond ``keep - 1`` dropped first, then a temp file made
+    exclusively (0600, never through a link) and renamed into place."""
+    folder = rank_dir(root, rank)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        if not private(folder):
+            raise OSError(f"{folder} is not this user's private folder") from None
+    _drop(root, rank, keep - 1)
+    final = path(root, rank, step)
+    tmp = os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    info = {**meta, "step": step, "saved_at": time.time()}
+    info["mac"] = _mac(key, arrays, info)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays, **{_META: np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)})
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def read(root: str, rank: int, step: int, key: bytes) -> Snapshot | None:
+    """The snapshot of ``step``, or None (said) when it is missing, damaged, not this user's, or
+    not written under ``key`` (planted, or another run's)."""
+    where = path(root, rank, step)
+    try:
+        fd = os.open(where, os.O_RDONLY | _NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                _say(f"{where} is not this user's file; skipped")
+                return None
+            with np.load(f, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        info = json.loads(arrays.pop(_META).tobytes().decode())
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        _say(f"snapshot of step {step} (rank {rank}) unreadable ({type(exc).__name__}); skipped")
+        return None
+    mac = info.pop("mac", "")
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, arrays, info)):
+        _say(f"{where} was not written by this run (its MAC does not match); skipped")
+        return None
+    if info.get("step") != step:
+        return None
+    return Snapshot(step, info, arrays)
+
+
+def newest_valid(roots: list[str], rank: int, key: bytes | None) -> list[Snapshot]:
+    """This rank's authentic snapshots in any of ``roots`` (each found as :func:`find_private`
+    would), newest first, at most ``KEEP``: only those can be common to every rank."""
+    found: dict[int, Snapshot] = {}
+    for root in roots:
+        mine = find_private(root)
+        if mine is None:
+            continue
+        use = key if key is not None else _existing_key(mine)
+        if use is None:
+            continue
+        for step in reversed(steps(mine, rank)):
+            if step not in found and len(found) < KEEP:
+                snap = read(mine, rank, step, use)
+                if snap is not None:
+                    found[step] = snap
+    return [found[s] for s in sorted(found, reverse=True)]
+
+
+def _existing_key(root: str) -> bytes | None:
+    if not os.path.exists(os.path.join(root, _KEY_FILE)):
+        return None
+    try:
+        return folder_key(root)
+    except OSError as exc:
+        _say(f"{exc}; its snapshots are not used")
+        return None
+
+
+def remove(roots: list[str], rank: int) -> None:
+    """Drop this rank's snapshots (training finished: nothing left to resume), and each root once
+    no rank uses it: /dev/shm is memory."""
+    for root in roots:
+        mine = find_private(root)
+        if mine is None:
+            continue
+        shutil.rmtree(rank_dir(mine, rank), ignore_errors=True)
+        if not any(n.startswith("rank_") for n in _names(mine)):
+            try:
+                os.remove(os.path.join(mine, _KEY_FILE))
+            except OSError:
+                pass
+            try:
+                os.rmdir(mine)
+            except OSError:
+                pass  # another rank's folder is still there
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+class Writer:
+    """Writes snapshots on one background thread. ``submit`` hands over a copy taken at a step
+    boundary; if the previous write is still going it waits for it first, so every rank writes
+    the same steps (a skipped step on one rank would leave the ranks without a common one)."""
+
+    def __init__(self, root: str, rank: int, key: bytes, keep: int = KEEP) -> None:
+        self.root, self.rank, self.key, self.keep = root, rank, key, keep
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
+        self.wait_s = 0.0  # time it spent waiting for the previous write
+        self.write_s = 0.0  # time the background thread spent writing
+        self.count = 0
+
+    def submit(self, step: int, params: list[tuple[str, Any]], meta: dict, extra: dict | None = None) -> None:
+        t0 = time.perf_counter()
+        arrays = take(params)
+        arrays.update(extra or {})
+        t1 = time.perf_counter()
+        self.wait()
+        self.copy_s += t1 - t0
+        self.wait_s += time.perf_counter() - t1
+        self.count += 1
+        self._thread = threading.Thread(
+            target=self._write, args=(step, arrays, meta), name="mscon-snapshot", daemon=True
+        )
+        self._thread.start()
+
+    def _write(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            write(self.root, self.rank, step, arrays, meta, self.key, self.keep)
+        except OSError as exc:  # a full /dev/shm must not stop training
+            if self.error is None:
+                _say(f"snapshot of step {step} not written: {exc}")
+            self.error = exc
+        self.write_s += time.perf_counter() - t0
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def summary(self) -> str:
+        n = max(self.count, 1)
+        return (
+            f"{self.count} snapshot(s) to {rank_dir(self.root, self.rank)}: "
+            f"copy {1e3 * self.copy_s / n:.2f} ms, "
+            f"wait {1e3 * self.wait_s / n:.2f} ms on the step, write {1e3 * self.write_s / n:.2f} ms in the "
+            "background, each"
+        )
