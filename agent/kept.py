@@ -33,8 +33,10 @@ _ERRORS = "keeper.err"  # the keeper's stderr, in its folder
 _REPLY_S = 5.0
 _GONE_S = 10.0
 # What differs between two runs of one job without changing what MindSpore saw at import and
-# join: the attempt's metrics file, the SSH session's own variables.
-_RUN_KEYS = frozenset(("MSCON_METRICS", "OLDPWD", "_", "XDG_SESSION_ID"))
+# join: the attempt's metrics file, the run's snapshot folder and key, the SSH session's own variables.
+_RUN_KEYS = frozenset(
+    ("MSCON_METRICS", "MSCON_STATE_DIR", "MSCON_SNAPSHOT_KEY", "OLDPWD", "_", "XDG_SESSION_ID")
+)
 _open: list = []  # this agent's connections (a keeper serves one at a time)
 
 

@@ -4,6 +4,7 @@
 
     <home>/.cache/mscon/                 cache_folder(home): the node user's mscon folder
       agent-<digest>/mscon_agent/        the deployed agent (digest: console/transport/bundle.py)
+        rank/mscon_resume/               the rank-side library, on every rank's PYTHONPATH
       sync/<archive>.tar.gz              synced workdirs (SSH, Slurm)
       warm/<node>/                       kept_folder(): the standby a run kept for the next one
         keeper.sock  keeper.pid          its keeper (agent/keeper.py); <name>.log, <name>.joined
@@ -11,7 +12,9 @@
         journal.jsonl  state.json        what a later attach and `mscon ls` read (journal.py)
         agent.sock  agent.err            a detached agent's socket and stderr
         work/                            the synced workdir, unpacked (never fetched back)
-        checkpoints/                     the trainer's checkpoints (fetched only when asked)
+        checkpoints/                     the trainer's checkpoints (fetched only when asked); its
+                                         digest names the ranks' snapshot folder in /dev/shm
+        resume.key                       the run's snapshot key (0600; never fetched)
         spares/<name>.<N>.log            a spare for attempt N: its output until it becomes a rank
                                          (a standby scheduler's, all of it, linked as its
                                          attempt_<N>/sched.log once taken: spares.py)
@@ -49,6 +52,8 @@ JOURNAL = "journal.jsonl"
 STATE = "state.json"
 SOCKET = "agent.sock"  # bound relative to the run folder: absolute paths may pass the 107-byte limit
 ERRORS = "agent.err"  # the daemon's stderr once no console holds it
+RANK_LIBRARY_DIR = "rank"  # in the agent's package folder: holds mscon_resume
+RESUME_KEY = "resume.key"  # the run's secret that every snapshot of its ranks is MACed with
 LOGS_DIR = "mscon-runs"  # the console's default folder for fetched run folders (relative to its cwd)
 # What of a run folder stays on the node unless asked for (``mscon run --fetch NAME``): NAME -> its folder.
 FETCHED_ON_REQUEST = {"checkpoints": CHECKPOINT_DIR}
@@ -57,7 +62,7 @@ FETCHED_ON_REQUEST = {"checkpoints": CHECKPOINT_DIR}
 def not_fetched(include: tuple = ()) -> frozenset:
     """The top-level names of a run folder the console does not copy back: the synced workdir
     always (it is no log), and each of :data:`FETCHED_ON_REQUEST` not named in ``include``."""
-    return frozenset([WORK_DIR] + [d for k, d in FETCHED_ON_REQUEST.items() if k not in include])
+    return frozenset([WORK_DIR, RESUME_KEY] + [d for k, d in FETCHED_ON_REQUEST.items() if k not in include])
 
 
 def plain(name: object) -> bool:
@@ -161,17 +166,40 @@ def spare_joined(run_dir: str, name: str, attempt: int) -> str:
 
 
 def shm_snapshot_folder(run_dir: str) -> str:
-    """Where the reference trainer keeps its per-step state copies in node memory, by default
-    (``trainer/snapshot.py``, ``candidate_dirs``: the same digest of the checkpoint folder; a test
-    holds the two equal). The agent removes it when the run ends on the node: /dev/shm is RAM."""
+    """Where the ranks keep their per-step state copies in node memory (``mscon_resume/store.py``,
+    ``shm_folder`` of the state folder, the run's checkpoint folder: the same digest; a test holds
+    the two equal; ``.1`` ... when another user held the name). The agent removes it when the run
+    ends on the node: /dev/shm is RAM."""
     import hashlib
 
     key = hashlib.sha256(os.path.abspath(checkpoint_folder(run_dir)).encode()).hexdigest()[:16]
     return posixpath.join("/dev/shm", "mscon-" + key)
 
 
+_SHM_ALTERNATES = 8  # mscon_resume/store.py: the names a snapshot folder may take
+
+
+def own_shm_snapshot_folders(run_dir: str) -> list:
+    """The run's snapshot folders in node memory that are this user's (the first name, or one
+    of its alternates when another user held it): what the agent may remove."""
+    first = shm_snapshot_folder(run_dir)
+    found = []
+    for path in [first] + ["%s.%d" % (first, i) for i in range(1, _SHM_ALTERNATES)]:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            found.append(path)
+    return found
+
+
 def checkpoint_folder(run_dir: str) -> str:
     return posixpath.join(run_dir, CHECKPOINT_DIR)
+
+
+def resume_key_file(run_dir: str) -> str:
+    return posixpath.join(run_dir, RESUME_KEY)
 
 
 def journal_file(run_dir: str) -> str:

@@ -297,7 +297,8 @@ class Agent(Ranks, Streaming, Services):
         """The node's own verdict as the agent leaves (a detached coordinator records the run's);
         the trainer's state copies in node memory go with the run."""
         if self.run_dir:
-            shutil.rmtree(layout.shm_snapshot_folder(self.run_dir), ignore_errors=True)
+            for folder in layout.own_shm_snapshot_folders(self.run_dir):
+                shutil.rmtree(folder, ignore_errors=True)
         if not self.run_dir or self._state_extra.get("status", RunStatus.RUNNING) != RunStatus.RUNNING:
             return
         procs = [w.proc for w in self.watched]

@@ -8,6 +8,7 @@ connection therefore never blocks or SIGPIPEs a rank, and the full log stays on 
 from __future__ import annotations
 
 import os
+import posixpath
 import signal
 import subprocess
 import time
@@ -119,12 +120,51 @@ def new_session_dying_with_agent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# The rank-side library shipped beside the agent (console/transport/bundle.py); absent where the
+# agent runs from an installed mscon, whose mscon_resume is on the ranks' path already.
+_RANK_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), layout.RANK_LIBRARY_DIR)
+
+
+def run_key(run_dir: str) -> str:
+    """The run's snapshot key on this node (hex): made once, 0600, published with a link so that
+    every process of the run reads the same whole key; it never leaves the node."""
+    path = layout.resume_key_file(run_dir)
+    if not os.path.exists(path):
+        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(tmp)
+    with open(path, encoding="ascii") as f:
+        return f.read().strip()
+
+
+def library_env(env: dict, run_dir: str) -> None:
+    """What mscon_resume reads in every rank: the run's state folder (its snapshots' node-memory
+    twin is named after it) and key, and the library itself on PYTHONPATH (first: the copy that
+    matches this agent)."""
+    env["MSCON_STATE_DIR"] = layout.checkpoint_folder(run_dir)
+    try:
+        env["MSCON_SNAPSHOT_KEY"] = run_key(run_dir)
+    except OSError:
+        pass  # the library then keys its own private folder
+    if os.path.isdir(_RANK_LIBRARY):
+        path = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = _RANK_LIBRARY + (os.pathsep + path if path else "")
+
+
 def process_env(spec: ProcSpec, log_dir: str, base_env: dict) -> dict:
     """The environment a process of ``spec`` runs with in the attempt whose folder is ``log_dir``
     (a cold launch and a spare becoming the rank get the same)."""
     env = dict(base_env)
     env.update(spec.env)
     env["MSCON_METRICS"] = layout.metrics_file(log_dir, spec.name)
+    library_env(env, posixpath.dirname(log_dir))
     prepend = env.pop("MSCON_PATH_PREPEND", "")
     if prepend:
         env["PATH"] = prepend + os.pathsep + env.get("PATH", os.defpath)

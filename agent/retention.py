@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from .journal import RunStatus, agent_alive, read_state
-from .layout import plain, runs_root, shm_snapshot_folder
+from .layout import own_shm_snapshot_folders, plain, runs_root
 
 KEEP_RUNS = 20  # runs of each node kept by default (inventory retention.keep_runs)
 TRASH_PREFIX = ".pruning-"  # a folder being deleted, renamed out of the runs root's listing
@@ -117,7 +117,8 @@ def remove(root: str, path: str) -> None:
     """Delete a run folder under ``root``: renamed out of sight first, then deleted; its run id's
     folder goes too once no node's folder is left in it. OSError if it cannot be moved."""
     trash = posixpath.join(root, "%s%s" % (TRASH_PREFIX, os.urandom(6).hex()))
-    shutil.rmtree(shm_snapshot_folder(path), ignore_errors=True)  # keyed by the run's path
+    for folder in own_shm_snapshot_folders(path):  # keyed by the run's path
+        shutil.rmtree(folder, ignore_errors=True)
     os.rename(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
     try:
@@ -180,8 +181,7 @@ def release_memory(root: str, node: str, skip: tuple = ()) -> list[str]:
             continue
         if state.get("status", RunStatus.RUNNING) == RunStatus.RUNNING and agent_alive(state):
             continue
-        folder = shm_snapshot_folder(c.path)
-        if os.path.isdir(folder) and not os.path.islink(folder):
+        for folder in own_shm_snapshot_folders(c.path):
             shutil.rmtree(folder, ignore_errors=True)
             freed.append(folder)
     return freed

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mscon.agent import AGENT_FILES
-from mscon.agent.layout import AGENT_PREFIX, CACHE_DIR
+from mscon.agent.layout import AGENT_PREFIX, CACHE_DIR, RANK_LIBRARY_DIR
 from mscon.console.transport.workdir import workdir_files
+
+import mscon_resume
 
 AGENT_PACKAGE = "mscon_agent"  # the agent's import name on the nodes
 UPLOAD_CHUNK = 8 * 2**20  # bytes of the workdir archive read and sent at once
@@ -108,8 +110,14 @@ class AgentBundle:
 
 
 def agent_bundle() -> AgentBundle:
+    """The agent's files, and beside them (``rank/mscon_resume/``) the rank-side library the agent
+    puts on every rank's PYTHONPATH: a script that imports it runs on a node where nothing of
+    mscon is installed."""
     pkg = resources.files("mscon.agent")
     files = {name: pkg.joinpath(*name.split("/")).read_bytes() for name in AGENT_FILES}
+    lib = resources.files("mscon_resume")
+    for name in mscon_resume.FILES:
+        files[f"{RANK_LIBRARY_DIR}/mscon_resume/{name}"] = lib.joinpath(name).read_bytes()
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name] + b"\0")

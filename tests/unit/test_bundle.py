@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mscon.agent
 import pytest
-from mscon.agent.layout import LOGS_DIR
+from mscon.agent.layout import LOGS_DIR, RANK_LIBRARY_DIR
 from mscon.agent.protocol import Hello
 from mscon.console.config.inventory import NodeSpec
 from mscon.console.transport.base import printable
@@ -32,6 +32,8 @@ from mscon.console.transport.bundle import (
 )
 from mscon.console.transport.local import LocalTransport
 
+import mscon_resume
+
 
 def test_agent_bundle_is_complete_and_stable() -> None:
     a, b = agent_bundle(), agent_bundle()
@@ -45,8 +47,19 @@ def test_the_bundle_holds_every_agent_source_file() -> None:
     src = Path(mscon.agent.__file__).parent
     on_disk = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "__pycache__" not in p.parts}
     # dial.py is not part of the package: the Slurm transport sends it as source (slurm_dial.dial_source).
-    assert set(agent_bundle().files) == on_disk - {"dial.py"}
+    agent_files = {n for n in agent_bundle().files if not n.startswith(f"{RANK_LIBRARY_DIR}/")}
+    assert agent_files == on_disk - {"dial.py"}
     assert any("/" in name for name in on_disk)  # the sub-package case below is exercised
+
+
+def test_the_bundle_ships_every_file_of_the_rank_side_library() -> None:
+    """mscon_resume goes beside the agent (rank/mscon_resume/): a module missing from its FILES
+    would fail a user's script on a node where nothing of mscon is installed."""
+    src = Path(mscon_resume.__file__).parent
+    on_disk = {p.name for p in src.glob("*.py")}
+    prefix = f"{RANK_LIBRARY_DIR}/mscon_resume/"
+    shipped = {n.split("/")[-1] for n in agent_bundle().files if n.startswith(prefix)}
+    assert shipped == on_disk == set(mscon_resume.FILES)
 
 
 def test_a_deployed_agent_imports_its_sub_packages_under_its_node_name(tmp_path: Path) -> None:
