@@ -1,0 +1,310 @@
+"""Users' own scripts resume at their last step: the docs' ``net.py`` (a hand-written loop) and a
+``Model.train`` LeNet, each with mscon_resume's lines, on 2 sshd nodes x 2 real MindSpore ranks.
+
+A rank is killed with SIGKILL in attempt 0 once it has passed step ``KILL_AT``; ``--max-restarts
+1`` restarts the group. The next attempt's ranks must start right after the last step every rank
+completed (at most one step lost), and every loss they print must equal the uninterrupted run's
+at the same step, on every rank (same seed, same data). Also: the same script relaunched by hand
+under plain ``msrun`` with ``MSCON_RESUME=1`` after a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_processes, ssh_inventory
+from mscon.agent import layout
+from sshd_nodes import SshdCluster
+
+from mscon_resume import store
+
+sys.path.insert(0, str(REPO / "bench"))
+from fake_mnist import write_fake_mnist  # noqa: E402
+
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore]
+
+SAMPLES = 2560  # 4 ranks x batch 32: 20 steps an epoch, 200 in net.py's 10 epochs
+KILL_AT = 150
+LOSS_LINE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$", re.M)
+
+
+def _job(tmp_path: Path, script: str) -> tuple[Path, Path]:
+    """(workdir holding the example, the data folder)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO / "examples" / script, work / script)
+    return work, write_fake_mnist(tmp_path / "mnist", SAMPLES)
+
+
+def _inventory(tmp_path: Path, cluster: SshdCluster, work: Path, data: Path, script: str, env: dict) -> Path:
+    inv = ssh_inventory(tmp_path / "inv.yaml", cluster, 2, script, [], workdir=work)
+    doc = yaml.safe_load(inv.read_text())
+    doc["job"]["env"] = {"DATA_PATH": str(data), **env}
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
+def _popen(tmp_path: Path, inv: Path, run_id: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", str(inv), "--run-id", run_id,
+         "--json", str(tmp_path / f"{run_id}.json"), "--logs-dir", str(tmp_path / "runs"), *extra],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if isinstance(rec.get("step"), int):
+            out.append(rec["step"])
+    return out
+
+
+def _kill_r1_after(run_id: str, step: int, timeout: float = 240) -> None:
+    """SIGKILL rank 1 once its metrics file says it completed ``step``."""
+    metrics = Path(layout.metrics_path(node_run_dir(run_id, "node1"), 0, "r1"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if max(_steps(metrics), default=0) >= step:
+            for p in run_processes(run_id):
+                try:
+                    env = p.environ()
+                except psutil.Error:
+                    continue
+                if env.get("RANK_ID") == "1" and env.get("MS_ROLE") == "MS_WORKER":
+                    p.send_signal(signal.SIGKILL)
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"r1 never reached step {step}")
+
+
+def _losses(run_dir: Path, attempt: int) -> dict[str, dict[tuple[int, int], str]]:
+    """Per rank: (epoch, step) -> the loss it printed in ``attempt``."""
+    nodes = {"r0": "node1", "r1": "node1", "r2": "node2", "r3": "node2"}
+    out = {}
+    for name, node in nodes.items():
+        text = Path(layout.log_path(run_dir / node, attempt, name)).read_text(errors="replace")
+        out[name] = {(int(e), int(s)): loss.strip() for e, s, loss in LOSS_LINE.findall(text)}
+    return out
+
+
+def _resume_records(run_dir: Path, attempt: int) -> dict[str, dict]:
+    nodes = {"r0": "node1", "r1": "node1", "r2": "node2", "r3": "node2"}
+    found = {}
+    for name, node in nodes.items():
+        for line in Path(layout.metrics_path(run_dir / node, attempt, name)).read_text().splitlines():
+            rec = json.loads(line)
+            if "resume" in rec:
+                found[name] = rec["resume"]
+    return found
+
+
+INTRUDER = "mscon-intruder"
+
+
+def _intruder() -> int:
+    """The uid of a second local user (made once; ``nobody`` where users cannot be added)."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(INTRUDER).pw_uid
+    except KeyError:
+        pass
+    made = subprocess.run(["useradd", "--system", "--no-create-home", INTRUDER], capture_output=True)
+    try:
+        return pwd.getpwnam(INTRUDER).pw_uid if made.returncode == 0 else pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return 65534
+
+
+def _as(uid: int, *argv: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(argv), user=uid, group=uid, input=data, capture_output=True, timeout=30)
+
+
+def _plant(uid: int, folder: Path, tmp_path: Path) -> None:
+    """What another user does first: the run's snapshot folder in /dev/shm, made before the run,
+    open to all, with a snapshot of a late step for every rank (a valid npz of nonsense)."""
+    bait = tmp_path / "bait.npz"
+    import numpy as np
+
+    meta = json.dumps({"step": 9999, "epoch": 0, "pos": 1, "saved_at": 0, "mac": "0" * 64}).encode()
+    np.savez(
+        bait,
+        **{"fc.weight": np.zeros((10, 784), np.float32), "__mscon_meta__": np.frombuffer(meta, np.uint8)},
+    )
+    assert _as(uid, "mkdir", "-m", "777", str(folder)).returncode == 0
+    for rank in range(4):
+        assert _as(uid, "mkdir", "-m", "777", str(folder / f"rank_{rank}")).returncode == 0
+        dest = str(folder / f"rank_{rank}" / "snap_9999.npz")
+        assert _as(uid, "sh", "-c", 'cat > "$0"', dest, data=bait.read_bytes()).returncode == 0
+
+
+def _check_resume(
+    tmp_path: Path, cluster: SshdCluster, script: str, env: dict, intruder: bool = False
+) -> None:
+    work, data = _job(tmp_path, script)
+    inv = _inventory(tmp_path, cluster, work, data, script, env)
+    reference = f"resume-ref-{secrets.token_hex(3)}"
+    done = mscon("run", "--no-tui", inv, "--run-id", reference, "--logs-dir", tmp_path / "runs", cwd=tmp_path)
+    assert done.code == 0, done.err[-3000:]
+    want = _losses(tmp_path / "runs" / reference, 0)
+
+    run_id = f"resume-{secrets.token_hex(3)}"
+    planted = Path(layout.shm_snapshot_folder(str(node_run_dir(run_id, "node1"))))
+    uid = _intruder() if intruder else None
+    if uid is not None:
+        _plant(uid, planted, tmp_path)
+    proc = _popen(tmp_path, inv, run_id, "--max-restarts", "1")
+    try:
+        _kill_r1_after(run_id, KILL_AT)
+        if uid is not None:  # while the run is live: the ranks' real folder is none of its business
+            real = Path(f"{planted}.1")
+            assert real.is_dir() and (real / "rank_0").is_dir()
+            assert (real.stat().st_mode & 0o777) == 0o700 and real.stat().st_uid == os.getuid()
+            for what in (real, real / "rank_0"):
+                assert _as(uid, "ls", str(what)).returncode != 0, what
+            for snap in real.glob("rank_*/snap_*.npz"):
+                assert (snap.stat().st_mode & 0o777) == 0o600
+                assert _as(uid, "cat", str(snap)).returncode != 0, snap
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if uid is not None:
+            shutil.rmtree(planted, ignore_errors=True)
+    assert proc.returncode == 0, err[-4000:]
+    runs = tmp_path / "runs" / run_id
+    # The last step every rank completed in attempt 0, from their metrics files.
+    last_common = min(
+        max(_steps(Path(layout.metrics_path(runs / node, 0, name))), default=0)
+        for name, node in (("r0", "node1"), ("r1", "node1"), ("r2", "node2"), ("r3", "node2"))
+    )
+    assert last_common >= KILL_AT, last_common
+    records = _resume_records(runs, 1)
+    assert set(records) == {"r0", "r1", "r2", "r3"}, records
+    resumed = {r["step"] for r in records.values()}
+    assert len(resumed) == 1 and {r["source"] for r in records.values()} == {"snapshot"}, records
+    (step,) = resumed
+    assert last_common - 1 <= step <= last_common, (step, last_common)  # at most one step lost
+    for name in ("r0", "r1", "r2", "r3"):
+        first = min(
+            _steps(Path(layout.metrics_path(runs / ("node1" if name in ("r0", "r1") else "node2"), 1, name)))
+        )
+        assert first == step + 1, (name, first, step)
+    got = _losses(runs, 1)
+    for name, lines in got.items():
+        assert len(lines) >= 3, (name, lines)
+        for key, loss in lines.items():
+            assert want[name].get(key) == loss, (name, key, loss, want[name].get(key))
+    if uid is not None:  # the planted folder was passed over, and said once in each rank's log
+        for name, node in (("r0", "node1"), ("r1", "node1")):
+            log = Path(layout.log_path(runs / node, 0, name)).read_text(errors="replace")
+            assert log.count(f"{planted} is not this user's private folder; snapshots go to {planted}.1") == 1
+    summary = json.loads((tmp_path / f"{run_id}.json").read_text())
+    assert [a["outcome"] for a in summary["attempts"]] == ["failed", "succeeded"], summary["attempts"]
+    assert run_processes(run_id) == []
+    for node in cluster.nodes:  # the run's snapshots went with it: /dev/shm is memory
+        run_dir = str(node_run_dir(run_id, node.name))
+        assert layout.own_shm_snapshot_folders(run_dir) == [], node.name
+
+
+@needs_mindspore
+def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
+    tmp_path: Path, sshd_cluster: SshdCluster
+) -> None:
+    """Also: another local user made the run's /dev/shm folder first and planted a late snapshot
+    for every rank; during the run it can list and read none of the ranks' snapshots."""
+    _check_resume(tmp_path, sshd_cluster, "net.py", {}, intruder=True)
+
+
+@needs_mindspore
+def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
+    tmp_path: Path, sshd_cluster: SshdCluster
+) -> None:
+    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "10"})
+
+
+def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
+    """The example is MindSpore's net.py plus mscon_resume's three marked lines: nothing else."""
+    marked = [
+        line
+        for line in (REPO / "examples" / "net.py").read_text().splitlines()
+        if line.endswith("# mscon_resume")
+    ]
+    assert len(marked) == 3, marked
+
+
+# ------------------------------------------------------------------ plain msrun, relaunched by hand
+
+
+def _msrun(work: Path, data: Path, log_dir: str, port: int, resume: bool) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "RANK_", "MSCON_"))}
+    env.update(DATA_PATH=str(data), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    if resume:
+        env["MSCON_RESUME"] = "1"
+    return subprocess.Popen(
+        ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={port}", "--join=True",
+         f"--log_dir={log_dir}", "net.py"],
+        cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
+    return {(int(e), int(s)): x.strip() for e, s, x in LOSS_LINE.findall(log.read_text(errors="replace"))}
+
+
+@needs_mindspore
+def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: Path) -> None:
+    if shutil.which("msrun", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("msrun is not beside this python")
+    from conftest import free_port
+
+    work, _ = _job(tmp_path, "net.py")
+    data = write_fake_mnist(tmp_path / "small", 640)  # 2 ranks x 32: 10 steps an epoch, 100 in all
+    ref = _msrun(work, data, "ref", free_port(), resume=False)
+    assert ref.wait(timeout=240) == 0
+    want = [_worker_losses(work / "ref" / f"worker_{r}.log") for r in (0, 1)]
+
+    first = _msrun(work, data, "first", free_port(), resume=False)
+    state = work / ".mscon-state"
+    try:
+        shm = Path(store.shm_folder(str(state)))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and max(store.steps(str(shm), 1), default=0) < 50:
+            time.sleep(0.02)  # rank 1 has a snapshot of step 50 or later
+    finally:
+        # Every process of the launch, as a lost node would: msrun's workers run in sessions of
+        # their own, so they are found by what they run and where.
+        for p in psutil.process_iter(["cmdline", "cwd"]):
+            if "net.py" in (p.info["cmdline"] or []) and p.info["cwd"] == str(work):
+                p.kill()
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    relaunch = _msrun(work, data, "second", free_port(), resume=True)
+    assert relaunch.wait(timeout=240) == 0
+    for r in (0, 1):
+        log = (work / "second" / f"worker_{r}.log").read_text(errors="replace")
+        m = re.search(r"mscon_resume: rank \d resumes after step (\d+)", log)
+        assert m and int(m.group(1)) >= 50, log[-2000:]
+        got = _worker_losses(work / "second" / f"worker_{r}.log")
+        assert got and all(want[r][k] == v for k, v in got.items()), (r, got)
+        assert min(e * 10 + s for e, s in got) > int(m.group(1)) - 10  # nothing from the start again
+    assert not shm.exists()  # a finished run drops its snapshots
