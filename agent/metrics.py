@@ -51,6 +51,41 @@ def phase_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase |
     )
 
 
+def resume_from_line(node: str, name: str, rank: int, line: str) -> P.RankResumed | None:
+    """A RankResumed from an MSCON_METRICS line that is a resume record (``{"resume": {"step":
+    150, "epoch": 3, "source": "snapshot"}, "ts": 1700000000.5}``, written once per attempt before
+    the rank's first step); None for any other line, and for a record without a step (an int, 0 or
+    more) or with a source not in ``ResumeSource.ALL``. An epoch that is not an int is dropped."""
+    if '"resume"' not in line:  # most lines are metrics: no JSON parse for them
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    body = obj.get("resume") if isinstance(obj, dict) else None
+    if not isinstance(body, dict) or body.get("source") not in P.ResumeSource.ALL:
+        return None
+    step = _opt_int(body.get("step"))
+    if step is None or step < 0:
+        return None
+    ts = _opt_float(obj.get("ts"))
+    return P.RankResumed(
+        node=node,
+        name=name,
+        rank=rank,
+        step=step,
+        source=body["source"],
+        epoch=_opt_int(body.get("epoch")),
+        ts_ns=int(ts * 1e9) if ts is not None else time.time_ns(),
+    )
+
+
+def record_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase | P.RankResumed | None:
+    """The lifecycle message an MSCON_METRICS line that is not a metric stands for: a phase record
+    (``phase_from_line``) or a resume record (``resume_from_line``); None for any other line."""
+    return phase_from_line(node, name, rank, line) or resume_from_line(node, name, rank, line)
+
+
 class LineParser:
     """Metrics of an unmodified script from its log lines; a TimeMonitor line gives the step time
     of the loss lines that follow it."""

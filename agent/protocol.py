@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 # 5: rank start-up milestones (RankPhase)
 # 6: standby clusters (Start.join_standby/warm, LinkStart.warm, StandbyState)
 # 7: kept standbys (Adopt, Shutdown.keep_warm_s)
-PROTOCOL_VERSION = 7
+# 8: where a rank resumed (RankResumed, from its resume record)
+PROTOCOL_VERSION = 8
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -453,6 +454,33 @@ class RankPhase(Message):
     rank: int
     phase: str
     ts_ns: int
+
+
+class ResumeSource:
+    """Where a rank's state came from as it started (``RankResumed.source``; plain strings on the
+    wire): the resume record a rank writes to MSCON_METRICS once per attempt, before its first step
+    (``{"resume": {"step": 150, "epoch": 3, "source": "snapshot"}, "ts": 1700000000.5}``)."""
+
+    SNAPSHOT = "snapshot"  # a state copy in node memory
+    CHECKPOINT = "checkpoint"  # a durable checkpoint
+    NONE = "none"  # nothing every rank had: it starts at step 0
+    ALL = (SNAPSHOT, CHECKPOINT, NONE)
+
+
+@dataclass(frozen=True)
+class RankResumed(Message):
+    """A rank said where it starts: after global step ``step`` (its first step is ``step`` + 1), in
+    0-based epoch ``epoch`` (None: not said), from ``source`` (``ResumeSource``)."""
+
+    type: ClassVar[str] = "rank_resumed"
+    journaled: ClassVar[bool] = True  # an attaching console's summary says where each attempt resumed
+    node: str
+    name: str
+    rank: int
+    step: int
+    source: str
+    epoch: int | None = None
+    ts_ns: int = 0
 
 
 def standby_port(base: int, attempt: int) -> int:

@@ -13,7 +13,7 @@ import time
 from . import procs as procmod
 from . import protocol as P
 from .evidence import blame
-from .metrics import LineParser, phase_from_line
+from .metrics import LineParser, record_from_line
 from .metrics import from_record as metric_from_record
 from .tail import FileTail, LineMetrics, parse_metrics_line
 
@@ -117,11 +117,11 @@ class Streaming:
         if w.has_metrics_file:
             for line in w.metrics.read_lines(final=final):
                 obj = parse_metrics_line(line)
-                if obj is None:
-                    phase = phase_from_line(self.node, spec.name, spec.rank, line)
-                    if phase is not None:  # before the metrics that follow it in the file
+                if obj is None:  # a phase or resume record: before the metrics that follow it
+                    record = record_from_line(self.node, spec.name, spec.rank, line)
+                    if record is not None:
                         w.progress_ns = time.time_ns()
-                        self.send(phase)
+                        self.send(record)
                     continue
                 w.progress_ns = time.time_ns()
                 batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))

@@ -99,6 +99,29 @@ class PhaseOrigin(enum.StrEnum):
     START = "start"  # the attempt's own start: nothing earlier is known (an attached console)
 
 
+class StartSource(enum.StrEnum):
+    """Where a rank of an attempt started (``RankStart.source``): its resume record's source
+    (wire.ResumeSource), or what its first step says where it wrote none."""
+
+    SNAPSHOT = wire.ResumeSource.SNAPSHOT  # resumed from a state copy in node memory
+    CHECKPOINT = wire.ResumeSource.CHECKPOINT  # resumed from a durable checkpoint
+    FRESH = wire.ResumeSource.NONE  # the resume library ran and found nothing: step 0
+    STARTED_OVER = "started over"  # stepped with no resume record: the script does not resume
+    UNRECORDED = "unrecorded"  # no record, but its first step came after the run's first: its own resume
+    UNKNOWN = "unknown"  # neither a record nor a step yet
+
+
+class ResumeVerdict(enum.StrEnum):
+    """Where an attempt's ranks started, taken together (``AttemptResume.verdict``, resume.py)."""
+
+    RESUMED = "resumed"  # every rank from a snapshot or checkpoint, all at the same step
+    FRESH = "fresh"  # every rank's resume library found nothing: step 0
+    STARTED_OVER = "started over"  # no rank wrote a resume record: the script does not resume
+    UNRECORDED = "unrecorded"  # no record, every rank went on past the run's first step by itself
+    MIXED = "mixed"  # the ranks started from different steps or in different ways
+    UNKNOWN = "unknown"  # no rank has said yet
+
+
 class FailureKind(enum.StrEnum):
     EXIT = "exit"  # exited with a non-zero code on its own
     SIGNAL = "signal"  # killed by a signal nobody in mscon sent
@@ -203,6 +226,32 @@ class AttemptPhases:
 
 
 @dataclass(frozen=True, slots=True)
+class RankStart:
+    """Where one rank of an attempt started (console/engine/resume.py). ``step``/``epoch``: its
+    resume record's (the global step it resumes after; 0-based epoch); ``first_step``/
+    ``first_epoch``: its first metric of the attempt, as reported (None: not seen)."""
+
+    name: str
+    node: str
+    rank: int
+    source: StartSource
+    step: int | None = None
+    epoch: int | None = None
+    first_step: int | None = None
+    first_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResume:
+    """Where an attempt's ranks started: the verdict (one function computes it: resume.verdict),
+    the step they all resumed after (RESUMED, FRESH), and each worker's start."""
+
+    verdict: ResumeVerdict
+    step: int | None
+    ranks: tuple[RankStart, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptSummary:
     attempt: int
     outcome: AttemptOutcome
@@ -211,6 +260,7 @@ class AttemptSummary:
     root_cause: Failure | None
     ranks: tuple[RankSummary, ...]
     phases: AttemptPhases | None = None
+    resume: AttemptResume | None = None  # where its ranks started (console/engine/resume.py)
 
 
 @dataclass(frozen=True, slots=True)

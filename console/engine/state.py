@@ -16,10 +16,12 @@ from mscon.agent.protocol import (
     LogBatch,
     Metric,
     MetricBatch,
+    Milestone,
     ProcExited,
     ProcHung,
     ProcStarted,
     RankPhase,
+    RankResumed,
     Telemetry,
     TelemetryBatch,
     by_rank,
@@ -32,6 +34,7 @@ from mscon.console.engine.events import (
     AttemptEnded,
     AttemptOutcome,
     AttemptPhases,
+    AttemptResume,
     AttemptStarted,
     AttemptSummary,
     AwaitingOperator,
@@ -60,6 +63,7 @@ from mscon.console.engine.events import (
     StragglerSummary,
 )
 from mscon.console.engine.phases import PhaseClock
+from mscon.console.engine.resume import rank_start, verdict
 from mscon.console.engine.root_cause import first_failure, waits_on_peers
 
 _TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
@@ -92,6 +96,11 @@ class RankView:
     history: collections.deque[tuple[int, float]] = field(
         default_factory=lambda: collections.deque(maxlen=_HISTORY)
     )
+    # Where it started this attempt (resume.py): its resume record, whether it stepped (a first
+    # step or a metric), and its first metric's (epoch, step).
+    resumed: RankResumed | None = None
+    stepped: bool = False
+    first_step: tuple[int | None, int] | None = None
 
     @property
     def is_scheduler(self) -> bool:
@@ -121,6 +130,7 @@ class AttemptView:
     root: Failure | None = None  # fixed when the attempt ends (AttemptEnded carries it)
     summary: tuple[RankSummary, ...] = ()
     warm: bool = False  # started on the standby cluster (AttemptStarted.warm)
+    resume: AttemptResume | None = None  # where its ranks started: fixed when it ends (resume())
 
 
 class ClusterState:
@@ -150,6 +160,10 @@ class ClusterState:
         # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
         self._workers = 0
         self._ok_exits = 0
+        # How often a rank's start (resume record, first step) changed, and the current attempt's
+        # verdict as of that count: the TUI asks at every refresh, a scan of every rank.
+        self._starts = 0
+        self._resume_now: tuple[int, int, AttemptResume] | None = None
 
     # ------------------------------------------------------------ the reducer
 
@@ -190,6 +204,7 @@ class ClusterState:
                     ev.ts_ns,
                 )
                 att.summary = self.rank_summaries(att)
+                att.resume = self.resume(att)
         elif isinstance(ev, StandbyUpdated):
             if any(u.attempt != ev.attempt for u in self.standby.values()):
                 self.standby = {}
@@ -335,6 +350,16 @@ class ClusterState:
                 att.evidence.append(msg)
         elif isinstance(msg, RankPhase):
             self._clock.rank_phase(msg)
+            if msg.phase == Milestone.FIRST_STEP:
+                r = self.ranks.get(msg.name)
+                if r is not None and not r.stepped:
+                    r.stepped = True
+                    self._starts += 1
+        elif isinstance(msg, RankResumed):
+            r = self.ranks.get(msg.name)
+            if r is not None and r.resumed is None:  # once per attempt: the first one counts
+                r.resumed = msg
+                self._starts += 1
         elif isinstance(msg, AllExited):
             node = self.nodes.get(msg.node)
             if node is not None and node.state in (NodeState.RUNNING, NodeState.READY):
@@ -357,6 +382,9 @@ class ClusterState:
                 )
 
     def _metric(self, r: RankView, msg: Metric) -> None:
+        if r.first_step is None:  # its first metric of the attempt (resume.py)
+            r.stepped, r.first_step = True, (msg.epoch, msg.step)
+            self._starts += 1
         r.last_step = msg.step
         if msg.loss is not None:
             r.last_loss = msg.loss
@@ -499,6 +527,33 @@ class ClusterState:
         att = att or self.attempt
         return self._clock.phases(att.number) if att is not None else None
 
+    def resume(self, att: AttemptView | None = None) -> AttemptResume | None:
+        """Where this attempt's (default: the current one's) ranks started, so far (resume.py's
+        verdict); fixed when the attempt ends. None for an attempt no longer current that ended
+        before this state saw it."""
+        att = att or self.attempt
+        if att is None:
+            return None
+        if att.resume is not None or att is not self.attempt:
+            return att.resume
+        cached = self._resume_now
+        if cached is not None and cached[:2] == (att.number, self._starts):
+            return cached[2]
+        first = next((a for a in self.attempts if a.number == 0), None)
+        baseline = {}
+        if att.number > 0 and first is not None and first.resume is not None:
+            baseline = {
+                s.name: (s.first_epoch, s.first_step) for s in first.resume.ranks if s.first_step is not None
+            }
+        now = verdict(
+            [
+                rank_start(r.name, r.node, r.rank, r.resumed, r.stepped, r.first_step, baseline.get(r.name))
+                for r in self.workers()
+            ]
+        )
+        self._resume_now = (att.number, self._starts, now)
+        return now
+
     def fetch_summaries(self) -> tuple[FetchSummary, ...]:
         """Each node's run folder copied back at the end, by node (RunResult.fetched)."""
         return tuple(self.fetched[n] for n in sorted(self.fetched))
@@ -511,7 +566,14 @@ class ClusterState:
             wall = ((att.ended_ns or att.started_ns) - att.started_ns) / 1e9
             out.append(
                 AttemptSummary(
-                    att.number, att.outcome, att.reason, wall, att.root, att.summary, self.phases(att)
+                    att.number,
+                    att.outcome,
+                    att.reason,
+                    wall,
+                    att.root,
+                    att.summary,
+                    self.phases(att),
+                    att.resume,
                 )
             )
         return tuple(out)

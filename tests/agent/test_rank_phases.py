@@ -70,3 +70,19 @@ def test_an_unmodified_script_gets_its_first_step_from_its_printed_loss(tmp_path
     assert [m.phase for m in phases] == [P.Milestone.FIRST_STEP]
     batch = next(m for m in sent if isinstance(m, P.MetricBatch))
     assert phases[0].ts_ns == int(batch.metrics[0].ts * 1e9)
+
+
+def test_a_resume_record_reaches_the_console_before_the_first_step(tmp_path: Path) -> None:
+    agent = Agent("n1", out=io.StringIO())
+    w = Watched(_Proc(tmp_path))  # type: ignore[arg-type]
+    Path(w.proc.log_path).write_text("starting\n")
+    records = [
+        {"phase": "ready", "ts": 102.0},
+        {"resume": {"step": 150, "epoch": 3, "source": "snapshot"}, "ts": 102.5},
+        {"step": 151, "loss": 0.5, "ts": 103.5},
+    ]
+    Path(w.proc.metrics_path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    agent._flush(w)
+    sent = [m for m in _sent(agent) if not isinstance(m, P.LogBatch)]
+    assert [type(m).__name__ for m in sent] == ["RankPhase", "RankResumed", "RankPhase", "MetricBatch"]
+    assert sent[1] == P.RankResumed("n1", "r0", 0, 150, "snapshot", 3, 102_500_000_000)

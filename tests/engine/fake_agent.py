@@ -51,6 +51,7 @@ from mscon.agent.protocol import (
     ProcHung,
     ProcSpec,
     ProcStarted,
+    RankResumed,
     Resolve,
     Resolved,
     Shutdown,
@@ -97,6 +98,16 @@ class Met:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The rank's resume record (a RankResumed) at ``at`` s: it resumes after ``step``."""
+
+    at: float
+    step: int
+    source: str = "snapshot"
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
 class Exit:
     """The process exits on its own at ``at`` s: ``code``, or killed by ``signal`` (``"SIGKILL"``)."""
 
@@ -131,7 +142,7 @@ class Lose:
     at: float
 
 
-Action = Log | LogEvery | Met | Exit | Stopped | Blame | Lose
+Action = Log | LogEvery | Met | Resumed | Exit | Stopped | Blame | Lose
 Script = Mapping[str, Sequence[Action]]  # rank name ("r0", "sched") -> its actions
 
 
@@ -459,6 +470,18 @@ class FakeChannel(AgentChannel):
                         loss=action.loss,
                         ts=ts / 1e9,
                         checksum=action.checksum,
+                    )
+                )
+            elif isinstance(action, Resumed):
+                self._emit(
+                    RankResumed(
+                        node=self.node,
+                        name=spec.name,
+                        rank=spec.rank,
+                        step=action.step,
+                        source=action.source,
+                        epoch=action.epoch,
+                        ts_ns=self._ts(action.at),
                     )
                 )
             elif isinstance(action, Blame):

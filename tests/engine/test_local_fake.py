@@ -160,7 +160,8 @@ def test_unmodified_script_after_double_dash(tmp_path: Path) -> None:
 
 def test_ranks_inherit_the_environment_pythonpath_included(tmp_path: Path) -> None:
     # The agent must not leave its own folder on the ranks' PYTHONPATH nor drop the user's: a
-    # user's modules (or a MindSpore installed with --target) are found through it.
+    # user's modules (or a MindSpore installed with --target) are found through it. Only the
+    # rank-side library's folder goes in front (it holds mscon_resume and nothing of the agent).
     work = tmp_path / "work"
     (work / "mylib").mkdir(parents=True)
     (work / "mylib" / "helper.py").write_text("NAME = 'from the user PYTHONPATH'\n")
@@ -168,14 +169,17 @@ def test_ranks_inherit_the_environment_pythonpath_included(tmp_path: Path) -> No
         "import os, sys\n"
         "if os.environ['MS_ROLE'] == 'MS_SCHED':\n"
         "    sys.exit(0)\n"
-        "import helper\n"
+        "import helper, importlib.util as u, mscon_resume\n"
         "print('pp', os.environ.get('PYTHONPATH'), helper.NAME, os.environ.get('MY_VAR'), flush=True)\n"
+        "print('agent importable:', u.find_spec('mscon_agent') is not None, mscon_resume.__file__)\n"
     )
     inv = local_inventory(tmp_path / "inv.yaml", 1, FAKE, [])
     env = {**os.environ, "PYTHONPATH": str(work / "mylib"), "MY_VAR": "kept"}
     done = mscon("run", "--no-tui", "-q", inv, "--workdir", work, "--", "job.py", cwd=tmp_path, env=env)
     assert done.code == 0, done.err
-    assert f"[local r0] pp {work / 'mylib'} from the user PYTHONPATH kept" in done.out
+    lib = re.search(r"\[local r0\] pp (\S+)/mscon_agent/rank:(\S+) from the user PYTHONPATH kept", done.out)
+    assert lib and lib.group(2) == str(work / "mylib"), done.out
+    assert f"agent importable: False {lib.group(1)}/mscon_agent/rank/mscon_resume/__init__.py" in done.out
 
 
 def test_script_outside_workdir_is_a_usage_error(tmp_path: Path) -> None:

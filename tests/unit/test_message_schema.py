@@ -25,6 +25,7 @@ def test_journaled_are_the_lifecycle_messages_and_streamed_the_bulk_ones() -> No
         "evidence",
         "coord",
         "rank_phase",
+        "rank_resumed",
         "standby_state",
     }
     assert _tags("streamed") == {"log", "metric", "metrics", "telemetry", "telemetry_batch"}

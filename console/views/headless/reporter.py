@@ -53,6 +53,7 @@ from mscon.console.engine.events import (
     StragglerFlagged,
 )
 from mscon.console.engine.phases import describe_phases
+from mscon.console.engine.resume import describe_resume
 from mscon.console.engine.root_cause import describe, who_is
 from mscon.console.engine.summary import is_stdout, write_summary
 
@@ -349,6 +350,12 @@ def format_summary(result: RunResult, said_unreachable: Sequence[str] = ()) -> s
             lines.append(f"  {a.attempt}: {a.outcome.value} after {a.wall_s:.1f} s: {printable(what)}")
             if a.root_cause is not None and a.root_cause is not result.root_cause:
                 lines += ["    " + printable(t) for t in _last_lines(a.root_cause)[-3:]]
+        # Where each restart's ranks started (the first attempt starts at the beginning).
+        lines += [
+            f"attempt {a.attempt}: {describe_resume(a.resume)}"
+            for a in result.attempts
+            if a.attempt and a.resume
+        ]
     timed = [f"  {a.attempt}: {describe_phases(a.phases)}" for a in result.attempts if a.phases is not None]
     if timed:
         lines.append("")

@@ -59,6 +59,7 @@ JOB_STYLE: dict[JobState, str] = {
 }
 STRAGGLER_STYLE = "bold yellow"
 ROOT_STYLE = "bold red"
+STARTED_OVER_STYLE = "bold yellow"  # a restart whose script does not resume (or whose ranks disagree)
 
 
 def rank_state(state: RankState, straggler: bool = False) -> Text:

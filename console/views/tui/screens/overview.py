@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mscon.console.engine.events import ResumeVerdict
+from mscon.console.engine.resume import describe_resume
 from mscon.console.engine.root_cause import describe
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
@@ -33,6 +35,12 @@ def summary_text(model: ViewModel) -> Text:
     workers = model.workers()
     live = fmt.LIVE
     text.append(f"   ranks {sum(1 for r in workers if r.state in live)}/{len(workers)} up")
+    if att is not None and att.number > 0:  # where the restart's ranks started, once one has said
+        resumed = st.resume(att)
+        if resumed is not None and resumed.verdict is not ResumeVerdict.UNKNOWN:
+            bad = resumed.verdict in (ResumeVerdict.STARTED_OVER, ResumeVerdict.MIXED)
+            line = f"attempt {att.number}: {describe_resume(resumed)}"
+            text.append(f"\n{line}", style=fmt.STARTED_OVER_STYLE if bad else "")
     for note in list(model.feed.notices)[-3:]:
         text.append(f"\n{fmt.line(note, 200)}", style="dim")
     return text
