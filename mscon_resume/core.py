@@ -7,6 +7,7 @@ record and, when due, hands a copy of the kept state to the background writer.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -52,10 +53,12 @@ class Resumer:
         budget: float = 0.02,
         metrics: MetricsWriter | None = None,
         say: Callable[[str], None] | None = None,
+        snapshot_dir: str | None = None,
     ) -> None:
         self.rank, self.size = collective.rank_and_size()
         self.state_dir = env.state_dir(state_dir)
-        self.roots = store.candidate_dirs(self.state_dir)
+        # ``snapshot_dir``: this one folder, not node memory first (the trainer's --snapshot-dir)
+        self.roots = [os.path.abspath(snapshot_dir)] if snapshot_dir else store.candidate_dirs(self.state_dir)
         self.key = env.snapshot_key()
         self.interval = Interval(every, budget)
         self.metrics = metrics if metrics is not None else MetricsWriter()
@@ -66,11 +69,19 @@ class Resumer:
 
     # -------------------------------------------------------------- where to start
 
-    def resume(self, slots: np.ndarray | None = None, slot_step: Any = None) -> Resumed:
-        """Where this launch starts. Resuming (a restarted attempt under mscon, or
-        ``MSCON_RESUME=1``), every rank must call it at the same point: the ranks agree on the
-        newest step all have. The answer is also the attempt's resume record for the console."""
-        if not env.resuming():
+    def resume(
+        self,
+        resuming: bool | None = None,
+        slots: np.ndarray | None = None,
+        slot_step: Any = None,
+        announce: bool = True,
+    ) -> Resumed:
+        """Where this launch starts. Resuming (``resuming``, by default: a restarted attempt under
+        mscon, or ``MSCON_RESUME=1``), every rank must call it at the same point: the ranks agree
+        on the newest snapshot step all have, or (``slots``, ``slot_step``: the caller's durable
+        checkpoints, as :func:`collective.agree` takes them) checkpoint step, whichever is newer.
+        The answer is also the attempt's resume record for the console."""
+        if not (env.resuming() if resuming is None else resuming):
             self.metrics.resumed(0, None, NONE)
             return Resumed(0, NONE)
         snaps = store.newest_valid(self.roots, self.rank, self.key) if self.interval.every else []
@@ -86,6 +97,8 @@ class Resumer:
             got = Resumed(0, NONE)
         epoch = got.meta.get("epoch")
         self.metrics.resumed(got.step, epoch if isinstance(epoch, int) else None, got.source)
+        if not announce:
+            return got
         if got.step:
             saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
             where = f"snapshot saved {saved}" if got.source == SNAPSHOT else got.source
@@ -122,24 +135,23 @@ class Resumer:
         consumed. Writes the metrics record (``record``: its fields, e.g. the loss) and, when
         due, a snapshot."""
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
-        if self.writer is None:
-            return
-        if self.interval.due(step):
+        if self.writer is not None and self.interval.due(step):
             meta, arrays = rng.capture()
             self.writer.submit(step, self.params, {"epoch": epoch, "pos": pos, "rng": meta}, arrays)
-        if self.writer.count:
-            agreed = self.interval.observe(
-                step_s, self.writer.copy_s / self.writer.count, self.rank, self.size
-            )
-            if agreed is not None and self.rank == 0:
-                self._say(f"a snapshot every {agreed} step(s) (auto)")
+        # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
+        w = self.writer
+        agreed = self.interval.observe(
+            step_s, w.copy_s / w.count if w and w.count else 0.0, self.rank, self.size
+        )
+        if agreed is not None and self.rank == 0 and w is not None:
+            self._say(f"a snapshot every {agreed} step(s) (auto)")
 
     def settle(self) -> None:
         """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""
         if self.writer is not None:
             self.writer.wait()
-            if self.size > 1:
-                collective.agree_max(0, self.rank, self.size)
+        if self.size > 1 and self.interval.every:  # a collective: every rank, a writer or not
+            collective.agree_max(0, self.rank, self.size)
 
     def finish(self, completed: bool = True) -> None:
         """The training is over: the last write awaited, and (``completed``) the snapshots

@@ -30,7 +30,6 @@ import re
 import secrets
 import shutil
 import stat
-import sys
 import threading
 import time
 import zipfile
@@ -43,6 +42,7 @@ KEEP = 2  # a rank killed mid-write still has the previous one, which every othe
 SHM = "/dev/shm"
 SHM_PREFIX = "mscon-"  # + a digest of the state folder (agent/layout.py names the same folder)
 _NAME_RE = re.compile(r"^snap_(\d+)\.npz$")
+_TEMP_RE = re.compile(r"^\.snap_\d+\..+\.tmp$")  # a write's temp file (write)
 _META = "__mscon_meta__"  # the npz member holding the step, the MAC and what the script needs to go on
 _ALTERNATES = 8  # how many names a private folder may take when others are taken by another user
 _SHM_HEADROOM = KEEP  # /dev/shm must hold this many states: KEEP snapshots (a temp file among them)
@@ -52,7 +52,7 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def _say(text: str) -> None:
-    print(f"mscon_resume: {text}", file=sys.stderr, flush=True)
+    print(f"mscon_resume: {text}", flush=True)  # the rank's log, beside its output
 
 
 @dataclass(frozen=True)
@@ -224,10 +224,17 @@ def path(root: str, rank: int, step: int) -> str:
     return os.path.join(rank_dir(root, rank), f"snap_{step}.npz")
 
 
-def _drop(root: str, rank: int, keep: int) -> None:
-    for old in steps(root, rank)[: max(len(steps(root, rank)) - keep, 0)]:
+def _drop(root: str, rank: int, step: int, keep: int) -> None:
+    """Before ``step`` is written: the snapshots it supersedes (steps not older: an abandoned
+    launch's, which a fresh start or a resume from an older step finds), a killed write's temp
+    file, and the oldest beyond ``keep``."""
+    folder = rank_dir(root, rank)
+    have = steps(root, rank)
+    older = [s for s in have if s < step]
+    gone = [f"snap_{s}.npz" for s in have if s >= step or s in older[: max(len(older) - keep, 0)]]
+    for name in gone + [n for n in _names(folder) if _TEMP_RE.match(n)]:
         try:
-            os.remove(path(root, rank, old))
+            os.remove(os.path.join(folder, name))
         except FileNotFoundError:
             pass
 
@@ -235,15 +242,15 @@ def _drop(root: str, rank: int, keep: int) -> None:
 def write(
     root: str, rank: int, step: int, arrays: dict[str, np.ndarray], meta: dict, key: bytes, keep: int = KEEP
 ) -> str:
-    """Write one snapshot: the oldest beyond ``keep - 1`` dropped first, then a temp file made
-    exclusively (0600, never through a link) and renamed into place."""
+    """Write one snapshot: the oldest beyond ``keep - 1`` (and any it supersedes) dropped first,
+    then a temp file made exclusively (0600, never through a link) and renamed into place."""
     folder = rank_dir(root, rank)
     try:
         os.mkdir(folder, 0o700)
     except FileExistsError:
         if not private(folder):
             raise OSError(f"{folder} is not this user's private folder") from None
-    _drop(root, rank, keep - 1)
+    _drop(root, rank, step, keep - 1)
     final = path(root, rank, step)
     tmp = os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     info = {**meta, "step": step, "saved_at": time.time()}

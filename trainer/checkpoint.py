@@ -55,6 +55,8 @@ def agree_on_step(root: str, rank: int, size: int, every: int, max_step: int) ->
     """The latest step every rank has complete (0: none). A collective: all ranks must call it."""
     if size == 1:
         return max(complete_steps(root, rank), default=0)
+    from mscon_resume.collective import all_reduce_sum
+
     counts = all_reduce_sum(slot_vector(root, rank, every, max_step))
     return agreed_step(counts, size, every)
 
@@ -75,22 +77,6 @@ def agreed_step(counts: Any, size: int, every: int) -> int:
     """The latest slot of summed slot vectors that all ``size`` ranks have (0: none)."""
     agreed = [i * every for i in range(1, len(counts)) if int(round(float(counts[i]))) == size]
     return max(agreed, default=0)
-
-
-def all_reduce_sum(vec: Any) -> Any:
-    """AllReduce(SUM) of a float32 numpy vector over the cluster, as numpy."""
-    import mindspore as ms
-    from mindspore import nn, ops
-
-    class Count(nn.Cell):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sum = ops.AllReduce(ops.ReduceOp.SUM)
-
-        def construct(self, x: Any) -> Any:
-            return self.sum(x)
-
-    return Count()(ms.Tensor(vec)).asnumpy()
 
 
 def load(root: str, rank: int, step: int) -> tuple[dict[str, Any], dict]:

@@ -18,9 +18,12 @@ from typing import Any
 # Run as a script (`python trainer/train.py`): make `import trainer.x` work from the repo root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer import checkpoint, runners, snapshot  # noqa: E402
+from mscon_resume import core as resume_core  # noqa: E402 - the library every script uses
+from mscon_resume import store  # noqa: E402
+from mscon_resume.metrics import MetricsWriter  # noqa: E402
+from trainer import checkpoint, runners  # noqa: E402
 from trainer.config import Cluster, cluster_from_env, fail, parse_args, ranks_are_replicas  # noqa: E402
-from trainer.metrics import MetricsWriter, param_checksum  # noqa: E402
+from trainer.metrics import param_checksum  # noqa: E402
 
 
 def run_scheduler(cluster: Cluster) -> int:
@@ -200,22 +203,25 @@ def main(argv: list[str] | None = None) -> int:
             f"x accum {args.grad_accum}"
         )
     total_steps = args.epochs * steps_per_epoch
-    start = 0
-    snap_dirs = snapshot.candidate_dirs(args.snapshot_dir, args.checkpoint_dir) if args.snapshot_every else []
-    snaps: list[snapshot.Snapshot] = []
-    from_snapshot = False
-    if args.resume:
-        # Before the parallel context is set: this AllReduce is a plain graph, which semi/auto
-        # parallel would try to shard like the model.
-        if snap_dirs:
-            snaps = snapshot.newest_valid(snap_dirs, rank)
-            start, from_snapshot = snapshot.agree(
-                args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps, [s.step for s in snaps]
-            )
-        else:
-            start = checkpoint.agree_on_step(
-                args.checkpoint_dir, rank, size, args.checkpoint_every, total_steps
-            )
+    snapshots = bool(args.snapshot_every) and bool(args.snapshot_dir or args.checkpoint_dir)
+    resumer = resume_core.Resumer(
+        state_dir=args.checkpoint_dir,
+        every=args.snapshot_every if snapshots else 0,
+        budget=args.snapshot_budget,
+        metrics=metrics,
+        say=(lambda text: print(f"mscon-trainer: {text}", flush=True)) if say else (lambda text: None),
+        snapshot_dir=args.snapshot_dir,
+    )
+    # Before the parallel context is set: the agreement's AllReduce is a plain graph, which
+    # semi/auto parallel would try to shard like the model.
+    every = args.checkpoint_every
+    got = resumer.resume(
+        resuming=bool(args.resume),
+        slots=checkpoint.slot_vector(args.checkpoint_dir, rank, every, total_steps) if args.resume else None,
+        slot_step=lambda counts: checkpoint.agreed_step(counts, size, every),
+        announce=False,
+    )
+    start = got.step
 
     configure_parallel(ms, args, size)
     ms.set_seed(args.seed)  # identical initial weights and data order on every rank (seed 003)
@@ -225,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = runners.make_runner(args.runner, ms, net, loss_fn, opt, size, args)
     if start:
         # Full tensors, loaded before the first compile: a sharded mode slices them there.
-        if from_snapshot:
-            snap = next(s for s in snaps if s.step == start)
-            params, meta, what = snapshot.as_params(snap), snap.meta, "snapshot"
+        if got.source == resume_core.SNAPSHOT:
+            params, meta, what = resume_core.as_parameters(got.params), got.meta, "snapshot"
+            resumer.restore_rng(got)
         else:
             params, meta = checkpoint.load(args.checkpoint_dir, rank, start)
             what = "checkpoint"
@@ -240,13 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.resume and say:
         print("mscon-trainer: no checkpoint every rank has; starting from step 0", flush=True)
 
-    snaps = []  # loaded: their memory is not needed any more
-    writer = None
-    if snap_dirs:
-        state = snapshot.named_params(runner.checkpoint_payload())
-        state_bytes = sum(int(p.asnumpy().nbytes) for _, p in state)
-        writer = snapshot.Writer(snapshot.choose_dir(snap_dirs, state_bytes), rank)
-    interval = snapshot.Interval(args.snapshot_every, args.snapshot_budget)
+    got = resume_core.Resumed(start, got.source)  # loaded: its memory is not needed any more
+    if snapshots:
+        resumer.keep(store.named_params(runner.checkpoint_payload()))
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
     step = start
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir = profiling.after(step)
             if profile_dir:
                 record["profile_dir"] = profile_dir
-            metrics.write(record)
+            resumer.stepped(step, epoch, in_epoch, dt, record)
             if args.checkpoint_dir and (step % args.checkpoint_every == 0):
                 checkpoint.save(
                     args.checkpoint_dir,
@@ -302,28 +304,17 @@ def main(argv: list[str] | None = None) -> int:
                     {"epoch": epoch + 1},
                     args.keep_checkpoints,
                 )
-            if writer is not None and interval.due(step):
-                writer.submit(step, state, {"epoch": epoch + 1})
-            if writer is not None and writer.count:
-                agreed = interval.observe(dt, writer.copy_s / writer.count, rank, size)
-                if agreed is not None and say:
-                    print(f"mscon-trainer: a snapshot every {agreed} step(s) (auto)", flush=True)
             if args.die_at_step == step and os.environ.get("MSCON_ATTEMPT", "0") == "0":
-                if writer is not None:
-                    # A test's fault comes after every rank's snapshot of its step is safe: else a
-                    # slow writer on a survivor, stopped with it, makes the resume a step earlier.
-                    writer.wait()
-                    if size > 1:
-                        snapshot.agree_max(0, rank, size)  # the ranks meet: all have written
+                # A test's fault comes after every rank's snapshot of its step is safe: else a
+                # slow writer on a survivor, stopped with it, makes the resume a step earlier.
+                resumer.settle()
                 if rank == args.die_rank:
                     print(f"mscon-trainer: --die-at-step {step}: rank {rank} kills itself", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-    metrics.close()
-    if writer is not None:
-        writer.wait()
-        if say:
-            print(f"mscon-trainer: {writer.summary()}", flush=True)
-        snapshot.remove(snap_dirs, rank)  # finished: nothing to resume, and /dev/shm is memory
+    if resumer.writer is not None and say:
+        resumer.writer.wait()
+        print(f"mscon-trainer: {resumer.writer.summary()}", flush=True)
+    resumer.finish(completed=True)  # finished: nothing to resume, and /dev/shm is memory
     if say:
         print(f"training finished: {step} steps, {runner.overflows} overflow(s)", flush=True)
     return 0

@@ -1,5 +1,7 @@
-"""In-memory snapshots (trainer/snapshot.py): atomic writes, damaged files skipped, the resume step
-agreed between snapshots and checkpoints, and the trainer back at the step after a kill."""
+"""The reference trainer's snapshots (mscon_resume, as trainer/train.py uses it) with real MindSpore:
+back at the step after a kill, damaged snapshots falling back to the checkpoint, two ranks restarted
+by mscon, the auto interval; and the agent's name for the trainer's /dev/shm folder. The library's
+own unit tests (store, agreement, interval, security): tests/unit/test_resume_store.py."""
 
 from __future__ import annotations
 
@@ -9,112 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from conftest import TRAINER, local_inventory, mscon, needs_mindspore, write_inventory
 from mscon.agent import layout
-from mscon.trainer import snapshot
 
-
-class _Param:
-    """What ``take`` reads of a MindSpore Parameter: asnumpy(), sharing its memory as on CPU."""
-
-    def __init__(self, name: str, data: np.ndarray) -> None:
-        self.name, self.data = name, data
-
-    def asnumpy(self) -> np.ndarray:
-        return self.data
-
-
-def _arrays(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"fc1.weight": rng.standard_normal((8, 4)).astype(np.float32), "moment.fc1": np.arange(3.0)}
-
-
-def test_write_read_round_trip_and_keeps_the_newest_two(tmp_path: Path) -> None:
-    for step in (1, 2, 3):
-        snapshot.write(str(tmp_path), 0, step, _arrays(step), {"epoch": 1})
-    assert snapshot.steps(str(tmp_path), 0) == [2, 3]
-    snap = snapshot.read(str(tmp_path), 0, 3)
-    assert snap is not None and snap.step == 3 and snap.meta["epoch"] == 1
-    for name, want in _arrays(3).items():
-        np.testing.assert_array_equal(snap.arrays[name], want)
-
-
-def test_a_write_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
-    snapshot.write(str(tmp_path), 0, 4, _arrays(4), {})
-    # What a kill during np.savez leaves: the temp file, half written, never renamed.
-    full = Path(snapshot.path(str(tmp_path), 0, 4)).read_bytes()
-    (Path(snapshot.rank_dir(str(tmp_path), 0)) / ".snap_5.123.tmp").write_bytes(full[: len(full) // 2])
-    assert snapshot.steps(str(tmp_path), 0) == [4]
-    assert [s.step for s in snapshot.newest_valid([str(tmp_path)], 0)] == [4]
-
-
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_a_damaged_snapshot_is_skipped_for_the_older_one(tmp_path: Path, damage: str) -> None:
-    for step in (6, 7):
-        snapshot.write(str(tmp_path), 0, step, _arrays(step), {})
-    newest = Path(snapshot.path(str(tmp_path), 0, 7))
-    data = bytearray(newest.read_bytes())
-    if damage == "truncate":
-        data = data[: len(data) - 100]
-    else:  # a bit flipped inside the weights: the zip member's CRC no longer matches
-        data[200] ^= 0xFF
-    newest.write_bytes(bytes(data))
-    assert snapshot.read(str(tmp_path), 0, 7) is None
-    assert [s.step for s in snapshot.newest_valid([str(tmp_path)], 0)] == [6]
-
-
-def test_the_copy_is_taken_at_submit_not_when_written(tmp_path: Path) -> None:
-    weight = np.zeros(4, dtype=np.float32)
-    writer = snapshot.Writer(str(tmp_path), 0)
-    writer.submit(1, [("w", _Param("w", weight))], {})
-    weight += 5.0  # the next step updates the parameter in place while the write may still run
-    writer.wait()
-    snap = snapshot.read(str(tmp_path), 0, 1)
-    assert snap is not None
-    np.testing.assert_array_equal(snap.arrays["w"], np.zeros(4, dtype=np.float32))
-    assert writer.error is None and writer.count == 1
-
-
-def test_a_failing_write_is_recorded_not_raised(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    writer = snapshot.Writer(str(blocker), 0)  # its rank folder cannot be made under a file
-    writer.submit(1, [("w", _Param("w", np.zeros(2)))], {})
-    writer.wait()
-    assert isinstance(writer.error, OSError)
-
-
-def test_snapshots_go_to_shm_when_it_has_room_else_beside_the_checkpoints(tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    dirs = snapshot.candidate_dirs(None, str(tmp_path / "ck"), shm=str(shm))
-    assert dirs[0].startswith(str(shm) + os.sep) and dirs[1] == str(tmp_path / "ck" / "snapshots")
-    assert snapshot.choose_dir(dirs, 1024, shm=str(shm)) == dirs[0]
-    assert snapshot.choose_dir(dirs, 1 << 60, shm=str(shm)) == dirs[1]
-    assert snapshot.candidate_dirs("/x", str(tmp_path / "ck")) == ["/x"]
-    assert snapshot.candidate_dirs(None, None) == []
-
-
-def _checkpoint_marker(root: Path, step: int) -> None:
-    """A complete checkpoint as checkpoint.complete_steps sees it (the file and its marker)."""
-    folder = root / "rank_0"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"step_{step}.ckpt").write_bytes(b"")
-    (folder / f"step_{step}.ckpt.done").write_text("{}")
-
-
-def test_agree_takes_the_newer_of_snapshot_and_checkpoint(tmp_path: Path) -> None:
-    ck = tmp_path / "ck"
-    _checkpoint_marker(ck, 10)
-    assert snapshot.agree(str(ck), 0, 1, 10, 40, [12, 11]) == (12, True)
-    _checkpoint_marker(ck, 20)
-    assert snapshot.agree(str(ck), 0, 1, 10, 40, [12, 11]) == (20, False)
-    assert snapshot.agree(str(ck), 0, 1, 10, 40, []) == (20, False)
-    assert snapshot.agree(None, 0, 1, 10, 40, [5000]) == (5000, True)  # beyond float32's 2**24 halves
-
+from mscon_resume import store
 
 # ---------------------------------------------------------------- the trainer with real MindSpore
 
@@ -198,33 +100,14 @@ def test_two_ranks_restarted_by_mscon_resume_at_the_last_step(tmp_path: Path) ->
 
 
 def test_the_agent_removes_the_folder_the_trainer_writes_by_default(tmp_path: Path) -> None:
-    """agent/layout.shm_snapshot_folder names the trainer's default /dev/shm folder (two packages,
-    one rule: this holds them equal), which the agent removes as the run ends on the node."""
+    """agent/layout.shm_snapshot_folder names the ranks' default /dev/shm folder, that of the run's
+    checkpoint folder (MSCON_STATE_DIR, agent/procs.py), as mscon_resume/store.shm_folder does
+    (two packages, one rule: this holds them equal); the agent removes it as the run ends there."""
     run_dir = str(tmp_path / "runs" / "r1" / "node1")
-    shm_default = snapshot.candidate_dirs(None, layout.checkpoint_folder(run_dir))[0]
-    assert layout.shm_snapshot_folder(run_dir) == shm_default
-
-
-def test_budget_interval_keeps_the_copy_under_its_share_of_the_step() -> None:
-    assert snapshot.budget_interval(0.0001, 0.1, 0.02) == 1  # 0.1 ms copy, 100 ms step: every step
-    assert snapshot.budget_interval(0.14e-3, 1.78e-3, 0.02) == 4  # the toy MLP on CPU: 7.9 % a step
-    assert snapshot.budget_interval(2.0, 1.0, 0.02) == 100
-    assert snapshot.budget_interval(0.0, 1.0, 0.02) == 1 and snapshot.budget_interval(1.0, 0.0, 0.02) == 1
-
-
-def test_an_auto_interval_snapshots_every_step_until_it_is_agreed() -> None:
-    fixed = snapshot.Interval(3, 0.02)
-    assert [s for s in range(1, 10) if fixed.due(s)] == [3, 6, 9]
-    assert fixed.observe(1.0, 0.5, 0, 1) is None  # a fixed interval is never re-decided
-    auto = snapshot.Interval("auto", 0.02)
-    decided = []
-    for step in range(1, 12):
-        assert auto.due(step) == (not decided or step % decided[0] == 0)
-        got = auto.observe(5.0 if step == 1 else 0.01, 0.001, 0, 1)  # the first step compiles
-        if got is not None:
-            decided.append(got)
-    assert decided == [5]  # 1 ms copy / (2 % of 10 ms), decided once, after the probe steps
-    assert snapshot.Interval(0, 0.02).due(4) is False
+    state_dir = layout.checkpoint_folder(run_dir)
+    assert layout.shm_snapshot_folder(run_dir) == store.shm_folder(state_dir)
+    assert layout.shm_snapshot_folder(run_dir) == store.candidate_dirs(state_dir)[0]
+    assert layout._SHM_ALTERNATES == store._ALTERNATES  # and the names it may take instead
 
 
 @pytest.mark.mindspore
