@@ -50,6 +50,7 @@ class ResumeCallback(Callback):
         if self.got.step:
             cb.cur_step_num = self.got.step
         self.core.keep(core.kept_parameters(net))
+        self.core.ready()
 
     def on_train_step_begin(self, run_context: Any) -> None:
         self._t0 = time.perf_counter()

@@ -54,6 +54,7 @@ class Resumer:
         metrics: MetricsWriter | None = None,
         say: Callable[[str], None] | None = None,
         snapshot_dir: str | None = None,
+        phases: bool = True,
     ) -> None:
         self.rank, self.size = collective.rank_and_size()
         self.state_dir = env.state_dir(state_dir)
@@ -65,6 +66,8 @@ class Resumer:
         self.writer: store.Writer | None = None
         self.params: list[tuple[str, Any]] = []
         self._said: set = set()
+        self._phases = phases  # start-up milestones for the console (the trainer records its own)
+        self._stepped = False
         self._say = say or (lambda text: print(f"mscon_resume: {text}", flush=True))
 
     # -------------------------------------------------------------- where to start
@@ -130,10 +133,19 @@ class Resumer:
             return
         self.writer = store.Writer(root, self.rank, key)
 
+    def ready(self) -> None:
+        """Model and data built, state loaded: the first step begins (a start-up milestone)."""
+        if self._phases:
+            self.metrics.phase("ready")
+
     def stepped(self, step: int, epoch: int, pos: int, step_s: float, record: dict | None = None) -> None:
         """Step ``step`` (global, from 1) is done: ``pos`` batches of epoch ``epoch`` (0-based)
         consumed. Writes the metrics record (``record``: its fields, e.g. the loss) and, when
         due, a snapshot."""
+        if not self._stepped:
+            self._stepped = True
+            if self._phases:  # the first step's graphs compiled and ran once
+                self.metrics.phase("compiled")
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
         if self.writer is not None and self.interval.due(step):
             meta, arrays = rng.capture()
@@ -141,7 +153,7 @@ class Resumer:
         # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
         w = self.writer
         agreed = self.interval.observe(
-            step_s, w.copy_s / w.count if w and w.count else 0.0, self.rank, self.size
+            step_s, w.typical_copy_s() if w is not None else 0.0, self.rank, self.size
         )
         if agreed is not None and self.rank == 0 and w is not None:
             self._say(f"a snapshot every {agreed} step(s) (auto)")

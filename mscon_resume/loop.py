@@ -55,6 +55,7 @@ class Loop:
             self.core.restore_rng(got)
         self.step = got.step
         self.core.keep(core.kept_parameters(*self.objects))
+        self.core.ready()
         _finish_at_exit(self)
 
     def batches(self, dataset: Any, epoch: int) -> Iterator[tuple[int, Any]]:

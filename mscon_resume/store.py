@@ -360,6 +360,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
+        self.copies: list[float] = []  # each copy's time (the first pays the memory's page faults)
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
@@ -371,6 +372,7 @@ class Writer:
         t1 = time.perf_counter()
         self.wait()
         self.copy_s += t1 - t0
+        self.copies.append(t1 - t0)
         self.wait_s += time.perf_counter() - t1
         self.count += 1
         self._thread = threading.Thread(
@@ -387,6 +389,13 @@ class Writer:
                 _say(f"snapshot of step {step} not written: {exc}")
             self.error = exc
         self.write_s += time.perf_counter() - t0
+
+    def typical_copy_s(self) -> float:
+        """The median copy: what a snapshot costs the step once memory is warm."""
+        if not self.copies:
+            return 0.0
+        ordered = sorted(self.copies)
+        return ordered[len(ordered) // 2]
 
     def wait(self) -> None:
         if self._thread is not None:

@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics,
         say=(lambda text: print(f"mscon-trainer: {text}", flush=True)) if say else (lambda text: None),
         snapshot_dir=args.snapshot_dir,
+        phases=False,  # the trainer records its own milestones, where they happen
     )
     # Before the parallel context is set: the agreement's AllReduce is a plain graph, which
     # semi/auto parallel would try to shard like the model.
