@@ -67,7 +67,8 @@ def agree(
     per_rank = [{int(hi) * _HALF + int(lo) for hi, lo in row} - {0} for row in pairs]
     common = set.intersection(*per_rank) if per_rank else set()
     snap = max(common, default=0)
-    return (snap, True) if snap > ckpt else (ckpt, False)
+    # A tie goes to the snapshot: node memory, no checkpoint file to read
+    return (snap, True) if snap and snap >= ckpt else (ckpt, False)
 
 
 def agree_max(mine: int, rank: int, size: int) -> int:

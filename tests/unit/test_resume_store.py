@@ -197,6 +197,7 @@ def test_agree_takes_the_newer_of_snapshot_and_checkpoint(tmp_path: Path) -> Non
     assert _agree_alone(ck, [12, 11]) == (20, False)
     assert _agree_alone(ck, []) == (20, False)
     assert _agree_alone(None, []) == (0, False)
+    assert _agree_alone(ck, [20, 19]) == (20, True)  # a tie: node memory, no file to read
     assert collective.agree(0, 1, [5000], store.KEEP) == (5000, True)  # beyond float32's 2**24 halves
     assert collective.agree(0, 1, [], store.KEEP) == (0, False)
 
