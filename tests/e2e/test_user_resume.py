@@ -26,6 +26,7 @@ import pytest
 import yaml
 from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_processes, ssh_inventory
 from mscon.agent import layout
+from second_user import intruder_uid, run_as
 from sshd_nodes import SshdCluster
 
 from mscon_resume import store
@@ -117,28 +118,6 @@ def _resume_records(run_dir: Path, attempt: int) -> dict[str, dict]:
     return found
 
 
-INTRUDER = "mscon-intruder"
-
-
-def _intruder() -> int:
-    """The uid of a second local user (made once; ``nobody`` where users cannot be added)."""
-    import pwd
-
-    try:
-        return pwd.getpwnam(INTRUDER).pw_uid
-    except KeyError:
-        pass
-    made = subprocess.run(["useradd", "--system", "--no-create-home", INTRUDER], capture_output=True)
-    try:
-        return pwd.getpwnam(INTRUDER).pw_uid if made.returncode == 0 else pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        return 65534
-
-
-def _as(uid: int, *argv: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(list(argv), user=uid, group=uid, input=data, capture_output=True, timeout=30)
-
-
 def _plant(uid: int, folder: Path, tmp_path: Path) -> None:
     """What another user does first: the run's snapshot folder in /dev/shm, made before the run,
     open to all, with a snapshot of a late step for every rank (a valid npz of nonsense)."""
@@ -150,11 +129,11 @@ def _plant(uid: int, folder: Path, tmp_path: Path) -> None:
         bait,
         **{"fc.weight": np.zeros((10, 784), np.float32), "__mscon_meta__": np.frombuffer(meta, np.uint8)},
     )
-    assert _as(uid, "mkdir", "-m", "777", str(folder)).returncode == 0
+    assert run_as(uid, "mkdir", "-m", "777", str(folder)).returncode == 0
     for rank in range(4):
-        assert _as(uid, "mkdir", "-m", "777", str(folder / f"rank_{rank}")).returncode == 0
+        assert run_as(uid, "mkdir", "-m", "777", str(folder / f"rank_{rank}")).returncode == 0
         dest = str(folder / f"rank_{rank}" / "snap_9999.npz")
-        assert _as(uid, "sh", "-c", 'cat > "$0"', dest, data=bait.read_bytes()).returncode == 0
+        assert run_as(uid, "sh", "-c", 'cat > "$0"', dest, data=bait.read_bytes()).returncode == 0
 
 
 def _check_resume(
@@ -169,7 +148,9 @@ def _check_resume(
 
     run_id = f"resume-{secrets.token_hex(3)}"
     planted = Path(layout.shm_snapshot_folder(str(node_run_dir(run_id, "node1"))))
-    uid = _intruder() if intruder else None
+    uid = intruder_uid() if intruder else None
+    if intruder and uid is None:
+        pytest.skip("no second local user: useradd failed and there is no 'nobody'")
     if uid is not None:
         _plant(uid, planted, tmp_path)
     proc = _popen(tmp_path, inv, run_id, "--max-restarts", "1")
@@ -180,10 +161,10 @@ def _check_resume(
             assert real.is_dir() and (real / "rank_0").is_dir()
             assert (real.stat().st_mode & 0o777) == 0o700 and real.stat().st_uid == os.getuid()
             for what in (real, real / "rank_0"):
-                assert _as(uid, "ls", str(what)).returncode != 0, what
+                assert run_as(uid, "ls", str(what)).returncode != 0, what
             for snap in real.glob("rank_*/snap_*.npz"):
                 assert (snap.stat().st_mode & 0o777) == 0o600
-                assert _as(uid, "cat", str(snap)).returncode != 0, snap
+                assert run_as(uid, "cat", str(snap)).returncode != 0, snap
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
