@@ -87,7 +87,7 @@ def init_main(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
 
 
 def _error(message: str) -> int:
-    return usage_error(message, "mscon init")
+    return usage_error(message)
 
 
 def _name(out: Path) -> str:
@@ -114,11 +114,12 @@ def _inventory(
 
 def _job(args: argparse.Namespace, user_cmd: list[str] | None, sample: JobSpec) -> JobSpec:
     """The script after -- in the workdir (default: the current folder); without one, the sample's
-    job: the shipped trainer, in the installed package."""
+    job in the current folder (a checkout holds its trainer). Never the installed package's folder:
+    the workdir is the user's project, copied to every node, and must outlive an upgrade."""
     if not user_cmd:
         if args.workdir is not None:
             raise AdhocError("--workdir", "give the script too, after --: e.g. -- train.py")
-        return sample
+        return _sample_job_here(sample)
     from mscon.console.cli.main import _script_in_workdir
 
     workdir = (args.workdir if args.workdir is not None else Path.cwd()).resolve()
@@ -128,6 +129,18 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None, sample: JobSpec) 
     if script is None:
         raise AdhocError("--", f"script {user_cmd[0]} is not a file inside the workdir {workdir}")
     return JobSpec(workdir=workdir, script=script, args=tuple(user_cmd[1:]))
+
+
+def _sample_job_here(sample: JobSpec) -> JobSpec:
+    """The sample's job with the current folder as its workdir, where that folder holds its script."""
+    workdir = Path.cwd().resolve()
+    if not (workdir / sample.script).is_file():
+        raise AdhocError(
+            "init",
+            f"no script given, and the current folder (the job's workdir) holds no {sample.script}: "
+            "give your script after --, e.g. mscon init --hosts a,b --nproc-per-node 8 -- train.py",
+        )
+    return dataclasses.replace(sample, workdir=workdir)
 
 
 # ---------------------------------------------------------------------------------------- rendering
@@ -165,7 +178,7 @@ def render(inv: Inventory, folder: Path, sample: str, own_job: bool) -> str:
 
     job = inv.job
     if not own_job:
-        w.comment("The shipped example trainer: put your project's folder (relative to this file) and script")
+        w.comment("The sample's job (the trainer of an mscon checkout): put your own script and args")
     w.line("job:")
     w.line(f"  workdir: {_y(_path_text(job.workdir, folder))}", "synced to every node (no .git, venvs)")
     w.line(f"  script: {_y(job.script)}", "relative to workdir")
@@ -292,7 +305,7 @@ def _home_relative(path: str) -> str:
 
 def _path_text(workdir: Path, folder: Path) -> str:
     """Relative to the file's folder where one holds the other (the project moves as one); else
-    absolute (the shipped trainer in the installed package)."""
+    absolute (a --workdir elsewhere)."""
     if workdir == folder or workdir.is_relative_to(folder) or folder.is_relative_to(workdir):
         return os.path.relpath(workdir, folder)
     return str(workdir)

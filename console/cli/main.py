@@ -15,18 +15,20 @@ from importlib import metadata
 from pathlib import Path
 
 from mscon.agent.layout import FETCHED_ON_REQUEST, LOGS_DIR
+from mscon.console.cli.exit_table import exit_codes_text
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
-from mscon.console.cli.usage import usage_error
+from mscon.console.cli.prerun import refused_before_connecting
+from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
 from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.commands import StopJob
 from mscon.console.engine.events import RunResult
+from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW
 from mscon.console.engine.summary import (
     add_to_summary,
     is_stdout,
-    json_target,
     summary_file,
     write_json,
     write_summary,
@@ -56,21 +58,49 @@ _SLURM_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = MsconParser(
         prog="mscon",
         description="A cluster console for MindSpore distributed training.",
-        epilog="Exit codes: 0 ok, 2 usage/inventory error, 3 preflight failed, 4 node unreachable, "
-        "130 interrupted; a failed run exits with its root-cause rank's code (128 + signal).",
+        epilog=exit_codes_text(),
     )
     parser.add_argument("-V", "--version", action="version", version=f"mscon {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run_parser(sub, "run", "launch the job of an inventory on every node and follow it")
+    # mscon up: the same run, always in the live console (needs a terminal); a parser of its own,
+    # not an alias, so that its usage and errors say "mscon up".
+    _add_run_parser(sub, "up", "as run, in the live console")
+    _add_check_parser(sub)
+    _add_replay_parser(sub)
+    from mscon.console.cli.runs import add_parsers
+
+    add_parsers(sub)
+    from mscon.console.cli.prune import add_parser as add_prune_parser
+
+    add_prune_parser(sub)
+    from mscon.console.cli.init import add_parser as add_init_parser
+
+    add_init_parser(sub)
+    validate = sub.add_parser(
+        "validate",
+        help="check inventories without connecting anywhere (what run checks before connecting)",
+        description="Load and lint inventories offline, and refuse what mscon run refuses before it "
+        "connects (a workdir of /, a home folder, or too large); exit 0 if all are valid, else 2.",
+    )
+    validate.add_argument("inventories", nargs="+", metavar="INVENTORY")
+    from mscon.console.cli.completion import add_completion_parser
+
+    add_completion_parser(sub)
+    return parser
+
+
+def _add_run_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:  # type: ignore[type-arg]
     run = sub.add_parser(
-        "run",
-        aliases=["up"],  # mscon up: the same run, always in the live console (needs a terminal)
-        help="launch the job of an inventory on every node and follow it (up: in the live console)",
+        name,
+        help=help_text,
         description="Launch the inventory's job (or the script given after --) on every node, stream "
         "every rank's output, stop everything when a rank fails, and fetch the logs.",
-        usage="mscon run [options] [INVENTORY | --hosts HOST,... --nproc-per-node N] [-- SCRIPT [ARGS...]]",
+        usage=f"mscon {name} [options] [INVENTORY | --hosts HOST,... --nproc-per-node N] "
+        "[-- SCRIPT [ARGS...]]",
     )
     run.add_argument(
         "inventory",
@@ -78,11 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="inventory YAML (default: the embedded local inventory: ranks on this machine)",
     )
     run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
-    run.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
+    run.add_argument("--json", metavar="PATH", type=json_path_arg, help=_JSON_HELP)
     run.add_argument(
         "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
     )
-    run.add_argument("--run-id", help="use this run id instead of a generated one")
+    run.add_argument(
+        "--run-id",
+        type=run_id_arg,
+        help="use this run id instead of a generated one (letters, digits, '.', '_', '-')",
+    )
     run.add_argument(
         "--fetch",
         action="append",
@@ -111,16 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--straggler-factor",
         type=float,
-        default=1.3,
+        default=DEFAULT_FACTOR,
         metavar="F",
-        help="the console marks a rank whose step time is F x the others' median (default 1.3)",
+        help=f"the console marks a rank whose step time is F x the others' median (default {DEFAULT_FACTOR})",
     )
     run.add_argument(
         "--straggler-window",
         type=int,
-        default=20,
+        default=DEFAULT_WINDOW,
         metavar="N",
-        help="... over its last N steps (default 20)",
+        help=f"... over its last N steps (default {DEFAULT_WINDOW})",
     )
     run.add_argument(
         "--skip-check",
@@ -143,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         "MindSpore imported, ~0.4 GB, on its node while a restart may come)",
     )
     add_adhoc_flags(run)
+
+
+def _add_check_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     check = sub.add_parser(
         "check",
         help="run the preflight checks on every node, start nothing",
@@ -156,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--json",
         metavar="PATH",
-        type=json_target,
+        type=json_path_arg,
         help="also write every result as JSON to PATH; - writes it to stdout, and the table then goes "
         "to stderr, so stdout holds only the JSON",
     )
@@ -194,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
     )
     add_adhoc_flags(check)
+
+
+def _add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     replay = sub.add_parser(
         "replay",
         help="replay a past run (mscon ls lists them) or a recording (--events) in the live console",
@@ -207,29 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--speed", type=float, default=1.0, help="x real time (default 1; 0: as fast as possible)"
     )
-    from mscon.console.cli.runs import add_parsers
-
-    add_parsers(sub)
-    from mscon.console.cli.prune import add_parser as add_prune_parser
-
-    add_prune_parser(sub)
-    from mscon.console.cli.init import add_parser as add_init_parser
-
-    add_init_parser(sub)
-    validate = sub.add_parser(
-        "validate",
-        help="check inventories without connecting anywhere",
-        description="Load and lint inventories offline; exit 0 if all are valid, else 2.",
-    )
-    validate.add_argument("inventories", nargs="+", metavar="INVENTORY")
-    from mscon.console.cli.completion import add_completion_parser
-
-    add_completion_parser(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """``mscon ARGV``: its exit status. A reader that leaves early (``mscon ls | head``) ends any
+    command here, once: 141 as a shell reports SIGPIPE, and no traceback."""
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # now, inside the try: at exit it would fail where nobody catches it
+    except BrokenPipeError:
+        return _stdout_closed()
+    return code
+
+
+def _stdout_closed() -> int:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit finds nobody gone."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout (a test's capture)
+        pass
+    return exit_codes.OUTPUT_CLOSED
+
+
+def _dispatch(argv: list[str]) -> int:
     user_cmd: list[str] | None = None
     if "--" in argv:
         i = argv.index("--")
@@ -242,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "up"):
         return _run(parser, args, user_cmd)
     if args.command == "replay":
-        from mscon.console.views.tui.launch import replay_main
-
-        return replay_main(args.recording, args.logs_dir, args.speed)
+        return _replay(args)
     if args.command == "check":
         return _check(args, user_cmd)
     if args.command == "init":
@@ -273,6 +313,19 @@ def main(argv: list[str] | None = None) -> int:
         return completion_main(parser, args.shell)
     parser.error(f"unknown command {args.command}")
     return exit_codes.USAGE
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``mscon replay RUN_ID|EVENTS.jsonl``: a name that is not a file must be a run id."""
+    from mscon.console.views.tui.launch import replay_main
+
+    if args.speed < 0:
+        return usage_error("--speed: expected 0 (as fast as possible) or more")
+    if not Path(args.recording).is_file():
+        problem = run_ids.label_problem(args.recording)
+        if problem is not None:
+            return usage_error(f"RUN_ID|EVENTS.jsonl: no such file, and {problem}")
+    return replay_main(args.recording, args.logs_dir, args.speed)
 
 
 Job = tuple[Inventory, str | None, tuple[str, ...] | None]
@@ -379,7 +432,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
     if isinstance(job, int):
         return job
     inv, script, args_tuple = job
-    refused = _refused_workdir(inv)
+    refused = refused_before_connecting(inv)
     if refused:
         return usage_error(refused)
     args.tui = _wants_tui(args) and not args.detach
@@ -419,20 +472,6 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         return asyncio.run(_run_engine(inv, options, args))
     except KeyboardInterrupt:  # a Ctrl-C before the loop installed its handler
         return exit_codes.INTERRUPTED
-
-
-def _refused_workdir(inv: Inventory) -> str | None:
-    """Why the workdir cannot go to the nodes (``/``, a home folder, too large), before anything is
-    connected or packed; None where it can, or where no node copies it (local nodes run in it)."""
-    from mscon.console.transport.workdir import WorkdirRefused, check_workdir
-
-    if inv.slurm is None and all(n.transport == "local" for n in inv.nodes):
-        return None
-    try:
-        check_workdir(inv.job.workdir, inv.job.exclude, inv.job.max_workdir_gib)
-    except WorkdirRefused as exc:
-        return str(exc)
-    return None
 
 
 def _wants_tui(args: argparse.Namespace) -> bool:

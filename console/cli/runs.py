@@ -13,19 +13,17 @@ from pathlib import Path
 
 from mscon.agent.layout import LOGS_DIR
 from mscon.agent.protocol import LogBatch, RunInfo
-from mscon.console.cli.usage import usage_error
+from mscon.console.cli.usage import json_path_arg, run_id_arg, usage_error
 from mscon.console.config.adhoc import AdhocError, AdhocFlags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
-from mscon.console.config.safepath import UnsafePath, label
 from mscon.console.detach.attach import Attacher, AttachOptions
 from mscon.console.detach.record import DetachRecord, read_record
 from mscon.console.engine import exit_codes
 from mscon.console.engine.commands import DetachRun
-from mscon.console.engine.events import AgentEvent, Event, RunFinished
+from mscon.console.engine.events import AgentEvent, Event, JobState, RunFinished
 from mscon.console.engine.plan import build_plan
 from mscon.console.engine.session import ClusterSession
-from mscon.console.engine.summary import json_target
 from mscon.console.transport.base import printable
 from mscon.console.views.headless.reporter import HeadlessReporter, StdoutWriter
 
@@ -45,14 +43,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     _common(attach)
     attach.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
     attach.add_argument("--read-only", action="store_true", help="watch only (another console may steer)")
-    attach.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
+    attach.add_argument("--json", metavar="PATH", type=json_path_arg, help=_JSON_HELP)
     stop = sub.add_parser(
         "stop",
         help="stop a detached run and fetch its logs",
         description="Stop every rank of a detached run.",
     )
     _common(stop)
-    stop.add_argument("--json", metavar="PATH", type=json_target, help=_JSON_HELP)
+    stop.add_argument("--json", metavar="PATH", type=json_path_arg, help=_JSON_HELP)
     logs = sub.add_parser(
         "logs",
         help="print (or follow) the logs of a run on its nodes",
@@ -81,7 +79,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("run_id", metavar="RUN_ID", type=run_id_arg)
     p.add_argument(
         "inventory",
         nargs="?",
@@ -100,12 +98,13 @@ def _inventory(path: str | None, record: DetachRecord | None) -> Inventory:
     return load_inventory_or_default(path)
 
 
-def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | int:
-    try:
-        label(args.run_id, "run id")
-    except UnsafePath as exc:
-        return usage_error(str(exc))
-    record = read_record(args.logs_dir / args.run_id)
+def _setup(args: argparse.Namespace, command: str) -> tuple[Inventory, DetachRecord | None] | int:
+    record = read_record(args.logs_dir / args.run_id)  # RUN_ID is a label (run_id_arg)
+    # Before the inventory: a run that is over needs none (and its file may be gone).
+    over = _nothing_on_the_nodes(args.logs_dir, args.run_id, record, command)
+    if over is not None:
+        print(f"mscon: {over}", file=sys.stderr)
+        return exit_codes.USAGE
     try:
         inv = _inventory(args.inventory, record)
     except InventoryError as exc:
@@ -115,7 +114,7 @@ def _setup(args: argparse.Namespace) -> tuple[Inventory, DetachRecord | None] | 
 
 
 def attach_main(args: argparse.Namespace, command: str) -> int:
-    setup = _setup(args)
+    setup = _setup(args, command)
     if isinstance(setup, int):
         return setup
     inv, record = setup
@@ -138,6 +137,31 @@ def attach_main(args: argparse.Namespace, command: str) -> int:
         return asyncio.run(_attach(attacher, args, command))
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
+
+
+_NOTHING_TO = {"attach": "nothing to attach to", "stop": "nothing to stop", "logs": "no logs to follow"}
+
+
+def _nothing_on_the_nodes(
+    logs_dir: Path, run_id: str, record: DetachRecord | None, command: str
+) -> str | None:
+    """Why a run this logs folder holds has nothing on the nodes for ``command``: it was never
+    detached (its console followed it to the end, or still does), or it was and has ended. None
+    where the nodes must be asked (a detached run, or one this folder does not know)."""
+    from mscon.console.history.runs import read_run
+
+    folder = logs_dir / run_id
+    past = read_run(folder) if folder.is_dir() else None
+    if past is None:
+        return None
+    if record is None:
+        what = f"run {run_id} was not detached (its console follows a run to its end)"
+    elif past.status is not None and past.status.final and past.status is not JobState.DETACHED:
+        what = f"run {run_id} has ended ({past.status_word})"
+    else:
+        return None
+    shown = folder.as_posix() if folder.is_absolute() else f"./{folder.as_posix()}"
+    return f"{what}: {_NOTHING_TO[command]}; mscon replay {run_id} shows it, its logs are in {shown}"
 
 
 def _refuse_unknown_run(inv: Inventory, args: argparse.Namespace) -> int | None:

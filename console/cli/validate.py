@@ -1,7 +1,9 @@
 """``mscon validate INVENTORY...``: check inventories without connecting anywhere.
 
 One line per file: ``ok: PATH (N nodes, W ranks)`` on ``out`` for a good one; for a bad one, every
-error the loader found in it, one line each, on ``err``. Exit status 0 when every file is good, else 2.
+error the loader found in it, one line each, on ``err``, or the one thing ``mscon run`` would refuse
+before connecting (console/cli/prerun.py: the same function). Exit status 0 when every file is good,
+else 2.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from mscon.console.cli.prerun import refused_before_connecting
 from mscon.console.config.inventory import InventoryError, load_inventory, oneline
 from mscon.console.engine import exit_codes
 
@@ -32,6 +35,11 @@ def validate_main(paths: list[str], out: TextIO | None = None, err: TextIO | Non
             continue
         except Exception as exc:  # a loader bug must still be one line and exit 2
             _emit(err, f"{oneline(str(path))}: internal error: {oneline(f'{type(exc).__name__}: {exc}')}")
+            status = exit_codes.USAGE
+            continue
+        refused = refused_before_connecting(inv)
+        if refused is not None:
+            _emit(err, f"{oneline(str(path))}: {oneline(refused)}")
             status = exit_codes.USAGE
             continue
         if inv.slurm is not None and not inv.nodes:

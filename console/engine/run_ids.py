@@ -1,21 +1,35 @@
 """Run ids: the generated one (``slurm-$SLURM_JOB_ID`` inside a Slurm job, else the time and a random
 tag), and the first free one, ``ID``, ``ID.1``, ``ID.2``..., when an earlier run left a folder with
 that id (a Slurm job id that came round again, two clusters sharing a home folder). An id the user
-gave is never changed: reusing it is refused with how to reuse it."""
+gave is never changed: reusing it is refused with how to reuse it. Every id is a label (see
+:func:`label_problem`): it names a folder here and on every node, so it must stay one plain name."""
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 MAX_SUFFIX = 999  # beyond this many earlier runs of one id, something else is wrong
+MAX_LENGTH = 128  # a folder name on every node, with room for a suffix under NAME_MAX
+# A leading letter or digit: never hidden (``.``, ``..``), never read as a flag (``-x``).
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+RULE = f"a run id is 1 to {MAX_LENGTH} letters, digits, '.', '_' and '-', starting with a letter or digit"
 
 
 class RunIdTaken(Exception):
     """Every suffix of a generated id is taken, or an id the user gave is; one line."""
+
+
+def label_problem(run_id: str) -> str | None:
+    """Why ``run_id`` cannot be a run id (a path, ``..``, a space, a control character...), in
+    words with :data:`RULE`; None when it can."""
+    if _LABEL.fullmatch(run_id) and len(run_id) <= MAX_LENGTH:
+        return None
+    return f"{run_id!r} is not a run id: {RULE}"
 
 
 def generated_run_id(env: Mapping[str, str] | None = None) -> str:

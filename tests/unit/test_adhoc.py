@@ -233,16 +233,21 @@ def test_init_writes_an_inventory_that_validates(project: Path, capsys: pytest.C
 
 @pytest.mark.parametrize("target", ["CPU", "GPU", "Ascend"])
 def test_init_from_each_sample_validates(project: Path, target: str) -> None:
+    """With no script given, the sample's job in the current folder (a checkout, holding its trainer)."""
+    (project / "trainer").mkdir()
+    (project / "trainer" / "train.py").write_text("print('hi')\n")
     path = project / "sub" / f"{target.lower()}.yaml"
     path.parent.mkdir()
     assert cli.main(["init", str(path), "--device-target", target]) == 0
     inv = load_inventory(path)
-    assert inv.device_target == target and (inv.job.workdir / inv.job.script).is_file()
+    assert inv.device_target == target and inv.job.workdir == project
+    assert "  workdir: ..  " in path.read_text()  # the current folder, relative to the file
     assert cli.main(["validate", str(path)]) == 0
-    # Everything the sample says, the written file says (only its name and place differ).
+    # Everything the sample says, the written file says (only its name, place and workdir differ).
     with resources.as_file(resources.files("mscon.inventory").joinpath(SAMPLES[target])) as p:
         sample = load_inventory(p)
-    assert dataclasses.replace(inv, path=p, name=sample.name) == sample
+    job = dataclasses.replace(sample.job, workdir=project)
+    assert dataclasses.replace(inv, path=p, name=sample.name) == dataclasses.replace(sample, job=job)
 
 
 def test_init_from_a_hostfile(project: Path) -> None:
@@ -262,7 +267,7 @@ def test_init_refuses_to_overwrite(project: Path, capsys: pytest.CaptureFixture[
     )
     _one_line_error(capsys, "--hosts: expected a hostname")
     assert target.read_text() == "mine\n"  # a refused init writes nothing
-    assert cli.main(["init", "--force"]) == 0
+    assert cli.main(["init", "--force", "--", "train.py"]) == 0
     assert load_inventory(target).nodes[0].transport == "local"
     assert not [p for p in os.listdir(project) if p.endswith(".tmp")]  # no temp file left behind
 

@@ -54,19 +54,19 @@ def replay_main(target: str, logs_root: Path, speed: float) -> int:
     import asyncio
 
     if speed < 0:
-        print("mscon: error: --speed: expected 0 (as fast as possible) or more", file=sys.stderr)
+        print("mscon: --speed: expected 0 (as fast as possible) or more", file=sys.stderr)
         return exit_codes.USAGE
     try:
         path = find_recording(target, logs_root)
     except NoRecording as exc:
-        print(f"mscon: error: {printable(str(exc))}", file=sys.stderr)
+        print(f"mscon: {printable(str(exc))}", file=sys.stderr)
         return exit_codes.USAGE
     try:
         events = list(read_recording(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"mscon: error: {path}: not a recording of console events ({exc})", file=sys.stderr)
+        print(f"mscon: {path}: not a recording of console events ({exc})", file=sys.stderr)
         return exit_codes.USAGE
     if not is_terminal():
-        print("mscon: error: mscon replay needs a terminal", file=sys.stderr)
+        print("mscon: mscon replay needs a terminal", file=sys.stderr)
         return exit_codes.USAGE
     return asyncio.run(_replay(events, speed))
