@@ -152,11 +152,17 @@ class Resumer:
             self.writer.submit(step, self.params, {"epoch": epoch, "pos": pos, "rng": meta}, arrays)
         # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
         w = self.writer
-        agreed = self.interval.observe(
-            step_s, w.typical_copy_s() if w is not None else 0.0, self.rank, self.size
-        )
+        agreed = self.interval.observe(step_s, self._snapshot_cost(), self.rank, self.size)
         if agreed is not None and self.rank == 0 and w is not None:
             self._say(f"a snapshot every {agreed} step(s) (auto)")
+
+    def _snapshot_cost(self) -> float:
+        """What a snapshot costs the step: its copy, and where the host computes the step (CPU)
+        its background write too, which takes cores from the step's kernels."""
+        w = self.writer
+        if w is None:
+            return 0.0
+        return w.typical_copy_s() + (w.typical_write_s() if _host_computes() else 0.0)
 
     def settle(self) -> None:
         """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""
@@ -199,6 +205,15 @@ def load_into(objects: tuple, arrays: dict[str, np.ndarray]) -> None:
     params = as_parameters(rng.parameters_only(arrays))
     for obj in objects:
         ms.load_param_into_net(obj, params, strict_load=False)
+
+
+def _host_computes() -> bool:
+    try:
+        import mindspore as ms
+
+        return ms.get_context("device_target") == "CPU"
+    except Exception:  # noqa: BLE001 - no MindSpore context: count the write, to be safe
+        return True
 
 
 def _nbytes(p: Any) -> int:

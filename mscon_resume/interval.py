@@ -26,27 +26,28 @@ class Interval:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def observe(self, step_s: float, copy_s: float, rank: int, size: int) -> int | None:
-        """After each step (``copy_s``: the copy time per snapshot so far): the agreed interval
-        once decided at this step, else None."""
+    def observe(self, step_s: float, cost_s: float, rank: int, size: int) -> int | None:
+        """After each step (``cost_s``: what a snapshot costs the step, so far): the agreed
+        interval once decided at this step, else None."""
         if not self.auto or len(self._timed) > self.PROBE_STEPS:
             return None
         self._timed.append(step_s)
         if len(self._timed) <= self.PROBE_STEPS:
             return None
         timed = sorted(self._timed[1:])  # the first step compiles
-        self.every = agree_max(budget_interval(copy_s, timed[len(timed) // 2], self.budget), rank, size)
+        self.every = agree_max(budget_interval(cost_s, timed[len(timed) // 2], self.budget), rank, size)
         return self.every
 
 
-FREE_COPY_S = 0.001  # a copy this cheap is taken every step, whatever the budget says
+FREE_COST_S = 0.003  # a snapshot this cheap is taken every step, whatever the budget says
 
 
-def budget_interval(copy_s: float, step_s: float, budget: float) -> int:
-    """The fewest steps between snapshots whose copy (``copy_s`` each) costs at most ``budget`` of
-    the step time: a restart then loses at most that many steps. A copy under ``FREE_COPY_S``
-    (a small model's) is taken every step: a restart then loses at most one step, for a cost that
-    no real step notices, though a tiny step's share may pass the budget."""
-    if copy_s <= FREE_COPY_S or step_s <= 0:
+def budget_interval(cost_s: float, step_s: float, budget: float) -> int:
+    """The fewest steps between snapshots whose cost (``cost_s`` each: the copy, and on CPU the
+    background write, which takes cores from the step) is at most ``budget`` of the step time: a
+    restart then loses at most that many steps. A snapshot under ``FREE_COST_S`` (a small model's:
+    up to about half a megabyte) is taken every step: a restart then loses at most one step, for
+    a cost no real step notices, though a tiny step's share may pass the budget."""
+    if cost_s <= FREE_COST_S or step_s <= 0:
         return 1
-    return max(1, math.ceil(copy_s / (budget * step_s)))
+    return max(1, math.ceil(cost_s / (budget * step_s)))

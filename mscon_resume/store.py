@@ -361,6 +361,7 @@ class Writer:
         self.error: BaseException | None = None
         self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
         self.copies: list[float] = []  # each copy's time (the first pays the memory's page faults)
+        self.writes: list[float] = []  # each background write's time
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
@@ -389,13 +390,15 @@ class Writer:
                 _say(f"snapshot of step {step} not written: {exc}")
             self.error = exc
         self.write_s += time.perf_counter() - t0
+        self.writes.append(time.perf_counter() - t0)
 
     def typical_copy_s(self) -> float:
         """The median copy: what a snapshot costs the step once memory is warm."""
-        if not self.copies:
-            return 0.0
-        ordered = sorted(self.copies)
-        return ordered[len(ordered) // 2]
+        return _median(self.copies)
+
+    def typical_write_s(self) -> float:
+        """The median background write (the writes done so far)."""
+        return _median(self.writes)
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -410,3 +413,10 @@ class Writer:
             f"wait {1e3 * self.wait_s / n:.2f} ms on the step, write {1e3 * self.write_s / n:.2f} ms in the "
             "background, each"
         )
+
+
+def _median(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
