@@ -31,9 +31,19 @@ mscon, msrun and MindSpore; with the live source:
 
     PYTHONPATH=.dev .venv/bin/python bench/chaos.py [--duration 600] [--every 60] [--variants warm,cold,msrun]
 
+``--net-py``: the same on a user's own script instead of the trainer: MindSpore's msrun sample
+examples/net.py with mscon_resume's three lines (docs/resume.md), over bench/fake_mnist.py's data
+(``--net-samples``; by default enough that net.py's 10 epochs outlast --duration at
+``--net-step-s`` a step), copied into a workdir of the bench's. Its step records come from the
+library (MSCON_METRICS, a snapshot every step by default); under msrun from its loss lines (every
+10th step: ``epoch: E, step: I`` is global step E x steps-an-epoch + I + 1). ``cold`` is then
+``--no-spares`` and ``restart.backoff_s: 2``, and msrun runs it as the docs do (no MSCON_RESUME):
+
+    .venv/bin/python bench/chaos.py --net-py [--duration 600] [--every 60] [--variants warm,msrun]
+
 Everything a variant starts is removed when it ends, also on Ctrl-C and SIGTERM: the launchers'
 process groups, any process carrying the run's markers, the node-side run folders, the trainer's
-snapshot folders (/dev/shm) and msrun's log folder.
+snapshot folders (/dev/shm) and msrun's log folder (--net-py: also the library's /dev/shm folders).
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ import re
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -82,7 +93,9 @@ from failstop import (
     runs_script,
     write_inventory,
 )
-from launch import Contention, bench_env, end_bench, start_msrun_node, wait_idle
+from fake_mnist import write_fake_mnist
+from launch import MSRUN_REMOTE, Contention, bench_env, end_bench, start_msrun_node, wait_idle
+from launch import PYTHON as LAUNCH_PYTHON
 from procstat import layout, node_runs, sshd_nodes, tool_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,6 +108,12 @@ SPARE_BOOT = "spare_boot.py"  # agent/spares.py: a spare rank runs this file, th
 STEPS_PER_EPOCH = 500
 RANK_FILE_RE = re.compile(r"^r(\d+)" + re.escape(layout.METRICS_SUFFIX) + "$")
 WORKER_LOG_RE = re.compile(r"(?:^|/)worker_(\d+)\.log$")
+# --net-py: the docs' sample with mscon_resume (its batch and epochs are fixed in the script)
+NET_SCRIPT = "net.py"
+NET_EXAMPLE = REPO / "examples" / NET_SCRIPT
+NET_BATCH = 32
+NET_EPOCHS = 10
+NET_LOSS_RE = re.compile(r"epoch: ?(\d+),? step: ?(\d+), loss is")
 COLD_NOTE = (
     "cold: restart.backoff_s 2, but the policy waits it only after a failure before any step "
     "(agent/policy.py); no setting brings back the old wait after a fault in training"
@@ -172,6 +191,19 @@ class StepLines:
         self.seen = len(snap)
 
 
+class NetStepLines(StepLines):
+    """--net-py under msrun: net.py's loss lines (0-based epoch and in-epoch index, every 10th step)."""
+
+    def poll(self) -> None:
+        snap = self.lines.snapshot()
+        for t, src, text in snap[self.seen :]:
+            w, s = WORKER_LOG_RE.search(src), NET_LOSS_RE.search(text)
+            if w and s:
+                step = int(s.group(1)) * self.spe + int(s.group(2)) + 1
+                self.marks.append(StepMark(0, int(w.group(1)), step, t + self.wall_offset))
+        self.seen = len(snap)
+
+
 def training(marks: list[StepMark], attempt: int, world: int) -> bool:
     """Every rank of ``attempt`` has stepped."""
     return len({m.rank for m in marks if m.attempt == attempt}) >= world
@@ -244,18 +276,21 @@ class Result:
         }
 
 
-def rank_process(pids: list[int], rank: int, env_ok: Any) -> tuple[int | None, list[int]]:
+def rank_process(
+    pids: list[int], rank: int, env_ok: Any, scripts: tuple[str, ...] = ()
+) -> tuple[int | None, list[int]]:
     """The rank's own process (RANK_ID=rank, MS_ROLE=MS_WORKER, ``env_ok``, running the script or
     a spare that became the rank: agent/spares.py; its /proc cmdline stays the spare's): the one
     whose parent is none of them (a process it forked carries its environment and command line
-    too); also every candidate, to say why when there is no single one."""
+    too); also every candidate, to say why when there is no single one. ``scripts``: other
+    script names a rank may run (--net-py: net.py)."""
     cands = [
         p
         for p in pids
         if (e := proc_environ(p)).get("RANK_ID") == str(rank)
         and e.get("MS_ROLE") == "MS_WORKER"
         and env_ok(e)
-        and (runs_script(p) or any(w.endswith(SPARE_BOOT) for w in cmdline(p)))
+        and (runs_script(p) or any(w.endswith((SPARE_BOOT, *scripts)) for w in cmdline(p)))
     ]
     roots = [p for p in cands if (st := proc_stat(p)) is not None and st[1] not in cands]
     return (roots[0] if len(roots) == 1 else None), cands
@@ -272,6 +307,7 @@ class Injector:
         self.rank: int | None = None  # drawn, not yet killed (its process was not found yet)
         self.hit: set[int] = set()  # attempts already faulted
         self.missed_since: float | None = None  # the drawn rank's process not found since
+        self.scripts: tuple[str, ...] = (NET_SCRIPT,) if getattr(a, "net_py", False) else ()
 
     def try_inject(self, marks: list[StepMark], ours: Any, attempt_of: Any) -> Fault | None:
         if time.time() < self.due or not marks:
@@ -281,7 +317,9 @@ class Injector:
             return None
         if self.rank is None:
             self.rank = self.rng.randrange(self.world)
-        victim, cands = rank_process(marked(ours), self.rank, lambda e: ours(e) and attempt_of(e) == cur)
+        victim, cands = rank_process(
+            marked(ours), self.rank, lambda e: ours(e) and attempt_of(e) == cur, self.scripts
+        )
         if victim is None:
             now = time.time()
             self.missed_since = self.missed_since or now
@@ -317,7 +355,9 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
     launcher_flags: list[str] = []
     if res.variant == "warm":
         res.settings.append("restart at once after a fault in training (policy default)")
-        if "--snapshot-every" in flags:
+        if a.net_py:
+            res.settings.append("examples/net.py: mscon_resume's snapshot every step (every='auto')")
+        elif "--snapshot-every" in flags:
             extra += ["--snapshot-every", "1"]
             res.settings.append("trainer --snapshot-every 1")
         else:
@@ -335,9 +375,13 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
         doc["restart"] = {"backoff_s": 2}
         launcher_flags.append("--no-spares")
         res.settings += [
-            "no spares (--no-spares), no compile cache; mscon still passes --snapshot-every 1",
+            "no spares (--no-spares), no compile cache; "
+            + ("mscon_resume snapshots as in warm" if a.net_py else "mscon still passes --snapshot-every 1"),
             COLD_NOTE,
         ]
+    if a.net_py:
+        doc["job"].update(workdir=str(a.net_work), script=NET_SCRIPT)
+        doc["job"]["env"]["DATA_PATH"] = str(a.net_data)
     inv.write_text(yaml.safe_dump(doc), encoding="utf-8")
     max_restarts = min(1000, math.ceil(a.duration / a.every) + 2)
     args = train_args(a, extra)
@@ -347,7 +391,11 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
         "--max-restarts", str(max_restarts), *launcher_flags, "--", SCRIPT, *args,
     ]  # fmt: skip
     shown = " ".join([f"--max-restarts {max_restarts}", *launcher_flags])
-    res.settings.append(f"mscon run {shown} -- {SCRIPT} {' '.join(args)}")
+    if a.net_py:  # the inventory's job.script, no arguments
+        cmd = cmd[: cmd.index("--")]
+        res.settings.append(f"mscon run {shown} INV (job.script {NET_SCRIPT}: {net_data_note(a)})")
+    else:
+        res.settings.append(f"mscon run {shown} -- {SCRIPT} {' '.join(args)}")
     marker = f"/{run_id}/"
 
     def ours(env: dict[str, str]) -> bool:
@@ -395,6 +443,10 @@ def run_mscon(res: Result, cluster: Any, a: argparse.Namespace, tmp: Path, port:
         res.marks = [m for m in tail.marks if m.ts <= res.t_start + a.duration]
         _kill_marked(sorted(set(marked(ours)) | {p for p in known if alive(p)}), f"mscon {res.variant}")
         _remove_snapshots(ckpt_dirs)
+        if a.net_py:  # mscon_resume's folders in /dev/shm (the agents remove them at a normal end)
+            for node in cluster.nodes:
+                for folder in layout.own_shm_snapshot_folders(str(NODE_RUNS / run_id / node.name)):
+                    shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(NODE_RUNS / run_id, ignore_errors=True)
         if res.wall_s == 0.0:
             res.wall_s = time.time() - res.t_start
@@ -428,10 +480,18 @@ def _tail(path: Path, n: int) -> str:
 def run_msrun(res: Result, a: argparse.Namespace, tmp: Path, port: int) -> None:
     base = Path(tempfile.mkdtemp(prefix="msrun-chaos-", dir=tmp))
     args = train_args(a, [])
-    res.settings.append(f"msrun --join=True {SCRIPT} {' '.join(args)} (no restart)")
+    work = base / "work"  # --net-py: msrun's own copy of the script (its .mscon-state goes there)
+    if a.net_py:
+        work.mkdir()
+        shutil.copy(NET_EXAMPLE, work / NET_SCRIPT)
+        res.settings.append(
+            f"msrun --join=True {NET_SCRIPT} (no restart nor MSCON_RESUME; {net_data_note(a)})"
+        )
+    else:
+        res.settings.append(f"msrun --join=True {SCRIPT} {' '.join(args)} (no restart)")
     lines = Lines()
     poller = LogPoller(base, lines)
-    steps = StepLines(lines, STEPS_PER_EPOCH)
+    steps = NetStepLines(lines, net_steps_per_epoch(a)) if a.net_py else StepLines(lines, STEPS_PER_EPOCH)
     procs: list[subprocess.Popen[bytes]] = []
     outs = []
     needle = str(port)
@@ -444,7 +504,10 @@ def run_msrun(res: Result, a: argparse.Namespace, tmp: Path, port: int) -> None:
     inject = Injector(a, res.world, res.t_start)
     try:
         for node in range(a.nodes):
-            proc, out = start_msrun_node(base, node, a.nodes, a.ranks_per_node, port, args)
+            if a.net_py:
+                proc, out = start_msrun_net_node(base, node, a, port, work)
+            else:
+                proc, out = start_msrun_node(base, node, a.nodes, a.ranks_per_node, port, args)
             procs.append(proc)
             outs.append(out)  # closed in finally
         poller.start()
@@ -484,11 +547,79 @@ def run_msrun(res: Result, a: argparse.Namespace, tmp: Path, port: int) -> None:
         for out in outs:
             out.close()
         _kill_marked(sorted(set(marked(ours)) | {p for p in known if alive(p)}), "msrun")
+        if a.net_py:
+            _remove_net_state(work)
         shutil.rmtree(base, ignore_errors=True)
         if res.wall_s == 0.0:
             res.wall_s = time.time() - res.t_start
         if not res.outcome:
             res.error = "interrupted"
+
+
+# ---------------------------------------------------------------- --net-py
+
+
+def net_steps_per_epoch(a: argparse.Namespace) -> int:
+    return a.net_samples // (a.nodes * a.ranks_per_node * NET_BATCH)
+
+
+def net_data_note(a: argparse.Namespace) -> str:
+    spe = net_steps_per_epoch(a)
+    return f"{a.net_samples} fake MNIST samples, {spe} steps an epoch, {NET_EPOCHS * spe} in all"
+
+
+def write_net_data(folder: Path, samples: int) -> Path:
+    """bench/fake_mnist.py's data set of ``samples``: its first 10240 samples (at most) repeated,
+    written piecewise (the whole array at once would take GBs for a 10-minute run)."""
+    base = write_fake_mnist(folder / "base", min(samples, 10240))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, per in (("train-images-idx3-ubyte", 28 * 28), ("train-labels-idx1-ubyte", 1)):
+        raw = (base / name).read_bytes()
+        head = 4 + 4 * (3 if per > 1 else 1)
+        body = raw[head:]
+        with open(folder / name, "wb") as f:
+            f.write(raw[:4] + struct.pack(">I", samples) + raw[8:head])
+            left = samples
+            while left > 0:
+                n = min(left, len(body) // per)
+                f.write(body[: n * per])
+                left -= n
+    shutil.rmtree(base, ignore_errors=True)
+    return folder
+
+
+def start_msrun_net_node(
+    base: Path, node: int, a: argparse.Namespace, port: int, work: Path
+) -> tuple[subprocess.Popen[bytes], Any]:
+    """launch.start_msrun_node for net.py: run in ``work``, DATA_PATH set, no mscon variables."""
+    log_dir = base / f"node{node}"
+    log_dir.mkdir(parents=True)
+    out = open(base / f"msrun-node{node}.out", "wb")  # noqa: SIM115 - the caller closes it
+    launcher = [str(ENV.bin / "msrun")] if node == 0 else [str(LAUNCH_PYTHON), "-c", MSRUN_REMOTE]
+    cmd = [
+        *launcher, f"--worker_num={a.nodes * a.ranks_per_node}", f"--local_worker_num={a.ranks_per_node}",
+        "--master_addr=127.0.0.1", f"--master_port={port}", f"--node_rank={node}", f"--log_dir={log_dir}",
+        "--join=True", NET_SCRIPT,
+    ]  # fmt: skip
+    env = {k: v for k, v in bench_env().items() if not k.startswith("MSCON_")}
+    env["DATA_PATH"] = str(a.net_data)
+    proc = subprocess.Popen(
+        cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    return proc, out
+
+
+def _remove_net_state(work: Path) -> None:
+    """What mscon_resume left under plain msrun: its /dev/shm folder for ``work/.mscon-state``."""
+    try:
+        from mscon_resume import store
+    except ImportError:
+        return
+    first = store.shm_folder(str(work / ".mscon-state"))
+    for folder in [first, *(f"{first}.{i}" for i in range(1, 8))]:
+        if os.path.isdir(folder) and os.stat(folder).st_uid == os.getuid():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- report
@@ -562,6 +693,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-wait-idle", type=float, default=30.0, help="wait up to this long for an idle machine"
     )
+    p.add_argument(
+        "--net-py", action="store_true", help="examples/net.py with mscon_resume instead of the trainer"
+    )
+    p.add_argument("--net-samples", type=int, default=0, help="--net-py: fake MNIST samples (0: enough)")
+    p.add_argument(
+        "--net-step-s", type=float, default=0.006,
+        help="--net-py: the step time (s) the default --net-samples assumes, with a 1.5x margin",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the JSON line of raw numbers here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (inventories, outputs)")
     a = p.parse_args(argv)
@@ -574,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--checkpoint-every must be >= 1")
     if "msrun" in a.variants and (problem := ENV.problem("msrun")):
         p.error(problem)
+    if a.net_py and a.net_samples <= 0:  # net.py's 10 epochs outlast the duration
+        per_epoch = math.ceil(1.5 * a.duration / a.net_step_s / NET_EPOCHS)
+        a.net_samples = per_epoch * world * NET_BATCH
     command = shlex.join([sys.executable, *sys.argv])
     pp = os.environ.get("PYTHONPATH")
     env_pp = f"PYTHONPATH={shlex.quote(pp)} " if pp else ""
@@ -584,6 +726,12 @@ def main(argv: list[str] | None = None) -> int:
     watch = Contention()
     watch.start()
     try:
+        if a.net_py:
+            print(f"net.py: {net_data_note(a)}", flush=True)
+            a.net_work = tmp / "net-work"  # mscon's workdir: examples/net.py alone
+            a.net_work.mkdir()
+            shutil.copy(NET_EXAMPLE, a.net_work / NET_SCRIPT)
+            a.net_data = write_net_data(tmp / "net-mnist", a.net_samples)
         if any(v != "msrun" for v in a.variants):
             cluster = sshd_nodes().start_sshd_cluster(tmp / "sshd", n=a.nodes)
             print(f"sshd nodes: {', '.join(f'{n.host}:{n.port}' for n in cluster.nodes)}", flush=True)

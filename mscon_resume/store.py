@@ -360,20 +360,22 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
-        self.copies: list[float] = []  # each copy's time (the first pays the memory's page faults)
-        self.writes: list[float] = []  # each background write's time
+        # Each copy's and each write's CPU time (the thread's own: what a snapshot costs, however
+        # busy the machine; the first copy pays the memory's page faults).
+        self.copies: list[float] = []
+        self.writes: list[float] = []
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
 
     def submit(self, step: int, params: list[tuple[str, Any]], meta: dict, extra: dict | None = None) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         arrays = take(params)
         arrays.update(extra or {})
         t1 = time.perf_counter()
+        self.copies.append(time.thread_time() - c0)
         self.wait()
         self.copy_s += t1 - t0
-        self.copies.append(t1 - t0)
         self.wait_s += time.perf_counter() - t1
         self.count += 1
         self._thread = threading.Thread(
@@ -382,7 +384,7 @@ class Writer:
         self._thread.start()
 
     def _write(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             write(self.root, self.rank, step, arrays, meta, self.key, self.keep)
         except OSError as exc:  # a full /dev/shm must not stop training
@@ -390,14 +392,14 @@ class Writer:
                 _say(f"snapshot of step {step} not written: {exc}")
             self.error = exc
         self.write_s += time.perf_counter() - t0
-        self.writes.append(time.perf_counter() - t0)
+        self.writes.append(time.thread_time() - c0)
 
     def typical_copy_s(self) -> float:
-        """The median copy: what a snapshot costs the step once memory is warm."""
+        """The median copy's CPU time: what a snapshot costs the step once memory is warm."""
         return _median(self.copies)
 
     def typical_write_s(self) -> float:
-        """The median background write (the writes done so far)."""
+        """The median background write's CPU time (the writes done so far)."""
         return _median(self.writes)
 
     def wait(self) -> None:

@@ -10,6 +10,7 @@ under plain ``msrun`` with ``MSCON_RESUME=1`` after a kill.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -248,6 +249,15 @@ def _msrun(work: Path, data: Path, log_dir: str, port: int, resume: bool) -> sub
     )  # fmt: skip
 
 
+def _kill_everything_in(work: Path) -> None:
+    """Every process running in ``work``: msrun, its workers (each in a session of its own) and
+    the ``tail -f`` it keeps on their logs."""
+    for p in psutil.process_iter(["cwd"]):
+        if p.info["cwd"] == str(work) and p.pid != os.getpid():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
     return {(int(e), int(s)): x.strip() for e, s, x in LOSS_LINE.findall(log.read_text(errors="replace"))}
 
@@ -274,13 +284,15 @@ def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: 
     finally:
         # Every process of the launch, as a lost node would: msrun's workers run in sessions of
         # their own, so they are found by what they run and where.
-        for p in psutil.process_iter(["cmdline", "cwd"]):
-            if "net.py" in (p.info["cmdline"] or []) and p.info["cwd"] == str(work):
-                p.kill()
-        os.killpg(first.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        _kill_everything_in(work)
         first.wait(timeout=30)
     relaunch = _msrun(work, data, "second", free_port(), resume=True)
-    assert relaunch.wait(timeout=240) == 0
+    try:
+        assert relaunch.wait(timeout=240) == 0
+    finally:
+        _kill_everything_in(work)  # msrun's `tail -f` of its logs, if it left one
     for r in (0, 1):
         log = (work / "second" / f"worker_{r}.log").read_text(errors="replace")
         m = re.search(r"mscon_resume: rank \d resumes after step (\d+)", log)
