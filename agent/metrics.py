@@ -14,16 +14,18 @@ from . import protocol as P
 from .tail import NO_STEP, LineMetrics
 
 
-def from_record(node: str, name: str, rank: int, obj: dict) -> P.Metric:
+def from_record(node: str, name: str, rank: int, obj: dict, read_ts: float | None = None) -> P.Metric:
     """A Metric from one MSCON_METRICS JSON record (``tail.parse_metrics_line``): each optional
     field of Metric from the record's key of the same name, None where it is missing or of
-    another type."""
+    another type. ``ts`` is the record's own (the rank's clock), else ``read_ts``, the time the
+    agent read it (one for all the lines of one read: the console derives no step time between
+    them), else now."""
     return P.Metric(
         node=node,
         name=name,
         rank=rank,
         step=obj["step"],
-        ts=_opt_float(obj.get("ts")) or time.time(),
+        ts=_opt_float(obj.get("ts")) or read_ts or time.time(),
         source="metrics",
         **{field: read(obj.get(key)) for field, key, read in _RECORD_FIELDS},
     )
@@ -94,8 +96,11 @@ class LineParser:
         self.node, self.name, self.rank = node, name, rank
         self.line_metrics = line_metrics
         self.step_time_s: float | None = None
+        self.read_ts: float | None = None  # when the lines being parsed were read (streaming sets it)
 
     def parse(self, line: str) -> P.Metric | None:
+        """The line's metric, stamped ``read_ts``: the time the agent read it, the same for every
+        line of one read (else now), so the console derives step times only between reads."""
         parsed = self.line_metrics.parse(line)
         if parsed is None:
             return None
@@ -110,7 +115,7 @@ class LineParser:
             epoch=parsed.epoch,
             loss=parsed.loss,
             step_time_s=parsed.step_time_s if parsed.step_time_s is not None else self.step_time_s,
-            ts=time.time(),
+            ts=self.read_ts or time.time(),
             source="parsed",
         )
 

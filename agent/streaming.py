@@ -60,6 +60,7 @@ class Streaming:
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
         lines = w.log.read_lines(final=final)
+        read_ts = time.time()  # every line of this read was read now: its metrics' stamp
         if lines:
             w.progress_ns = time.time_ns()
         parsed: list[P.Metric] = []
@@ -85,8 +86,10 @@ class Streaming:
                 for line in chunk:
                     self._evidence(w, line)
             if not w.has_metrics_file:
+                parser = w.parser(self.node, self.line_metrics)
+                parser.read_ts = read_ts
                 for line in self.line_metrics.candidates(chunk, text):
-                    metric = w.parser(self.node, self.line_metrics).parse(line)
+                    metric = parser.parse(line)
                     if metric is not None:
                         parsed.append(metric)
         self._flush_metrics(w, final, parsed)
@@ -115,7 +118,9 @@ class Streaming:
         spec = w.proc.spec
         batch = parsed or []
         if w.has_metrics_file:
-            for line in w.metrics.read_lines(final=final):
+            lines = w.metrics.read_lines(final=final)
+            read_ts = time.time()  # the stamp of the records without their own ts
+            for line in lines:
                 obj = parse_metrics_line(line)
                 if obj is None:  # a phase or resume record: before the metrics that follow it
                     record = record_from_line(self.node, spec.name, spec.rank, line)
@@ -124,7 +129,7 @@ class Streaming:
                         self.send(record)
                     continue
                 w.progress_ns = time.time_ns()
-                batch.append(metric_from_record(self.node, spec.name, spec.rank, obj))
+                batch.append(metric_from_record(self.node, spec.name, spec.rank, obj, read_ts))
         for m in batch:
             self.hang.stepped(spec.name, m.ts or time.time())
         if batch and not w.first_step_said:

@@ -65,7 +65,7 @@ from mscon.console.engine.root_cause import describe
 from mscon.console.engine.sched_address import scheduler_address
 from mscon.console.engine.session import ClusterSession, TransportFactory
 from mscon.console.engine.state import ClusterState
-from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
+from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW, StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
 from mscon.console.preflight.runner import JobView, Preflight
 from mscon.console.transport import NodeUnreachable, make_transport
@@ -88,8 +88,8 @@ class RunOptions:
     max_restarts: int | None = None  # overrides restart.max_restarts
     preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
     detach: bool = False  # detach as soon as the first attempt has started (mscon run --detach)
-    straggler_factor: float = 1.3  # --straggler-factor: flag a rank this many times the others' step time
-    straggler_window: int = 20  # --straggler-window: over its last N steps
+    straggler_factor: float = DEFAULT_FACTOR  # --straggler-factor: flag a rank F x the others' step time
+    straggler_window: int = DEFAULT_WINDOW  # --straggler-window: over its last N steps
     # After a failed attempt with no restart left: None ends the run (headless); a number of
     # seconds (inf: while the console stays) keeps the agents and waits for the operator's r or q.
     operator_wait_s: float | None = None

@@ -64,7 +64,8 @@ class Run:
 def test_a_rank_half_again_as_slow_is_flagged_once_with_its_numbers() -> None:
     run = Run(4, StragglerPolicy(factor=1.2, window=10))
     events = run.steps(20, {"r2": 0.15})
-    assert events == [StragglerFlagged(0, "r2", "n0", 3, 0.15, 0.1, 1.2)]  # from min_samples (3) on
+    # Not in the warm-up (3 steps), then from min_samples (8) step times on.
+    assert events == [StragglerFlagged(0, "r2", "n0", 11, 0.15, 0.1, 1.2)]
     assert run.state.stragglers() == {"r2"}
     # Under the threshold: nobody, whatever the number of steps.
     quiet = Run(4, StragglerPolicy(factor=1.6, window=10))
@@ -73,7 +74,7 @@ def test_a_rank_half_again_as_slow_is_flagged_once_with_its_numbers() -> None:
 
 def test_cleared_when_it_catches_up_but_not_while_it_hovers_at_the_threshold() -> None:
     run = Run(3, StragglerPolicy(factor=1.3, window=5))  # cleared below 1.15x (halfway)
-    assert [type(e) for e in run.steps(10, {"r1": 0.2})] == [StragglerFlagged]
+    assert [type(e) for e in run.steps(12, {"r1": 0.2})] == [StragglerFlagged]  # after the warm-up
     assert run.steps(20, {"r1": 0.12}) == []  # 1.2x: under the factor, over the release
     assert run.state.stragglers() == {"r1"}
     cleared = run.steps(10, {"r1": 0.1})
@@ -96,8 +97,8 @@ def test_compared_once_per_round_of_steps_not_per_metric() -> None:
         return compare()
 
     run.watch._compare = counted  # type: ignore[method-assign]
-    run.steps(10, {})
-    assert calls == 10  # 40 metrics, one comparison per round of 4
+    run.steps(13, {})
+    assert calls == 10  # 40 metrics after the warm-up's 12, one comparison per round of 4
 
 
 def test_a_batch_counts_as_its_metrics() -> None:
@@ -109,7 +110,7 @@ def test_a_batch_counts_as_its_metrics() -> None:
             "n0",
             f"r{i}",
             i,
-            tuple(Metric("n0", f"r{i}", i, s, step_time_s=t, ts=float(s)) for s in range(1, 6)),
+            tuple(Metric("n0", f"r{i}", i, s, step_time_s=t, ts=float(s)) for s in range(1, 12)),
         )
         events += watch.observe(0, batch)
     assert [(type(e), e.name) for e in events] == [(StragglerFlagged, "r1")]  # type: ignore[attr-defined]
@@ -117,7 +118,7 @@ def test_a_batch_counts_as_its_metrics() -> None:
 
 def test_an_exit_ends_a_straggler_without_a_clear_and_too_few_ranks_change_nothing() -> None:
     run = Run(3, StragglerPolicy(factor=1.2, window=5))
-    run.steps(6, {"r2": 0.2})
+    run.steps(12, {"r2": 0.2})
     assert run.state.stragglers() == {"r2"}
     run.state.apply(AgentEvent(0, ProcExited("n0", "r2", 2, 102, 0, None, None, 5, False)))
     assert run.state.stragglers() == frozenset()  # exited: no longer a current straggler
@@ -131,12 +132,13 @@ def test_an_exit_ends_a_straggler_without_a_clear_and_too_few_ranks_change_nothi
 
 def test_a_new_attempt_starts_from_nothing() -> None:
     run = Run(3, StragglerPolicy(factor=1.2, window=5))
-    run.steps(6, {"r0": 0.2})
+    run.steps(12, {"r0": 0.2})
     run.attempt = 1
     started(3, attempt=1, state=run.state)
     assert run.state.stragglers() == frozenset()  # the state forgets the old attempt's flags
-    assert run.steps(2, {"r1": 0.2}) == []  # fewer than min_samples steps of the new attempt (and no
-    # "caught up" for r0: its flag belonged to the attempt before)
+    # The new attempt's warm-up again, then fewer than min_samples steps of it (and no "caught up"
+    # for r0: its flag belonged to the attempt before).
+    assert run.steps(8, {"r1": 0.2}) == []
     events = run.steps(2, {"r1": 0.2})
     assert [(e.attempt, e.name) for e in events] == [(1, "r1")]  # type: ignore[attr-defined]
     assert [(s.attempt, s.name) for s in run.state.straggler_summaries()] == [(0, "r0"), (1, "r1")]
@@ -189,10 +191,11 @@ def test_headless_prints_a_line_when_flagged_and_when_cleared_and_lists_them_in_
 
 def test_reported_step_times_win_over_ones_derived_from_flush_times() -> None:
     times = StepTimes(window=10)
-    # Parsed lines carry the agent's flush time (every 0.1 s): 0.05 s steps look like 0.1 s ones.
+    # Parsed lines carry the time the agent read them (every 0.1 s): the lines of one read are one
+    # stretch, timed from the last line of the read before (steps 3-4: 0.1 s for 2 steps).
     for step, ts in ((1, 0.1), (2, 0.1), (3, 0.2), (4, 0.2), (5, 0.3)):
         times.observe(Metric("n0", "r0", 0, step, ts=ts, source="parsed"))
-    assert [round(t, 6) for t in times.recent("r0")] == [0.1, 0.1]
+    assert [round(t, 6) for t in times.recent("r0")] == [0.05, 0.1]
     assert times.observe(Metric("n0", "r0", 0, 5, step_time_s=0.05, ts=0.3, source="metrics"))
     assert times.recent("r0") == (0.05,)  # the exact figure, and the coarse ones are gone
     assert not times.observe(Metric("n0", "r0", 0, 6, ts=0.4, source="parsed"))
