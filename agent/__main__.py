@@ -15,7 +15,15 @@ Two ways in:
 import os
 import sys
 
+from .layout import private_bundle
 from .main import main, serve
+
+try:
+    # Its own folders 0700 and their __pycache__ made 0700 before Python makes the next one under
+    # the umask (the first, of this package, is made by the import that runs this: tightened here).
+    private_bundle(os.path.dirname(os.path.abspath(__file__)))
+except OSError:
+    pass  # not this user's to change: it runs all the same
 
 
 def _boot(header: object) -> int:

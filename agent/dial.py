@@ -38,7 +38,7 @@ import tarfile
 import threading
 
 try:
-    from .layout import cache_folder, fetched_entries, not_fetched, plain
+    from .layout import cache_folder, fetched_entries, not_fetched, plain, private_dirs, private_fd
 except ImportError:  # exec'd by the Slurm boot, not imported: layout.py's source came first
     pass
 
@@ -152,9 +152,9 @@ class Dial:
         target = self.path(rel)
         if rel not in self.uploads:
             folder = os.path.dirname(target)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+            private_dirs(folder)  # 0700, each level made (the agent's, sync/)
             tmp = "%s.tmp-%s" % (target, os.urandom(8).hex())
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+            fd = private_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW)  # 0600
             self.uploads[rel] = (tmp, os.fdopen(fd, "wb"))
         tmp, f = self.uploads[rel]
         f.write(data)

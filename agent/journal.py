@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from .layout import STATE, journal_file, state_file
+from .layout import STATE, journal_file, private_open, state_file
 from .policy import Status
 from .tail import _clean
 
@@ -41,7 +41,7 @@ class Journal:
         if os.path.exists(self.path):  # an agent restarted on the same run folder goes on counting
             with open(self.path, "rb") as f:
                 self.count = sum(1 for _ in f)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = private_open(self.path, "a", encoding="utf-8")
 
     def add(self, attempt: int, msg: dict) -> int:
         index = self.count
@@ -73,7 +73,7 @@ def read_journal(run_dir: str, start: int = 0):  # noqa: ANN201 - a generator of
 def write_state(run_dir: str, state: dict) -> None:
     state = dict(state, updated=time.time())
     tmp = os.path.join(run_dir, ".%s.tmp" % STATE)
-    with open(tmp, "w", encoding="utf-8") as f:
+    with private_open(tmp, "w", encoding="utf-8") as f:
         json.dump(state, f, sort_keys=True)
     os.replace(tmp, state_file(run_dir))
 

@@ -36,6 +36,14 @@ PIDFILE = "keeper.pid"  # written once its spares are started, removed as it end
 _TICK_S = 0.1
 
 
+def _private(path: str, flags: int) -> int:
+    """``path`` opened for writing, 0600 whatever the umask (layout.private_fd: this file runs
+    alone and imports nothing of the agent)."""
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 def _dying_with_keeper() -> None:
     os.setsid()
     try:
@@ -67,7 +75,7 @@ class Keeper:
 
     def spawn(self) -> None:
         for spec in self.order["procs"]:
-            with open(spec["log"], "ab", buffering=0) as out:
+            with os.fdopen(_private(spec["log"], os.O_WRONLY | os.O_APPEND), "ab", buffering=0) as out:
                 popen = subprocess.Popen(
                     spec["boot_argv"],
                     cwd=spec["cwd"],
@@ -246,14 +254,19 @@ def main() -> int:
     except OSError:
         pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(SOCKET)
+    old = os.umask(0o177)
+    try:
+        listener.bind(SOCKET)  # 0600 from the start (the folder is 0700 too)
+    finally:
+        os.umask(old)
+    os.chmod(SOCKET, 0o600)
     listener.listen(4)
     inode = os.stat(SOCKET).st_ino
     keeper = Keeper(order)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         keeper.spawn()
-        with open(PIDFILE + ".tmp", "w") as f:
+        with os.fdopen(_private(PIDFILE + ".tmp", os.O_WRONLY | os.O_TRUNC), "w") as f:
             f.write("%d\n" % os.getpid())
         os.replace(PIDFILE + ".tmp", PIDFILE)
         keeper.serve(listener)

@@ -282,8 +282,7 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
         return "no standby kept: another run holds this node's"
     _wait_gone(folder)
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)
+        layout.private_dirs(folder)  # warm/ and warm/<node>/
         for entry in os.listdir(folder):
             if entry.endswith((".log", ".joined")):
                 os.unlink(os.path.join(folder, entry))
@@ -306,7 +305,7 @@ def keep(procs: tuple, run_dir: str, node: str, ttl_s: float) -> str | None:
             }
         )
     try:
-        with open(os.path.join(folder, _ERRORS), "ab", buffering=0) as err:
+        with layout.private_open(os.path.join(folder, _ERRORS), "ab", buffering=0) as err:
             popen = subprocess.Popen(
                 [sys.executable, KEEPER],
                 cwd=folder,

@@ -21,6 +21,11 @@
         attempt_<N>/<name>.log           each process's output (name: "r<rank>" or "sched")
         attempt_<N>/<name>.metrics.jsonl its MSCON_METRICS file
 
+Every folder mscon makes here is 0700 and every file it uploads or writes 0600, whatever the
+umask (:func:`private_dirs`, :func:`private_open`; the SFTP upload sets the same modes): another
+user of the node reads nothing of it. What the job itself writes (in ``checkpoints/``, the
+unpacked ``work/``) keeps its own modes, inside those 0700 folders.
+
 ``<home>`` is the home the node's agent runs in (the SSH server's passwd home of the node user;
 the console's own for local nodes). The console fetches a run folder, less ``work/`` and (unless
 asked: ``--fetch checkpoints``) ``checkpoints/``, to
@@ -220,6 +225,99 @@ def errors_file(run_dir: str) -> str:
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+# Nothing under a node user's mscon folder is anyone else's to read: every folder mscon makes
+# there is 0700, every file it writes 0600, whatever the umask (which only ever takes bits away:
+# an odd one may take the owner's too, so each is set again once made).
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+_OPEN_FLAGS = {
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+}
+
+
+def _in_cache(path: str) -> bool:
+    """``path`` is a node user's mscon folder or lies under one."""
+    return ("/" + CACHE_DIR + "/") in (path.rstrip("/") + "/")
+
+
+def _tighten(path: str, st: os.stat_result, mode: int) -> None:
+    """Make this user's ``path`` ``mode`` when it is open to others (made by an older mscon, or
+    under another umask); someone else's is left alone."""
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+
+
+def private_dirs(path: str) -> str:
+    """Make folder ``path`` and each missing level above it 0700, whatever the umask. Levels that
+    exist are left as they are, but for those at or under a node user's mscon folder
+    (``.cache/mscon``) that are this user's: they are made 0700 too. ``path`` returned."""
+    path = os.path.abspath(path)
+    levels = []
+    level = path
+    while True:
+        levels.append(level)
+        up = os.path.dirname(level)
+        if up == level:
+            break
+        level = up
+    for level in reversed(levels):
+        try:
+            st = os.stat(level)
+        except FileNotFoundError:
+            try:
+                os.mkdir(level, PRIVATE_DIR)
+            except FileExistsError:  # another process (a node sharing this home) made it meanwhile
+                st = os.stat(level)
+            else:
+                os.chmod(level, PRIVATE_DIR)
+                continue
+        if _in_cache(level) and stat.S_ISDIR(st.st_mode):
+            _tighten(level, st, PRIVATE_DIR)
+    return path
+
+
+def private_fd(path: str, flags: int = _OPEN_FLAGS["a"]) -> int:
+    """``path`` opened with ``flags`` (created if missing), 0600 whatever the umask: a file made
+    earlier (a log appended to by a later attempt) is made 0600 too when it is this user's."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_open(path: str, mode: str = "a", **kwargs):  # noqa: ANN003, ANN201 - as open()
+    """``open(path, mode, ...)`` for writing ("w", "a" or "x", text or "b"), the file 0600."""
+    fd = private_fd(path, _OPEN_FLAGS[mode.replace("b", "").replace("+", "")[0]])
+    try:
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def private_bundle(package_dir: str) -> None:
+    """The deployed agent's own folders (``agent-<digest>/mscon_agent/`` and its sub-packages, the
+    rank library's among them) 0700, each with its ``__pycache__`` made 0700 ahead of Python (which
+    makes it under the umask; the bytecode files take their source's mode: 0600). Nothing is done
+    for an agent that does not run from a node's mscon folder (an installed mscon)."""
+    package_dir = os.path.abspath(package_dir)
+    if not _in_cache(package_dir) or not os.path.basename(os.path.dirname(package_dir)).startswith(
+        AGENT_PREFIX
+    ):
+        return
+    for folder, subdirs, files in os.walk(package_dir):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        private_dirs(folder)
+        if any(f.endswith(".py") for f in files):
+            private_dirs(posixpath.join(folder, "__pycache__"))
 
 
 def fetched_entries(  # noqa: ANN201 - a generator

@@ -184,7 +184,7 @@ def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> 
     metrics_path = layout.metrics_file(log_dir, spec.name)
     env = process_env(spec, log_dir, base_env)
     # Append so that a restarted attempt never truncates what an earlier one wrote.
-    with open(log_path, "ab", buffering=0) as log:
+    with layout.private_open(log_path, "ab", buffering=0) as log:
         popen = subprocess.Popen(
             list(spec.argv),
             cwd=cwd,

@@ -65,9 +65,11 @@ class Ranks:
                     "%s already holds logs of an earlier run with this run id: give another "
                     "--run-id, or remove that run's folder (mscon prune, or rm -r) to reuse the id" % log_dir
                 )
-            os.makedirs(log_dir, exist_ok=True)
+            layout.private_dirs(log_dir)  # 0700, each level made: runs/<id>/<node>/attempt_<N>/
             if self.journal is None:
                 os.chmod(cmd.run_dir, 0o700)  # logs, journal and (detached) the socket: the user's only
+                # Made here, 0700, so that whatever the job writes there is the user's only.
+                layout.private_dirs(layout.checkpoint_folder(cmd.run_dir))
                 self.run_dir = cmd.run_dir
                 self.journal = Journal(cmd.run_dir)
                 self._state_extra["started"] = time.time()
@@ -337,7 +339,7 @@ class Ranks:
 def _unpack(archive: str, dest: str) -> None:
     import tarfile
 
-    os.makedirs(dest, exist_ok=True)
+    layout.private_dirs(dest)  # 0700: its files keep their modes inside
     try:
         with tarfile.open(archive, "r:gz") as tar:
             if hasattr(tarfile, "data_filter"):

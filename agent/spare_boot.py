@@ -66,8 +66,7 @@ def _join(marker: str) -> None:
     ms.set_device(target, int(device_id) if device_id.isdigit() else None)
     importlib.import_module("mindspore.communication").init()  # the scheduler: serves, ends with it
     _accept_set_device(ms, target)
-    with open(marker, "w"):
-        pass
+    os.close(_private(marker))
 
 
 def _accept_set_device(ms: object, target: str) -> None:
@@ -94,10 +93,21 @@ def _read_order() -> dict | None:
     return order
 
 
+def _private(path: str) -> int:
+    """``path`` open for appending, 0600 whatever the umask (layout.private_fd: this file runs
+    alone and imports nothing of the agent)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    return fd
+
+
 def _redirect(path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = _private(path)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

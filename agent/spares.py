@@ -112,7 +112,7 @@ class Spares:
         errors = []
         folder = layout.spares_folder(run_dir)
         try:
-            os.makedirs(folder, exist_ok=True)
+            layout.private_dirs(folder)
         except OSError as exc:
             return ["cannot make %s: %s" % (folder, exc)]
         for spec in specs:
@@ -129,7 +129,7 @@ class Spares:
                     pass
                 argv += ["--join", marker]
             try:
-                with open(log, "ab", buffering=0) as out:
+                with layout.private_open(log, "ab", buffering=0) as out:
                     popen = subprocess.Popen(
                         argv,
                         cwd=cwd,
@@ -248,10 +248,9 @@ class Spares:
         order = layout.spare_order(run_dir, spec.name)
         env = procmod.process_env(spec, log_dir, procmod.attempt_env(attempt))  # fits: as the spare's
         try:
-            os.makedirs(layout.spares_folder(run_dir), exist_ok=True)
-            open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log
-            fd = os.open(order + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            layout.private_dirs(layout.spares_folder(run_dir))
+            layout.private_open(log_path, "ab").close()  # there before ProcStarted, as a cold rank's log
+            with layout.private_open(order + ".tmp", "w", encoding="utf-8") as f:
                 json.dump({"argv": list(spec.argv), "env": env, "cwd": cwd, "log": log_path}, f)
             os.replace(order + ".tmp", order)
             if not spare.give(order):

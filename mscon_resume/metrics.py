@@ -12,13 +12,25 @@ from typing import Any
 from . import env
 
 
+def _private(path: str, flags: int) -> int:
+    fd = os.open(path, flags, 0o600)
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 class MetricsWriter:
     """One writer per rank; line-buffered so a killed rank leaves whole lines behind. Without
     ``$MSCON_METRICS`` (plain ``python``/``msrun``) it writes nothing."""
 
     def __init__(self, path: str | None = None) -> None:
         path = path if path is not None else os.environ.get(env.METRICS)
-        self.out = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115
+        # 0600 whatever the umask: it lies in the run's folder on the node, the user's only.
+        self.out = open(path, "a", buffering=1, encoding="utf-8", opener=_private) if path else None  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
         if self.out is None:

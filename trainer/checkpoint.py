@@ -37,7 +37,7 @@ def save(root: str, rank: int, step: int, params: Any, meta: dict, keep: int) ->
     import mindspore as ms
 
     folder = rank_dir(root, rank)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # in the run's checkpoints/ (0700) on a node
     path = os.path.join(folder, f"step_{step}.ckpt")
     ms.save_checkpoint(params, path)
     with open(path + ".done", "w", encoding="utf-8") as f:  # written last: marks the file complete

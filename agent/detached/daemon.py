@@ -18,7 +18,7 @@ import struct
 import threading
 
 from .. import protocol as P
-from ..layout import ERRORS, SOCKET
+from ..layout import ERRORS, SOCKET, private_fd
 from ..streams import LineTooLong, accept_forever, close_socket, read_lines
 
 _CLIENT_BACKLOG = 200_000  # lines queued for one client before it is dropped
@@ -150,7 +150,7 @@ def daemonize(run_dir: str) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     null = os.open(os.devnull, os.O_RDWR)
-    err = os.open(os.path.join(run_dir, ERRORS), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = private_fd(os.path.join(run_dir, ERRORS))
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.dup2(err, 2)

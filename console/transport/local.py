@@ -85,12 +85,14 @@ class LocalTransport(NodeTransport):
         root = within(self.cache_root, bundle.dirname)
         pkg = within(root, AGENT_PACKAGE)
         if not pkg.is_dir():
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+            # Every folder 0700 and every file 0600, whatever the umask (layout.private_dirs).
+            layout.private_dirs(str(root))
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))  # 0700
             for name, data in bundle.files.items():
                 path = within(tmp, name)  # "checks/gpu.py": each part checked, so it stays in tmp
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
+                layout.private_dirs(str(path.parent))
+                with layout.private_open(str(path), "wb") as f:
+                    f.write(data)
             try:
                 os.rename(tmp, pkg)
             except OSError:  # another console won the race; its copy is identical

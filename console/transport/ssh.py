@@ -21,6 +21,7 @@ import asyncssh
 from mscon.agent import layout
 from mscon.console.config.inventory import Inventory, NodeSpec, SshSpec
 from mscon.console.config.safepath import is_plain_name, remote_within, within
+from mscon.console.transport import reach
 from mscon.console.transport.base import (
     AgentChannel,
     NodeTransport,
@@ -246,7 +247,12 @@ class SshTransport(NodeTransport):
 
     @staticmethod
     def _refuse_early(route: _Route) -> None:
+        """Through a jump host or a ProxyCommand: no known-hosts file at all is said before any hop
+        is opened. A direct connection goes in ssh's order instead (``_open``): the name resolves,
+        the port answers as an SSH server, then the host key is checked."""
         direct = not route.opts.tunnel and not route.opts.proxy_command
+        if direct:
+            return
         early = route.check.missing_files(route.target, direct)
         if early is not None:
             raise NodeUnreachable(f"{route.who}: {early}")
@@ -285,11 +291,15 @@ class SshTransport(NodeTransport):
         open itself: its hops would be checked against asyncssh's defaults, not these files)."""
         check = route.check
         direct = via is None and not route.opts.proxy_command
+        timeout_s = float(self.inv.ssh.connect_timeout_s)
+        if direct:  # ssh's first step: the name (a jump host or a ProxyCommand resolves its own)
+            await reach.resolve(route.who, route.target.hostname, route.target.port, timeout_s)
+        watch = reach.BannerWatch()
         try:
             return await asyncssh.connect(
                 route.host,
                 known_hosts=check.lookup,
-                client_factory=check.client_factory(),
+                client_factory=watch.client(check.client_factory()),
                 tunnel=via,
                 **route.kwargs,
             )
@@ -300,6 +310,20 @@ class SshTransport(NodeTransport):
                 # Known with another key type only: asyncssh offers just the recorded types.
                 raise NodeUnreachable(f"{route.who}: {check.refused(route.target, direct)}") from None
             raise
+        except asyncssh.PermissionDenied as exc:
+            raise NodeUnreachable(f"{route.who}: {self._auth_refused(route, exc)}") from None
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
+            banner = watch.banner_error(route.who, exc, timeout_s)  # it answered, but not as SSH
+            if banner is not None:
+                raise banner from None
+            raise
+
+    @staticmethod
+    def _auth_refused(route: _Route, exc: asyncssh.PermissionDenied) -> str:
+        given = route.kwargs.get("client_keys")  # the inventory's identity_file, else the config's
+        named = given or route.opts.config.get("IdentityFile") or ()
+        t = route.target
+        return reach.auth_refused(t.user, t.hostname, t.port, [str(k) for k in named], str(exc.reason))
 
     def _config_options(self) -> asyncssh.SSHClientConnectionOptions | None:
         """What ~/.ssh/config (or the inventory's ssh config) says for this node, as ``ssh`` reads it;
@@ -335,9 +359,15 @@ class SshTransport(NodeTransport):
         # Unique per writer: nodes may share one home directory (NFS) and upload the same file at once.
         # Random only: no inventory value (a node name) ever becomes part of a remote path here.
         tmp = f"{remote}.tmp-{secrets.token_hex(8)}"
-        async with sftp.open(tmp, "wb") as f:
+        # 0600 as it is made (the open's attributes: the node's umask can only take bits away), and
+        # set again whatever the umask or a server that ignores them: that chmod goes out ahead of
+        # the first write, in the same round trip, so no content is ever in a file open to others.
+        async with sftp.open(tmp, "wb", asyncssh.SFTPAttrs(permissions=layout.PRIVATE_FILE)) as f:
+            first = [f.chmod(layout.PRIVATE_FILE)]
             for piece in [data] if isinstance(data, bytes) else data:
-                await f.write(piece)
+                await asyncio.gather(*first, f.write(piece))  # in order: the chmod is sent first
+                first = []
+            await asyncio.gather(*first)
         try:
             await sftp.posix_rename(tmp, remote)
         except asyncssh.SFTPError:
@@ -345,6 +375,19 @@ class SshTransport(NodeTransport):
         finally:
             if await sftp.exists(tmp):
                 await sftp.remove(tmp)
+
+    async def _private_folders(self, folders: list[str]) -> None:
+        """Each of ``folders`` (the node user's mscon folder, or in it) 0700 where it is not yet:
+        made by an older mscon or under another umask. One round trip for every look, one for
+        every change."""
+        _, sftp = self._require()
+        found = await asyncio.gather(*(sftp.stat(folder) for folder in folders))
+        loose = [
+            folder
+            for folder, attrs in zip(folders, found, strict=True)
+            if attrs.permissions is not None and attrs.permissions & 0o7777 != layout.PRIVATE_DIR
+        ]
+        await asyncio.gather(*(sftp.chmod(folder, layout.PRIVATE_DIR) for folder in loose))
 
     async def ensure_agent(self, bundle: AgentBundle) -> str:
         _, sftp = self._require()
@@ -357,8 +400,10 @@ class SshTransport(NodeTransport):
             # Each file's path checked part by part (sub-packages: "checks/gpu.py"), then every
             # folder made once, parents first, before any file goes up.
             files = {remote_within(pkg, name): data for name, data in bundle.files.items()}
-            for folder in sorted({pkg, *(posixpath.dirname(path) for path in files)}):
-                await sftp.makedirs(folder, exist_ok=True)
+            folders = sorted({pkg, *(posixpath.dirname(path) for path in files)})
+            for folder in folders:  # 0700, each level made (~/.cache/mscon, agent-<digest>/, ...)
+                await sftp.makedirs(folder, asyncssh.SFTPAttrs(permissions=layout.PRIVATE_DIR), exist_ok=True)
+            await self._private_folders([self.cache_root, root, *folders])
             for path, data in files.items():
                 await self._put_atomic(path, data)
             await self._put_atomic(marker, bundle.digest.encode())
@@ -372,7 +417,8 @@ class SshTransport(NodeTransport):
         remote = remote_within(folder, archive.filename)
         try:
             if not await sftp.exists(remote):
-                await sftp.makedirs(folder, exist_ok=True)
+                await sftp.makedirs(folder, asyncssh.SFTPAttrs(permissions=layout.PRIVATE_DIR), exist_ok=True)
+                await self._private_folders([self.cache_root, folder])
                 await self._put_atomic(remote, archive.chunks())
         except (OSError, asyncssh.Error) as exc:
             raise NodeUnreachable(f"{self._where}: cannot upload the workdir: {exc}") from None

@@ -85,3 +85,37 @@ def test_the_layout_runs_on_the_nodes_python_and_inside_the_slurm_dial() -> None
     )
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == layout.cache_folder("/nowhere/home")
+
+
+def test_private_folders_and_files_whatever_the_umask(tmp_path: Path) -> None:
+    """Issue 33: each level private_dirs makes is 0700, and a level of the mscon folder made
+    open (an older mscon, another umask) is made 0700 too, never one above it; private_open's
+    file is 0600, one appended to as well."""
+    home = tmp_path / "home"
+    (home / ".cache").mkdir(parents=True, mode=0o755)
+    (home / ".cache").chmod(0o755)
+    old_runs = home / layout.CACHE_DIR / layout.RUNS_DIR
+    old_runs.mkdir(parents=True)
+    for p in (home / layout.CACHE_DIR, old_runs):
+        p.chmod(0o755)
+    log = Path(layout.log_path(layout.run_folder(layout.cache_folder(str(home)), "r1", "n"), 0, "r0"))
+    old = os.umask(0)
+    try:
+        layout.private_dirs(str(log.parent))
+        with layout.private_open(str(log), "ab") as f:
+            f.write(b"x\n")
+        log.chmod(0o644)
+        with layout.private_open(str(log), "a", encoding="utf-8") as f:
+            f.write("y\n")
+        outside = layout.private_dirs(str(tmp_path / "a" / "b"))
+    finally:
+        os.umask(old)
+
+    def mode(p: Path | str) -> str:
+        return oct(os.stat(p).st_mode & 0o777)
+
+    assert mode(home / ".cache") == "0o755"  # not mscon's: left as it is
+    made = [home / layout.CACHE_DIR, old_runs, old_runs / "r1", old_runs / "r1" / "n", log.parent]
+    assert [mode(p) for p in made] == ["0o700"] * 5
+    assert mode(log) == "0o600" and log.read_text() == "x\ny\n"
+    assert [mode(outside), mode(tmp_path / "a")] == ["0o700", "0o700"]

@@ -111,10 +111,21 @@ def test_put_is_atomic_and_fetch_never_follows_links(tmp_path: Path) -> None:
     d = dial.Dial(None, None, b"")
     d.root = str(tmp_path / "cache")
     d.send = sent.append  # type: ignore[method-assign]
-    d.put("sync/a.tar.gz", b"12", last=False)
-    assert not (tmp_path / "cache" / "sync" / "a.tar.gz").exists()  # not before the last part
-    d.put("sync/a.tar.gz", b"34", last=True)
+    old = os.umask(0)  # its defaults would open everything to everyone
+    try:
+        d.put("sync/a.tar.gz", b"12", last=False)
+        assert not (tmp_path / "cache" / "sync" / "a.tar.gz").exists()  # not before the last part
+        d.put("sync/a.tar.gz", b"34", last=True)
+    finally:
+        os.umask(old)
     assert (tmp_path / "cache" / "sync" / "a.tar.gz").read_bytes() == b"1234"
+    # Private whatever the umask (issue 33): the folders it made 0700, the file 0600.
+    modes = [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "cache", tmp_path / "cache" / "sync")]
+    assert modes + [oct((tmp_path / "cache" / "sync" / "a.tar.gz").stat().st_mode & 0o777)] == [
+        "0o700",
+        "0o700",
+        "0o600",
+    ]
     run = Path(layout.run_folder(d.root, "r", "n"))
     attempt = Path(layout.attempt_folder(run, 0))
     attempt.mkdir(parents=True)
