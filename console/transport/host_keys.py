@@ -324,8 +324,9 @@ class HostKeyCheck:
     # ------------------------------------------------------------------ what to tell the user
 
     def missing_files(self, target: Target, direct: bool) -> str | None:
-        """Why connecting is pointless before it starts (no file exists and nothing may be learned),
-        or None."""
+        """Why no key can be trusted (no file exists and nothing may be learned), or None. Said once
+        the server showed its key (``refused``) for a direct connection, as ssh does, after its name
+        resolved and it answered as an SSH server; before opening any hop for one through a jump."""
         if self.files.existing():
             return None
         if self.accept_new and self.files.record_to is not None:
@@ -346,6 +347,9 @@ class HostKeyCheck:
         """The one line for a key the files do not vouch for."""
         if self.record_error:
             return self.record_error
+        nothing = self.missing_files(target, direct)  # no file at all: say that, not "no entry in"
+        if nothing is not None:
+            return nothing
         if self.lookup.revoked and not self.lookup.known and not self.offered_unknown:
             named = ", ".join(self.lookup.entries()[:_MAX_NAMED])
             return f"the server's host key is marked @revoked in {named}; refusing to connect"

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncssh
 import pytest
 import yaml
 from conftest import FAKE_RANK, REPO, SSH_USER, Done, mscon, ssh_inventory
@@ -310,3 +311,42 @@ def test_file_lists_follow_openssh(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     files = host_key_files(target, paths)
     assert files.user == (f"{home}/mine",) and files.system == ("/site/hosts",)
     assert config_paths(str(empty), system_config=str(system)) == [str(empty)]  # like ssh -F
+
+
+# ------------------------------------------------------------------ each cause once, in ssh's order
+
+
+def test_unknown_host_key_and_refused_auth_are_each_told_once(
+    tmp_path: Path, cluster1: SshdCluster, home: Path
+) -> None:
+    """A real sshd: with no known-hosts file the host key is blamed (after the port answered as SSH),
+    its advice said once; with the key known and the wrong client key, authentication is blamed,
+    naming the key offered and how to install the right one, once."""
+    node = cluster1.nodes[0]
+    absent = tmp_path / "no-global-file"
+    inv = _inventory(tmp_path, cluster1, [node], _alias_block(node, f"  GlobalKnownHostsFile {absent}\n"))
+    done = mscon("check", inv, cwd=inv.parent, env=_env(home))
+    assert done.code == 4, done.err
+    (line,) = _lines_with(done.err, "unreachable:")
+    assert "node1 (node1-alias): no known host keys yet" in line, line
+    assert line.count("ssh-keyscan") == 1 and line.count("--accept-new-host-keys") == 1, line
+    assert line.count(" -> ") == 0 and line.endswith("(via ssh)"), line  # the error's own advice only
+
+    kh = tmp_path / "cluster_hosts"
+    write_known_hosts(kh, [node])
+    wrong = tmp_path / "wrong_key"  # a key sshd does not know, named by the inventory
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(wrong))
+    wrong.chmod(0o600)
+    config = _alias_block(node, f"  UserKnownHostsFile {kh}\n  GlobalKnownHostsFile {absent}\n")
+    inv = _inventory(tmp_path, cluster1, [node], config)
+    doc = yaml.safe_load(inv.read_text())
+    doc["nodes"][0]["identity_file"] = str(wrong)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {k: v for k, v in _env(home).items() if k != "SSH_AUTH_SOCK"}
+    done = mscon("check", inv, cwd=inv.parent, env=env)
+    assert done.code == 4, done.err
+    (line,) = _lines_with(done.err, "unreachable:")
+    assert f"node1 (node1-alias): authentication failed as {SSH_USER}" in line, line
+    assert f"offered: {wrong})" in line and line.count("ssh-copy-id") == 1, line
+    assert f"ssh-copy-id -i {wrong} -p {node.port} {SSH_USER}@{node.host}" in line, line
+    assert line.count(" -> ") == 0 and "host key" not in line, line

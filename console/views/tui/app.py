@@ -248,6 +248,10 @@ class MsconApp(App[int]):
         """Leave the run going on the nodes; the app ends once the agents have taken it over."""
         if not self._command_allowed():
             return
+        refused = self.source.detach_refused
+        if refused is not None:
+            self.notify(refused, severity="warning")
+            return
         self.exit_when_done = True
         self.source.submit(DetachRun("detached from the console"))
         self.notify("Detaching: the run goes on without the console (mscon attach comes back)…", timeout=30)

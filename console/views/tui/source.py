@@ -41,6 +41,8 @@ from mscon.console.engine.supervisor import Supervisor
 
 Handler = Callable[[Event], None]
 
+SLURM_NO_DETACH = "Detach is not possible with Slurm nodes: the srun step ends with the console."
+
 # The view keeps every log batch and lifecycle event; metrics beyond this backlog are skipped.
 TUI_LAG_LIMIT = 20_000
 TUI_HARD_LIMIT = 1_000_000
@@ -88,6 +90,11 @@ class Source(ABC):
         """Send a command; False when this source ignores commands (a replay)."""
         return False
 
+    @property
+    def detach_refused(self) -> str | None:
+        """Why this run cannot be detached (as ``--detach`` is refused), or None."""
+        return None
+
     def now_ns(self) -> int:
         return time.time_ns()
 
@@ -118,6 +125,15 @@ class LiveSource(Source):
         result = await self.sup.run()
         self.result = result
         return result.exit_code
+
+    @property
+    def detach_refused(self) -> str | None:
+        inv = getattr(self.sup, "inv", None)
+        if getattr(inv, "slurm", None) is not None:
+            # As the --detach flag: srun's step ends with the console (its cgroup with it), and a
+            # detach secret would cross the Slurm link.
+            return SLURM_NO_DETACH
+        return None
 
     def submit(self, cmd: Command) -> bool:
         if isinstance(cmd, StopJob):
