@@ -43,6 +43,7 @@ AGENT_FILES = (
     "metrics.py",
     "outbox.py",
     "policy.py",
+    "policy_types.py",
     "ranks.py",
     "spares.py",
     "spare_boot.py",

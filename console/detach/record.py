@@ -7,9 +7,14 @@ replays exactly the lines this console did not print, none twice).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from mscon.console.engine.state import ClusterState
 
 RECORD = "detached.json"
 
@@ -30,6 +35,25 @@ def write_record(logs_dir: Path, record: DetachRecord) -> Path:
     path = logs_dir / RECORD
     path.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def record_detach(
+    logs_dir: Path, run_id: str, inventory: str | Path, script: str, args: Sequence[str], state: ClusterState
+) -> None:
+    """The record of a run this console detached from, now: where each rank's log stands in
+    ``state`` (a record that cannot be written is left out)."""
+    att = state.attempt
+    record = DetachRecord(
+        run_id=run_id,
+        inventory=str(Path(inventory).resolve()),
+        script=script,
+        args=tuple(args),
+        attempt=att.number if att is not None else 0,
+        log_seq={r.name: r.next_seq for r in state.ranks.values()},
+        detached_at=time.time(),
+    )
+    with contextlib.suppress(OSError):
+        write_record(logs_dir, record)
 
 
 def read_record(logs_dir: Path) -> DetachRecord | None:

@@ -7,11 +7,18 @@ not after the log batches queued ahead of it; the message itself still follows i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from mscon.agent.protocol import Message, ProcExited, ProcHung
+from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
+
+T = TypeVar("T")
 
 
 class Tick:
@@ -70,3 +77,33 @@ class Inputs:
 
     def empty(self) -> bool:
         return self._q.empty()
+
+    async def serve_while(
+        self, aw: Awaitable[T], take: Callable[[Input], bool], limit_s: float | None = None
+    ) -> T | None:
+        """Await ``aw`` while handing every input that comes to ``take`` (True: stop waiting); its
+        result, or None when ``take`` (or ``limit_s``) ended the wait first (``aw`` is cancelled)."""
+        task = asyncio.ensure_future(aw)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        while not task.done():
+            getter = asyncio.ensure_future(self.get())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                before = cancels()
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                raise_if_cancelled_since(before)  # our caller's own cancellation is not swallowed
+                if not getter.cancelled():  # it got an item while being cancelled: keep it
+                    self.put_nowait(getter.result())
+                if not task.done():  # timed out
+                    break
+                continue
+            if take(getter.result()):
+                break
+        if task.done():
+            return task.result()
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(task)
+        return None

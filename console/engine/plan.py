@@ -10,6 +10,7 @@ import posixpath
 import sys
 from dataclasses import dataclass, replace
 
+from mscon.agent.policy import PolicyConfig
 from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec, rank_name
 from mscon.console.config.inventory import Inventory, NodeSpec
 
@@ -79,3 +80,24 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
         plans.append(NodePlan(node=node, python=python, procs=tuple(procs)))
         first_rank += node.devices
     return tuple(plans)
+
+
+def policy_config(
+    plans: tuple[NodePlan, ...],
+    max_restarts: int,
+    backoff_s: float,
+    grace_s: float,
+    hang_timeout_s: float | None,
+    operator_wait_s: float | None,
+) -> PolicyConfig:
+    """The run's policy for these plans: their nodes, and their workers (the scheduler is none)."""
+    return PolicyConfig(
+        nodes=tuple(p.node.name for p in plans),
+        workers={s.name: p.node.name for p in plans for s in p.procs if not s.is_scheduler},
+        max_restarts=max_restarts,
+        backoff_s=backoff_s,
+        grace_s=grace_s,
+        hang_timeout_s=hang_timeout_s,
+        can_reconnect=True,
+        operator_wait_s=operator_wait_s,
+    )

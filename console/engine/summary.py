@@ -6,8 +6,11 @@ plus sections added after the run such as ``preflight``) wherever it is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +100,10 @@ def run_result(
         stragglers=state.straggler_summaries(),
         fetched=state.fetch_summaries(),
     )
+
+
+def save_traceback(logs_dir: Path) -> None:
+    """The exception being handled, in the run folder's engine-error.txt (an internal error)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(logs_dir, exist_ok=True)
+        (logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-import traceback
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from dataclasses import replace
+from pathlib import Path
 from typing import TypeVar
 
 from mscon.agent import layout
 from mscon.agent import policy as policy_mod
-from mscon.agent.policy import Outcome, Phase, RunPolicy, Status, StopCause, Verdict
+from mscon.agent.policy import Phase, RunPolicy, StopCause
 from mscon.agent.protocol import (
-    Adopt,
     Inspect,
     LogBatch,
     Message,
@@ -35,9 +32,10 @@ from mscon.agent.protocol import (
 )
 from mscon.console.config.inventory import Inventory
 from mscon.console.detach.handover import hand_over
-from mscon.console.detach.record import DetachRecord, write_record
+from mscon.console.detach.record import record_detach
 from mscon.console.engine import exit_codes, run_ids
-from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
+from mscon.console.engine.adopt import adopt_kept
+from mscon.console.engine.aio import cancel_and_wait
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
 from mscon.console.engine.events import (
@@ -59,54 +57,28 @@ from mscon.console.engine.events import (
     Stopping,
 )
 from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
-from mscon.console.engine.plan import build_plan, with_scheduler
+from mscon.console.engine.job_kinds import attempt_argv, restart_note
+from mscon.console.engine.plan import build_plan, policy_config, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
-from mscon.console.engine.root_cause import describe
+from mscon.console.engine.run_options import RunOptions
 from mscon.console.engine.sched_address import scheduler_address
 from mscon.console.engine.session import ClusterSession, TransportFactory
 from mscon.console.engine.state import ClusterState
-from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW, StragglerPolicy, StragglerWatch
-from mscon.console.engine.summary import run_result, summary_file, write_summary
-from mscon.console.preflight.runner import JobView, Preflight
+from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
+from mscon.console.engine.summary import run_result, save_traceback, summary_file, write_summary
+from mscon.console.engine.verdict import (
+    RunVerdict,
+    attempt_reason,
+    awaiting_reason,
+    final_verdict,
+    restart_reason,
+)
+from mscon.console.preflight.runner import JobView
 from mscon.console.transport import NodeUnreachable, make_transport
 
 T = TypeVar("T")
 
 _TICK_S = 0.25
-# For every node's word on its kept standby: at once, or once its spares have joined (a run that
-# came while they join waits for them: seconds, never more than a cold launch would take).
-_ADOPT_WAIT_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    script: str | None = None  # overrides the inventory's job.script (relative to workdir)
-    args: tuple[str, ...] | None = None
-    run_id: str | None = None
-    logs_root: Path = Path(layout.LOGS_DIR)
-    accept_new_host_keys: bool = False
-    max_restarts: int | None = None  # overrides restart.max_restarts
-    preflight: Preflight | None = None  # checks before the first attempt (mscon check, mscon run)
-    detach: bool = False  # detach as soon as the first attempt has started (mscon run --detach)
-    straggler_factor: float = DEFAULT_FACTOR  # --straggler-factor: flag a rank F x the others' step time
-    straggler_window: int = DEFAULT_WINDOW  # --straggler-window: over its last N steps
-    # After a failed attempt with no restart left: None ends the run (headless); a number of
-    # seconds (inf: while the console stays) keeps the agents and waits for the operator's r or q.
-    operator_wait_s: float | None = None
-    fetch: tuple[str, ...] = ()  # --fetch: parts of run folders copied back too (layout.FETCHED_ON_REQUEST)
-    spares: bool = True  # --no-spares: no next-attempt processes started ahead (agent/spares.py)
-    # The nodes are this run's: it adopts or ends the standby an earlier run kept there (not so a
-    # run nested in another, preflight's smoke test).
-    owns_nodes: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class RunVerdict:
-    """How the run ended, as the summary and the exit code say it."""
-
-    status: JobState
-    exit_code: int
-    reason: str
 
 
 class Supervisor:
@@ -211,11 +183,12 @@ class Supervisor:
                 exit_codes.INTERNAL,
                 f"internal error: {type(exc).__name__}: {exc} (traceback: {self.logs_dir}/engine-error.txt)",
             )
-            self._save_traceback()
+            save_traceback(self.logs_dir)
         finally:
             await cancel_and_wait(ticker)
             if self.detached:
-                self._record_detach()  # the ranks run on: nothing to stop, logs are not final yet
+                # the ranks run on: nothing to stop, logs are not final yet
+                record_detach(self.logs_dir, self.run_id, self.inv.path, self.script, self.args, self.state)
             else:
                 # A run that ended by itself leaves a standby for the next run of the job (an
                 # interrupted one leaves nothing: Ctrl-C means the nodes are wanted back).
@@ -276,66 +249,32 @@ class Supervisor:
         """Await ``aw`` (connecting, resolving, preflight, reopening a node) while serving the input
         queue; None when a StopJob (or ``limit_s``) came first. Attempts are driven by ``_drive``."""
         assert self._inputs is not None
-        task = asyncio.ensure_future(aw)
-        deadline = None if limit_s is None else time.monotonic() + limit_s
-        while not task.done():
-            getter = asyncio.ensure_future(self._inputs.get())
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                before = cancels()
-                getter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await getter
-                raise_if_cancelled_since(before)  # our caller's own cancellation is not swallowed
-                if not getter.cancelled():  # it got an item while being cancelled: keep it
-                    self._inputs.put_nowait(getter.result())
-                if not task.done():  # timed out
-                    break
-                continue
-            item = getter.result()
-            self._observe(item)
-            if isinstance(item, DetachRun):
-                self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
-            elif isinstance(item, StopJob):
-                break
-            elif isinstance(item, RestartGroup):
-                self._later.append(item)  # for the policy, once it runs (a restart during a reopen)
-        if task.done():
-            return task.result()
-        with contextlib.suppress(Exception):
-            await cancel_and_wait(task)
-        return None
+        return await self._inputs.serve_while(aw, self._meanwhile, limit_s)
+
+    def _meanwhile(self, item: Input) -> bool:
+        """An input while no policy runs; True: a stop, the wait ends."""
+        self._observe(item)
+        if isinstance(item, DetachRun):
+            self.emit(Notice(self.attempt_no, "cannot detach now: no attempt is running"))
+        elif isinstance(item, StopJob):
+            return True
+        elif isinstance(item, RestartGroup):
+            self._later.append(item)  # for the policy, once it runs (a restart during a reopen)
+        return False
 
     def _link_error(self, node: str) -> str:
         return self.session.links[node].error if self.session is not None else ""
-
-    # ------------------------------------------------------------ the scheduler's address
 
     # ------------------------------------------------------------ attempts, driven by the policy
 
     def _watchdog_s(self) -> float:
         return policy_mod.watchdog_s(self.inv.ssh.keepalive_s)
 
-    def _is_trainer(self) -> bool:
-        return PurePosixPath(self.script.replace("\\", "/")).parts[-2:] == ("trainer", "train.py")
-
-    def _argv(self, spec: ProcSpec, node: str, number: int) -> tuple[str, ...]:
-        """The attempt's command line: resume where the previous attempt left off."""
-        argv = spec.argv
-        if self._is_trainer():
-            # Only with a restart budget: checkpoints cost time (and would skew bench/trainer.py).
-            if self._restart_may_come() and "--checkpoint-dir" not in argv:
-                assert self.session is not None
-                argv += ("--checkpoint-dir", layout.checkpoint_folder(self.session.run_dir(node)))
-            if self._restart_may_come() and "--snapshot-every" not in argv:
-                # A state copy in node memory every step: a restart resumes at the last step.
-                argv += ("--snapshot-every", "1")
-            if number > 0 and "--checkpoint-dir" in argv and "--resume" not in argv:
-                argv += ("--resume",)
-        elif number > 0:
-            argv += self.inv.job.resume_args
-        return argv
+    def _argv(self, spec: ProcSpec, run_dir: str, number: int) -> tuple[str, ...]:
+        """The attempt's command line, as its kind of job has it (job_kinds.py)."""
+        folder = layout.checkpoint_folder(run_dir)
+        resume = self.inv.job.resume_args
+        return attempt_argv(spec.argv, self.script, number, self._restart_may_come(), folder, resume)
 
     def _restart_may_come(self) -> bool:
         """A budget, or an operator who may press r after a failure: only then does the trainer keep
@@ -351,22 +290,14 @@ class Supervisor:
             return True
         return (self.policy.restarts_left if self.policy is not None else self.max_restarts) > 0
 
-    def _policy_config(self) -> policy_mod.PolicyConfig:
-        return policy_mod.PolicyConfig(
-            nodes=tuple(p.node.name for p in self.plans),
-            workers={s.name: p.node.name for p in self.plans for s in p.procs if not s.is_scheduler},
-            max_restarts=self.max_restarts,
-            backoff_s=self.backoff_s,
-            grace_s=self.inv.stop.grace_s,
-            hang_timeout_s=self.hang_timeout_s,
-            can_reconnect=True,
-            operator_wait_s=self.options.operator_wait_s,
-        )
-
     async def _drive(self, session: ClusterSession) -> RunVerdict:
         """Feed the policy what happens and carry out what it decides, until it ends the run."""
         assert self._inputs is not None
-        policy = self.policy = RunPolicy(self._policy_config())
+        hang_s, wait_s = self.hang_timeout_s, self.options.operator_wait_s
+        config = policy_config(
+            self.plans, self.max_restarts, self.backoff_s, self.inv.stop.grace_s, hang_s, wait_s
+        )
+        policy = self.policy = RunPolicy(config)
         pending: deque[policy_mod.Action] = deque()
         if self._keeps_warm():
             pending.extend(await self._adopt_kept(session))
@@ -380,7 +311,7 @@ class Supervisor:
             while pending:
                 act = pending.popleft()
                 if isinstance(act, policy_mod.EndRun):
-                    return self._final(act.verdict)
+                    return final_verdict(act.verdict, self.state)
                 done = await self._carry_out(session, act)
                 if isinstance(done, RunVerdict):
                     return done
@@ -400,33 +331,17 @@ class Supervisor:
         return self.options.owns_nodes and self.inv.restart.keeps_warm(self.inv.device_target)
 
     async def _adopt_kept(self, session: ClusterSession) -> list[policy_mod.Action]:
-        """Before attempt 0: each node takes the standby an earlier run of the job kept there, if
-        it fits (agent/keeper.py); the policy starts the attempt warm only when every node's did
-        (its StandbyChanged for attempt 0). What the policy decided on the way (a stop) comes back."""
+        """Before attempt 0: the standby an earlier run of the job kept (adopt.py)."""
         assert self._inputs is not None
-        waiting: set[str] = set()
-        for index, plan in enumerate(self.plans):
-            start = self._start_msg(session, index, 0, self._sched)
-            if await session.send(
-                plan.node.name, Adopt(run_dir=start.run_dir, cwd=start.cwd, procs=start.procs)
-            ):
-                waiting.add(plan.node.name)
-        out: list[policy_mod.Action] = []
-        deadline = time.monotonic() + _ADOPT_WAIT_S
-        while waiting and self._stop_cmd is None:
-            try:
-                item = await asyncio.wait_for(self._inputs.get(), max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                break  # a node that did not answer: the attempt starts cold (its adopted standby dropped)
-            for ev in await self._take(session, item):
-                if isinstance(ev, policy_mod.NodeLost) or (
-                    isinstance(ev, policy_mod.StandbyChanged) and ev.attempt == 0 and not ev.ready
-                ):
-                    return [*out, *self._step(ev)]  # all or nothing: the attempt starts cold
-                if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt == 0:
-                    waiting.discard(ev.node)
-                out.extend(self._step(ev))
-        return out
+        return await adopt_kept(
+            session,
+            self.plans,
+            lambda index: self._start_msg(session, index, 0, self._sched),
+            self._inputs,
+            lambda item: self._take(session, item),
+            self._step,
+            lambda: self._stop_cmd is not None,
+        )
 
     def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
         """The policy takes one input; what it makes of a standby is an event (whether a restart
@@ -524,29 +439,14 @@ class Supervisor:
         elif isinstance(act, policy_mod.Force):
             await session.abort()
         elif isinstance(act, policy_mod.AttemptOver):
-            root = self.state.root_cause() if act.outcome is Outcome.FAILED else None
-            reason = {
-                Outcome.SUCCEEDED: "all ranks finished",
-                Outcome.INTERRUPTED: act.reason,
-                Outcome.RESTART_REQUESTED: "restart requested",
-            }.get(act.outcome) or describe(root)
+            reason, root = attempt_reason(act.outcome, act.reason, self.state)
             self.emit(AttemptEnded(act.attempt, act.outcome, reason, root, time.time_ns()))
         elif isinstance(act, policy_mod.Restarting):
-            why = act.why
-            last = self.state.attempt
-            if last is not None and last.outcome is Outcome.FAILED:
-                why = f"{why}: {describe(self.state.root_cause())}"
-            if self._is_trainer() and not self._restart_may_come() and "--checkpoint-dir" not in self.args:
-                why += "; the trainer has no checkpoints (no --checkpoint-dir): it starts from step 0"
+            why = restart_reason(act.why, self.state)
+            why += restart_note(self.script, self._restart_may_come(), tuple(self.args))
             self.emit(Restarting(act.attempt, why, act.backoff_s, act.restarts_left))
         elif isinstance(act, policy_mod.AwaitOperator):
-            self.emit(
-                AwaitingOperator(
-                    act.attempt,
-                    f"attempt {act.attempt} failed: {describe(self.state.root_cause())}",
-                    act.wait_s,
-                )
-            )
+            self.emit(AwaitingOperator(act.attempt, awaiting_reason(act.attempt, self.state), act.wait_s))
         return []
 
     async def _claim_run_id(self, session: ClusterSession) -> RunVerdict | None:
@@ -607,9 +507,11 @@ class Supervisor:
     ) -> Start:
         plan = self.plans[plan_index]
         name = plan.node.name
-        procs = tuple(replace(with_scheduler(s, sched), argv=self._argv(s, name, number)) for s in plan.procs)
-        link = session.links[name]
         run_dir = session.run_dir(name)
+        procs = tuple(
+            replace(with_scheduler(s, sched), argv=self._argv(s, run_dir, number)) for s in plan.procs
+        )
+        link = session.links[name]
         cwd = layout.work_folder(run_dir) if link.transport.syncs_workdir else str(self.inv.job.workdir)
         return Start(
             run_id=self.run_id,
@@ -653,49 +555,12 @@ class Supervisor:
             if isinstance(item, tuple) and item[1] is not None:
                 self.emit(AgentEvent(self.attempt_no, item[1]))
 
-    def _record_detach(self) -> None:
-        att = self.state.attempt
-        record = DetachRecord(
-            run_id=self.run_id,
-            inventory=str(Path(self.inv.path).resolve()),
-            script=self.script,
-            args=tuple(self.args),
-            attempt=att.number if att is not None else 0,
-            log_seq={r.name: r.next_seq for r in self.state.ranks.values()},
-            detached_at=time.time(),
-        )
-        with contextlib.suppress(OSError):
-            write_record(self.logs_dir, record)
-
     # ------------------------------------------------------------ verdict and summary
-
-    def _final(self, v: Verdict) -> RunVerdict:
-        """The policy's verdict in the summary's words: a failure's code and reason are its root cause's."""
-        if v.status is Status.INTERRUPTED:
-            return RunVerdict(JobState.INTERRUPTED, v.exit_code or exit_codes.INTERRUPTED, v.reason or "")
-        if v.status is Status.SUCCEEDED:
-            return RunVerdict(JobState.SUCCEEDED, exit_codes.OK, v.reason or "all ranks finished")
-        restarts = len(self.state.attempts) - 1
-        after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts > 0 else ""
-        root = self.state.root_cause()
-        code = (
-            v.exit_code if v.exit_code is not None else root.code if root is not None else exit_codes.INTERNAL
-        )
-        if v.reason is not None:
-            return RunVerdict(JobState.FAILED, code, v.reason)
-        if root is not None:
-            return RunVerdict(JobState.FAILED, code, describe(root) + after)
-        return RunVerdict(JobState.FAILED, code, "ranks ended without a result" + after)
 
     def _result(self, v: RunVerdict, wall_s: float) -> RunResult:
         return run_result(
             self.state, self.run_id, self.logs_dir, v.status, v.exit_code, v.reason, wall_s, self.bus
         )
-
-    def _save_traceback(self) -> None:
-        with contextlib.suppress(OSError):
-            os.makedirs(self.logs_dir, exist_ok=True)
-            (self.logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
 
     def _write_summary(self, result: RunResult) -> None:
         with contextlib.suppress(OSError):

@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from mscon.console.config.inventory import Inventory
 from mscon.console.engine.events import CheckReported, CheckStatus
+from mscon.console.engine.job_kinds import is_trainer
 from mscon.console.preflight import checks as cc
 
 _LINT_TIMEOUT_S = 30.0
@@ -43,7 +44,7 @@ async def lint(inv: Inventory, script: str, args: tuple[str, ...], args_given: b
     arguments came after -- (else they are the inventory's job.args)."""
     where = "the arguments after --" if args_given else f"job.args of {inv.path}"
     path = PurePosixPath(script.replace("\\", "/"))
-    if path.parts[-2:] == ("trainer", "train.py"):
+    if is_trainer(script):
         root = str((inv.job.workdir / path).parent.parent)
         size = inv.world_size
         mode, argv, subject = "trainer", list(args), f"{path} for {size} rank(s)"

@@ -1,0 +1,277 @@
+"""The run's policy's words (agent/policy.py has the machine): the inputs a host feeds it, the
+actions it returns, and the vocabulary they share (``Outcome``, ``Status``: the same words on the
+wire, in the journal, the events and the summary).
+
+Pure and stdlib-only, Python 3.8, like the machine: the agent carries both to the nodes. Hosts
+read these through ``policy`` (``policy.Begin``, ``policy.EndRun``, ...), which re-exports them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from . import protocol as P
+
+
+class _Str(str, enum.Enum):
+    def __str__(self) -> str:  # the value, as StrEnum prints (the agent's Python may be 3.8)
+        return str(self.value)
+
+
+class Phase(_Str):
+    IDLE = "idle"  # before the first attempt
+    RUNNING = "running"
+    STOPPING = "stopping"  # a stop went out; waiting for every node to be done
+    BACKOFF = "backoff"  # between attempts: the next one starts at ``restart_at``
+    AWAITING_OPERATOR = "awaiting operator"  # failed, no budget left, ranks stopped: r or q
+    ENDED = "ended"
+
+
+class Outcome(_Str):
+    """How one attempt ended: the same words on the wire, in the journal, the events and the summary."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RESTART_REQUESTED = "restart requested"  # by the operator: does not use up the restart budget
+    DETACHED = "detached"  # the console left; the run goes on under its node-0 coordinator
+
+
+class Status(_Str):
+    """How the run ended (the final values of the console's JobState, and state.json's status)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    DETACHED = "detached"
+
+
+class StopCause(_Str):
+    FAILURE = "failure"
+    OPERATOR = "operator"  # stop requested: the run ends
+    RESTART = "restart"  # restart requested: the group goes again
+
+
+# ------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Begin:
+    now: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    node: str
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
+class RankExited:
+    node: str
+    name: str
+    worker: bool
+    ok: bool
+    stopped_by_agent: bool  # a victim of our own stop: not a failure
+    detail: str  # "exit code 7", "SIGKILL"
+    now: float
+
+
+@dataclass(frozen=True)
+class RankStepped:
+    """A rank's first step (the agent read its first metric): the attempt is past start-up."""
+
+    node: str
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
+class RankHung:
+    node: str
+    name: str
+    why: str
+    now: float
+
+
+@dataclass(frozen=True)
+class AgentFailed:
+    node: str
+    message: str
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeDone:
+    """Every process of the node's current attempt has exited."""
+
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: str
+    why: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    reason: str
+    exit_code: int
+    now: float
+
+
+@dataclass(frozen=True)
+class RestartRequested:
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StandbyChanged:
+    """A node's spares for ``attempt`` have all joined their standby cluster, or one is gone."""
+
+    node: str
+    attempt: int
+    ready: bool
+    now: float
+    why: str = ""  # what is gone, when not ready
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
+    Begin,
+    RankStarted,
+    RankExited,
+    RankStepped,
+    RankHung,
+    AgentFailed,
+    NodeDone,
+    NodeLost,
+    StopRequested,
+    RestartRequested,
+    StandbyChanged,
+    Tick,
+]
+
+
+def from_message(node: str, msg: P.Message, now: float) -> Input | None:
+    """An agent's lifecycle message as the policy's input (None: not the policy's business).
+    Both hosts translate with this, so a message means the same to both."""
+    if isinstance(msg, P.ProcStarted):
+        return RankStarted(node, msg.name, now)
+    if isinstance(msg, P.ProcExited):
+        worker = not P.is_scheduler(msg.rank)
+        return RankExited(node, msg.name, worker, msg.ok, msg.stopped_by_agent, msg.describe(), now)
+    if isinstance(msg, P.ProcHung):
+        return RankHung(node, msg.name, msg.why, now)
+    if isinstance(msg, P.AgentError):
+        return AgentFailed(node, msg.message, now)
+    if isinstance(msg, P.AllExited):
+        return NodeDone(node, now)
+    if isinstance(msg, P.RankPhase) and msg.phase == P.Milestone.FIRST_STEP:
+        return RankStepped(node, msg.name, now)
+    if isinstance(msg, P.StandbyState):
+        return StandbyChanged(node, msg.attempt, msg.ready, now, msg.why)
+    return None
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True)
+class StartAttempt:
+    attempt: int
+    warm: bool = False  # on the standby cluster every node's spares joined (Start.warm)
+
+
+@dataclass(frozen=True)
+class StopAll:
+    reason: str
+    trigger: str | None  # the process (or node) that caused it; None for the operator's
+    announce: bool  # the attempt's first stop (hosts announce it once; later ones only re-send)
+
+
+@dataclass(frozen=True)
+class StopScheduler:
+    reason: str = "scheduler outlived the workers"
+
+
+@dataclass(frozen=True)
+class Inspect:
+    node: str
+    names: tuple[str, ...]
+    reason: str
+    silent_s: float  # the limit they passed: their agent checks it on its own clock
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """These nodes did not confirm the stop in time: drop them (their agents stop their ranks)."""
+
+    nodes: tuple[str, ...]
+    why: str = "did not confirm the stop in time"
+
+
+@dataclass(frozen=True)
+class Force:
+    """A second stop request: stop waiting for the agents."""
+
+
+@dataclass(frozen=True)
+class AttemptOver:
+    attempt: int
+    outcome: Outcome
+    reason: str = ""  # the operator's, for an interrupted attempt
+
+
+@dataclass(frozen=True)
+class Restarting:
+    attempt: int  # the attempt that comes next
+    why: str
+    backoff_s: float
+    restarts_left: int
+
+
+@dataclass(frozen=True)
+class AwaitOperator:
+    attempt: int  # the failed attempt
+    wait_s: float | None  # None: for as long as the console stays
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the run ended. ``exit_code``/``reason`` None: the failed attempt's root cause's (the host
+    computes root causes; the policy never reads a log)."""
+
+    status: Status
+    reason: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class EndRun:
+    verdict: Verdict
+
+
+Action = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
+    StartAttempt,
+    StopAll,
+    StopScheduler,
+    Inspect,
+    CutOff,
+    Force,
+    AttemptOver,
+    Restarting,
+    AwaitOperator,
+    EndRun,
+]
