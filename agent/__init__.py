@@ -9,6 +9,7 @@ AGENT_FILES = (
     "protocol.py",
     "tail.py",
     "evidence.py",
+    "exit_codes.py",
     "checks/__init__.py",
     "checks/registry.py",
     "checks/results.py",

@@ -26,6 +26,7 @@ from . import layout
 from . import procs as procmod
 from .keeper import PIDFILE, SOCKET  # the keeper's own names (it runs as a file, importing nothing)
 from .protocol import ProcSpec, on_standby
+from .streams import LineSplitter
 
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
@@ -71,7 +72,8 @@ class Keeper:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.buf = b""
+        self.split = LineSplitter()
+        self.lines: list = []  # complete lines from the keeper, not read yet
         self.exits: dict = {}  # name -> Popen-style return code, as the keeper relays them
         self.gone = False
         self.busy = False  # it serves another agent (an adopted standby: its run's ranks)
@@ -85,8 +87,8 @@ class Keeper:
         (0: only what has arrived)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
+            while self.lines:
+                line = self.lines.pop(0)
                 try:
                     msg = json.loads(line.decode("utf-8"))
                 except ValueError:
@@ -114,7 +116,7 @@ class Keeper:
             if not data:
                 self.gone = True  # its spares died with it (parent-death signal)
                 continue
-            self.buf += data
+            self.lines += self.split.feed(data)
 
     def ask(self, obj: dict) -> dict | None:
         try:

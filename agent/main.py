@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import layout
+from . import exit_codes, layout
 from . import procs as procmod
 from . import protocol as P
 from .checks.mesh import MeshListener
@@ -164,7 +164,7 @@ class Agent(Ranks, Streaming, Services):
             return 0
         except KeyboardInterrupt:
             self.stop_and_wait("agent interrupted", self.grace(), report=False)
-            return 130
+            return exit_codes.INTERRUPTED
 
     def _note_once(self, what: str) -> None:
         """One stderr line (agent.err once detached) per kind of trouble, not one per tick."""

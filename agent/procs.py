@@ -12,6 +12,7 @@ import posixpath
 import signal
 import subprocess
 import time
+from typing import Sequence
 
 from . import layout
 from .protocol import ProcSpec
@@ -182,20 +183,27 @@ def attempt_env(attempt: int) -> dict:
 def launch(spec: ProcSpec, cwd: str, log_dir: str, base_env: dict[str, str]) -> Proc:
     log_path = layout.log_file(log_dir, spec.name)
     metrics_path = layout.metrics_file(log_dir, spec.name)
-    env = process_env(spec, log_dir, base_env)
-    # Append so that a restarted attempt never truncates what an earlier one wrote.
+    popen = spawn(spec.argv, cwd, process_env(spec, log_dir, base_env), log_path)
+    return Proc(spec, popen, log_path, metrics_path)
+
+
+def spawn(
+    argv: Sequence[str], cwd: str, env: dict, log_path: str, stdin: int = subprocess.DEVNULL
+) -> subprocess.Popen:
+    """How the agent starts every process of an attempt, rank or spare: in its own session, killed
+    if the agent dies, stdout and stderr appended to ``log_path`` (0600; a restarted attempt never
+    truncates what an earlier one wrote). OSError when it cannot start."""
     with layout.private_open(log_path, "ab", buffering=0) as log:
-        popen = subprocess.Popen(
-            list(spec.argv),
+        return subprocess.Popen(
+            list(argv),
             cwd=cwd,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
             close_fds=True,
             preexec_fn=new_session_dying_with_agent,
         )
-    return Proc(spec, popen, log_path, metrics_path)
 
 
 _KILL_WAIT_S = 5.0  # after the KILL, how long a stop waits for processes that do not go (D state)

@@ -129,17 +129,7 @@ class Spares:
                     pass
                 argv += ["--join", marker]
             try:
-                with layout.private_open(log, "ab", buffering=0) as out:
-                    popen = subprocess.Popen(
-                        argv,
-                        cwd=cwd,
-                        env=env,
-                        stdin=subprocess.PIPE,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        close_fds=True,
-                        preexec_fn=procmod.new_session_dying_with_agent,
-                    )
+                popen = procmod.spawn(argv, cwd, env, log, stdin=subprocess.PIPE)
             except OSError as exc:
                 errors.append("spare for %s: %s" % (spec.name, exc))
                 continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from .. import exit_codes
 from .. import policy as pol
 from .. import protocol as P
 from ..journal import RunStatus
@@ -27,7 +28,6 @@ from .relay import hello, replay
 
 _PING_S = 1.0
 _END_FLUSH_S = 3.0  # at the run's end, attached consoles get this long to take the last lines
-_INTERRUPTED_EXIT = 130  # what an attached console reports for a stop (console/engine/exit_codes.py)
 
 
 def for_link(msg: P.Message) -> dict:
@@ -311,7 +311,7 @@ class DetachedRun:
         if msg.action == "restart":
             self._decide(pol.RestartRequested(msg.reason or "restart requested", now))
         else:
-            self._decide(pol.StopRequested(msg.reason or "stop requested", _INTERRUPTED_EXIT, now))
+            self._decide(pol.StopRequested(msg.reason or "stop requested", exit_codes.INTERRUPTED, now))
 
     def _coord(self, kind: str, **fields: object) -> None:
         attempt = self.policy.attempt if self.policy is not None else self.agent.start_cmd.attempt

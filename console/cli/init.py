@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
 from mscon.console.cli.usage import usage_error
+from mscon.console.cli.workdir import script_in_workdir, workdir_of
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.domains import LABEL_RE
@@ -120,12 +121,10 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None, sample: JobSpec) 
         if args.workdir is not None:
             raise AdhocError("--workdir", "give the script too, after --: e.g. -- train.py")
         return _sample_job_here(sample)
-    from mscon.console.cli.main import _script_in_workdir
-
-    workdir = (args.workdir if args.workdir is not None else Path.cwd()).resolve()
-    if not workdir.is_dir():
+    workdir = workdir_of(args.workdir)
+    if workdir is None:
         raise AdhocError("--workdir", f"no such directory: {args.workdir}")
-    script = _script_in_workdir(user_cmd[0], workdir)
+    script = script_in_workdir(user_cmd[0], workdir)
     if script is None:
         raise AdhocError("--", f"script {user_cmd[0]} is not a file inside the workdir {workdir}")
     return JobSpec(workdir=workdir, script=script, args=tuple(user_cmd[1:]))

@@ -19,6 +19,7 @@ from mscon.console.cli.exit_table import exit_codes_text
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
 from mscon.console.cli.prerun import refused_before_connecting
 from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usage_error
+from mscon.console.cli.workdir import script_in_workdir, workdir_of
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
 from mscon.console.config.adhoc import build_inventory as adhoc_inventory
 from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
@@ -374,7 +375,7 @@ def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
     if user_cmd is not None:
         if not user_cmd:
             return usage_error("nothing after --: give a script, e.g. -- train.py --epochs 1")
-        script = _script_in_workdir(user_cmd[0], inv.job.workdir)
+        script = script_in_workdir(user_cmd[0], inv.job.workdir)
         if script is None:
             return usage_error(
                 f"script {user_cmd[0]} is not a file inside the job workdir {inv.job.workdir} "
@@ -402,10 +403,10 @@ def _adhoc_inventory(
         return usage_error(f"--detach: needs an inventory file; write one with: mscon init {flag} ...")
     if not user_cmd:
         return usage_error(f"{flag}: give the script after --, e.g. -- train.py --epochs 1")
-    workdir = (args.workdir if args.workdir is not None else Path.cwd()).resolve()
-    if not workdir.is_dir():
+    workdir = workdir_of(args.workdir)
+    if workdir is None:
         return usage_error(f"--workdir: no such directory: {args.workdir}")
-    script = _script_in_workdir(user_cmd[0], workdir)
+    script = script_in_workdir(user_cmd[0], workdir)
     if script is None:
         return usage_error(
             f"script {user_cmd[0]} is not a file inside the workdir {workdir} "
@@ -479,18 +480,6 @@ def _wants_tui(args: argparse.Namespace) -> bool:
     if args.no_tui and args.command != "up":
         return False
     return sys.stdin.isatty() and sys.stdout.isatty()
-
-
-def _script_in_workdir(given: str, workdir: Path) -> str | None:
-    """The script's path relative to the workdir, or None if it is not a file inside it."""
-    for candidate in (workdir / given, Path(given)):
-        path = candidate.resolve()
-        if path.is_file():
-            try:
-                return path.relative_to(workdir).as_posix()
-            except ValueError:
-                continue
-    return None
 
 
 async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:

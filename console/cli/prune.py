@@ -25,7 +25,7 @@ from mscon.console.engine.plan import build_plan
 from mscon.console.engine.session import ClusterSession
 from mscon.console.history.runs import past_runs
 from mscon.console.transport.base import printable
-from mscon.console.views.tui.fmt import size
+from mscon.console.views.plain import size
 
 _LIVE = (JobState.RUNNING, JobState.DETACHED)  # a local run folder in one of these is never removed
 

@@ -71,6 +71,7 @@ from mscon.console.engine.session import ClusterSession, TransportFactory
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
+from mscon.console.engine.verdict import ALL_FINISHED, attempt_reason
 from mscon.console.transport import make_transport
 
 E = TypeVar("E", bound=enum.Enum)
@@ -341,8 +342,7 @@ class Attacher:
 
     def _end_attempt_from_state(self) -> None:
         outcome = AttemptOutcome.SUCCEEDED if self.state.workers_succeeded() else AttemptOutcome.FAILED
-        root = self.state.root_cause() if outcome is AttemptOutcome.FAILED else None
-        reason = "all ranks finished" if root is None else describe(root)
+        reason, root = attempt_reason(outcome, "", self.state)
         self.emit(AttemptEnded(self._attempt, outcome, reason, root, time.time_ns()))
 
     def _standby_said(self, msg: StandbyState) -> None:
@@ -439,7 +439,7 @@ class Attacher:
     def _verdict(self) -> tuple[JobState, int, str]:
         status = self._ended or JobState.FAILED
         if status is JobState.SUCCEEDED:
-            return status, exit_codes.OK, self._end_reason or "all ranks finished"
+            return status, exit_codes.OK, self._end_reason or ALL_FINISHED
         if status is JobState.INTERRUPTED:
             return status, exit_codes.INTERRUPTED, self._end_reason or "stopped"
         root = self.state.root_cause()

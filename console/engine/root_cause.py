@@ -12,14 +12,11 @@ Ranks stopped by mscon are victims, never causes.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from mscon.agent.evidence import KIND_STRENGTH
 from mscon.agent.protocol import is_scheduler, rank_name
 from mscon.console.engine.events import HANG_EXIT_CODE, Failure, FailureKind
-
-if TYPE_CHECKING:
-    from mscon.console.engine.state import AttemptView, RankView
+from mscon.console.engine.state_views import AttemptView, RankView
 
 _STRONG = KIND_STRENGTH["node_timed_out"]  # the scheduler's own verdicts and up
 

@@ -6,8 +6,7 @@ the same state. The root cause of an attempt is computed here and nowhere else (
 
 from __future__ import annotations
 
-import collections
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from mscon.agent.protocol import (
     AgentError,
@@ -32,7 +31,6 @@ from mscon.console.engine.events import (
     NODE_LOST_EXIT_CODE,
     AgentEvent,
     AttemptEnded,
-    AttemptOutcome,
     AttemptPhases,
     AttemptResume,
     AttemptStarted,
@@ -65,72 +63,7 @@ from mscon.console.engine.events import (
 from mscon.console.engine.phases import PhaseClock
 from mscon.console.engine.resume import rank_start, verdict
 from mscon.console.engine.root_cause import first_failure, waits_on_peers
-
-_TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
-_HISTORY = 512  # (step, loss) points kept per rank for plots
-
-
-@dataclass(slots=True)
-class RankView:
-    name: str
-    node: str
-    rank: int
-    state: RankState = RankState.PENDING
-    pid: int | None = None
-    started_ns: int | None = None
-    last_progress_ns: int | None = None  # agent clock: last log line or metric
-    last_step: int | None = None
-    last_loss: float | None = None
-    step_time_s: float | None = None
-    samples_per_s: float | None = None
-    device_memory_bytes: int | None = None
-    device_memory_total: int | None = None
-    device_util: float | None = None  # percent
-    cpu_percent: float | None = None
-    rss_bytes: int | None = None
-    exited: ProcExited | None = None
-    hung: ProcHung | None = None
-    next_seq: int = 0
-    lost_lines: int = 0  # gaps in the log sequence numbers
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=_TAIL))
-    history: collections.deque[tuple[int, float]] = field(
-        default_factory=lambda: collections.deque(maxlen=_HISTORY)
-    )
-    # Where it started this attempt (resume.py): its resume record, whether it stepped (a first
-    # step or a metric), and its first metric's (epoch, step).
-    resumed: RankResumed | None = None
-    stepped: bool = False
-    first_step: tuple[int | None, int] | None = None
-
-    @property
-    def is_scheduler(self) -> bool:
-        return is_scheduler(self.rank)
-
-
-@dataclass(slots=True)
-class NodeView:
-    name: str
-    host: str = ""
-    state: NodeState = NodeState.PENDING
-    detail: str = ""
-    lost_ns: int | None = None
-
-
-@dataclass(slots=True)
-class AttemptView:
-    number: int
-    started_ns: int = 0
-    ended_ns: int | None = None
-    outcome: AttemptOutcome | None = None
-    reason: str = ""
-    stop_reason: str | None = None
-    failures: list[Failure] = field(default_factory=list)
-    evidence: list[Evidence] = field(default_factory=list)
-    lost_nodes: list[Failure] = field(default_factory=list)
-    root: Failure | None = None  # fixed when the attempt ends (AttemptEnded carries it)
-    summary: tuple[RankSummary, ...] = ()
-    warm: bool = False  # started on the standby cluster (AttemptStarted.warm)
-    resume: AttemptResume | None = None  # where its ranks started: fixed when it ends (resume())
+from mscon.console.engine.state_views import TAIL, AttemptView, NodeView, RankView
 
 
 class ClusterState:
@@ -285,7 +218,7 @@ class ClusterState:
             if msg.seq > r.next_seq:
                 r.lost_lines += msg.seq - r.next_seq
             r.next_seq = msg.seq + len(msg.lines)
-            r.tail.extend(msg.lines[-_TAIL:])  # the deque keeps the last _TAIL anyway
+            r.tail.extend(msg.lines[-TAIL:])  # the deque keeps the last TAIL anyway
             self._progress(r, msg.ts_ns)
         elif isinstance(msg, MetricBatch):
             r = self.ranks.get(msg.name)

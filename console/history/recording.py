@@ -111,13 +111,25 @@ class CompressedRecorder:
                 self._raw.close()
 
 
+class EventRecorder:
+    """The plain JSON lines of ``--events PATH``: one ``events.to_json`` a line, uncompressed."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("w", encoding="utf-8")
+
+    def handle(self, event: Event) -> None:
+        self._f.write(json.dumps(to_json(event), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class RunRecorders:
     """The sinks that record a run: its recording in the run folder (``history``: every run this
     console starts) and the plain JSON lines of ``--events PATH``. Close after the run."""
 
     def __init__(self, bus: EventBus, history: Path | None, events: Path | None) -> None:
-        from mscon.console.views.headless.recorder import EventRecorder
-
         self._closers: list[Callable[[], None]] = []
         if events is not None:
             plain = EventRecorder(events)

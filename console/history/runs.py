@@ -22,8 +22,7 @@ from mscon.console.engine.root_cause import describe
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.summary import summary_file
 from mscon.console.history.recording import being_recorded, read_recording, recording_file, recording_started
-from mscon.console.views.headless.reporter import printable
-from mscon.console.views.tui.fmt import elapsed, size
+from mscon.console.views.plain import elapsed, printable, size
 
 UNKNOWN = "unknown"  # the status of a run whose console ended before it wrote a summary
 

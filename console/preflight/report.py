@@ -30,7 +30,7 @@ from mscon.console.engine.events import (
 )
 from mscon.console.preflight.checks import ALL
 from mscon.console.transport.base import TransportKind
-from mscon.console.views.headless.reporter import printable
+from mscon.console.views.plain import printable
 
 _CELL = 16  # characters of a value shown in the table (the full value is in the list below it)
 _COLOURS = {CheckStatus.OK: "32", CheckStatus.WARN: "33", CheckStatus.FAIL: "1;31", CheckStatus.NA: "2"}

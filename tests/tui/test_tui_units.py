@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from mscon.agent.protocol import Metric
-from mscon.console.engine.state import RankView
+from mscon.console.engine.state_views import RankView
 from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers
 from mscon.console.views.tui.filtering import rank_filter
 from mscon.console.views.tui.linestore import LineStore

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mscon.agent.protocol import Metric, MetricBatch
 from mscon.console.engine.events import AgentEvent, Event
-from mscon.console.views.headless.recorder import read_events
+from mscon.console.history.recording import read_recording
 from mscon.console.views.tui.app import MsconApp
 from mscon.console.views.tui.source import ReplaySource
 from textual.app import App
@@ -20,7 +20,7 @@ SIZE = (130, 40)
 
 
 def recording(name: str) -> list[Event]:
-    return list(read_events(DATA / f"{name}.jsonl"))
+    return list(read_recording(DATA / f"{name}.jsonl"))
 
 
 def upto_metrics(events: list[Event], n: int) -> list[Event]:

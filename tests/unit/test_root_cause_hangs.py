@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mscon.console.engine.events import Failure, FailureKind
 from mscon.console.engine.root_cause import first_failure, main_thread_top, waits_on_peers
-from mscon.console.engine.state import AttemptView
+from mscon.console.engine.state_views import AttemptView
 
 IN_COLLECTIVE = """Process 8287: python trainer/train.py --parallel-mode data_parallel
 Python v3.11.7 (/usr/bin/python3.11)

@@ -11,7 +11,8 @@ from pathlib import Path
 from mscon.agent import protocol as P
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.events import AgentEvent, AttemptStarted, RankRef, RunStarted
-from mscon.console.engine.state import ClusterState, RankView
+from mscon.console.engine.state import ClusterState
+from mscon.console.engine.state_views import RankView
 from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers, stragglers_of
 from mscon.console.views.headless.reporter import HeadlessReporter
 

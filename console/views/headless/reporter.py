@@ -56,18 +56,10 @@ from mscon.console.engine.phases import describe_phases
 from mscon.console.engine.resume import describe_resume
 from mscon.console.engine.root_cause import describe, who_is
 from mscon.console.engine.summary import is_stdout, write_summary
+from mscon.console.views.plain import printable, size
 
 _PALETTE = ("36", "32", "35", "34", "33", "96", "92", "95", "94", "93")  # ANSI foreground colours
 _PENDING_LIMIT = 32 * 2**20  # bytes of rank output held for a stdout that does not keep up
-
-
-def printable(text: str) -> str:
-    """Control characters escaped (\\x1b, newlines): a name can never forge a line or drive the terminal."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text
-    )
 
 
 class StdoutWriter:
@@ -257,7 +249,7 @@ class HeadlessReporter:
             if not self.err.isatty():
                 return
             self.err.write(
-                f"\rmscon: fetching logs: {_size(event.bytes)} from {event.nodes} node(s), "
+                f"\rmscon: fetching logs: {size(event.bytes)} from {event.nodes} node(s), "
                 f"{event.nodes_done} done, {event.seconds:.0f} s\x1b[K"
             )
             self.err.flush()
@@ -392,19 +384,13 @@ def format_summary(result: RunResult, said_unreachable: Sequence[str] = ()) -> s
     return "\n".join(lines) + "\n"
 
 
-def _size(nbytes: int) -> str:
-    from mscon.console.views.tui.fmt import size  # here: fmt imports this module
-
-    return size(nbytes)
-
-
 def _fetched(result: RunResult) -> str:
     """`` (12.0 MiB fetched in 3.1 s)``: what came back of the nodes' run folders."""
     if not result.fetched:
         return ""
     total = sum(f.bytes for f in result.fetched)
     slowest = max(f.seconds for f in result.fetched)
-    return f" ({_size(total)} fetched in {slowest:.1f} s)"
+    return f" ({size(total)} fetched in {slowest:.1f} s)"
 
 
 def _last_lines(rc: object) -> list[str]:

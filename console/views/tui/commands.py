@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-
-if TYPE_CHECKING:
-    from mscon.console.views.tui.app import MsconApp
+from textual.screen import Screen
 
 PaletteCommand = tuple[str, str, Callable[[], object]]
 
 
+class HasPalette(Protocol):
+    """The app the palette serves (MsconApp): it lists the commands for the screen shown."""
+
+    def palette_commands(self, screen: Screen[object]) -> list[PaletteCommand]: ...
+
+
 class MsconCommands(Provider):
     def _commands(self) -> list[PaletteCommand]:
-        app = cast("MsconApp", self.app)
+        app = cast(HasPalette, self.app)
         return app.palette_commands(self.screen)
 
     async def discover(self) -> Hits:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mscon.console.engine.state import RankView
+from mscon.console.engine.state_views import RankView
 from mscon.console.views.log_lines import last_meaningful
 
 RankTest = Callable[[RankView, bool], bool]

@@ -7,7 +7,7 @@ Every state has a word and a marker as well as a colour, so nothing depends on c
 from __future__ import annotations
 
 from mscon.console.engine.events import JobState, NodeState, RankState
-from mscon.console.views.headless.reporter import printable
+from mscon.console.views.plain import printable, size
 from rich.text import Text
 
 # RankState.live as a set: loops over every rank test membership, not a property call per rank.
@@ -91,22 +91,6 @@ def rate(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def size(nbytes: float | None, na: str = "-") -> str:
-    if nbytes is None:
-        return na
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def elapsed(seconds: float) -> str:
-    s = max(0, int(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def line(text: str, width: int = 0) -> str:

@@ -13,7 +13,8 @@ from mscon.console.engine.summary import write_summary
 from mscon.console.engine.supervisor import Supervisor
 from mscon.console.history.recording import RunRecorders, read_recording
 from mscon.console.history.runs import NoRecording, find_recording
-from mscon.console.views.headless.reporter import format_summary, printable
+from mscon.console.views.headless.reporter import format_summary
+from mscon.console.views.plain import printable
 from mscon.console.views.tui.run import run_console
 from mscon.console.views.tui.source import LiveSource, ReplaySource
 

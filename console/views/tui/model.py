@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mscon.console.engine.events import RankState
-from mscon.console.engine.state import ClusterState, RankView
+from mscon.console.engine.state import ClusterState
+from mscon.console.engine.state_views import RankView
 from mscon.console.views.tui.feed import Feed
 from mscon.console.views.tui.filtering import RankTest, rank_filter
 from mscon.console.views.tui.linestore import LineStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from mscon.agent.protocol import by_rank
-from mscon.console.engine.state import RankView
+from mscon.console.engine.state_views import RankView
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
 from mscon.console.views.tui.widgets.rank_pane import RankGrid, RankPane

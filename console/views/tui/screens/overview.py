@@ -5,6 +5,7 @@ from __future__ import annotations
 from mscon.console.engine.events import ResumeVerdict
 from mscon.console.engine.resume import describe_resume
 from mscon.console.engine.root_cause import describe
+from mscon.console.views import plain
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
@@ -29,7 +30,7 @@ def summary_text(model: ViewModel) -> Text:
     text = Text()
     text.append("job ")
     text.append_text(fmt.job_state(st.job))
-    text.append(f"   elapsed {fmt.elapsed(model.elapsed_s())}")
+    text.append(f"   elapsed {plain.elapsed(model.elapsed_s())}")
     text.append(f"   attempt {att.number if att else '-'}")
     text.append(f"   restarts used {model.restarts_used()} of {st.max_restarts}")
     workers = model.workers()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mscon.console.engine.root_cause import describe
+from mscon.console.views import plain
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.model import ViewModel
@@ -31,7 +32,7 @@ def head_text(model: ViewModel, name: str, log: LogView | None) -> Text:
     st = model.feed.step_times.latest(name) or r.step_time_s
     text.append(f"  step {r.last_step if r.last_step is not None else '-'}  loss {fmt.num(r.last_loss)}")
     text.append(f"  {fmt.step_time(st)}/step  {fmt.rate(r.samples_per_s)} samples/s")
-    text.append(f"  device mem {fmt.size(r.device_memory_bytes, 'n/a')}")
+    text.append(f"  device mem {plain.size(r.device_memory_bytes, 'n/a')}")
     if r.exited is not None:
         text.append(f"  exit: {r.exited.signal or r.exited.exitcode}", style="" if r.exited.ok else "red")
     root = model.state.root_cause()

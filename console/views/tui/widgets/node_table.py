@@ -6,6 +6,7 @@ import time
 from collections import Counter
 
 from mscon.console.engine.events import CheckStatus
+from mscon.console.views import plain
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
 from rich.cells import cell_len
@@ -78,7 +79,7 @@ class NodeTable(DataTable[str | Text]):
                 str(up),
                 Text(str(failed), style=fmt.ROOT_STYLE if failed else ""),
                 f"{cpu:.0f}%" if cpu else "-",
-                fmt.size(rss) if rss else "-",
+                plain.size(rss) if rss else "-",
             )
             for name, (up, failed, cpu, rss) in per_node.items()
             for view in (st.nodes.get(name),)

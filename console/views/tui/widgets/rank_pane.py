@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mscon.console.engine.events import RankState
-from mscon.console.engine.state import RankView
+from mscon.console.engine.state_views import RankView
+from mscon.console.views import plain
 from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
@@ -76,7 +77,7 @@ class RankPane(Widget, can_focus=True):
         nums.append(f"{fmt.step_time(st)}/step", style=fmt.STRAGGLER_STYLE if straggler else "")
         nums.append(f"  {fmt.rate(r.samples_per_s)} samples/s")
         res = fmt.device_text(r)
-        res.append(f"  cpu {fmt.num(r.cpu_percent, 0)}%  rss {fmt.size(r.rss_bytes)}")
+        res.append(f"  cpu {fmt.num(r.cpu_percent, 0)}%  rss {plain.size(r.rss_bytes)}")
         if r.exited is not None and not r.exited.ok:
             res.append(f"  {r.exited.signal or f'exit {r.exited.exitcode}'}", style=fmt.ROOT_STYLE)
         self.query_one("#head", Label).update(head)

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mscon.console.engine.events import RankState
-from mscon.console.engine.state import RankView
+from mscon.console.engine.state_views import RankView
+from mscon.console.views import plain
 from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
@@ -84,7 +85,7 @@ def row_values(model: ViewModel, r: RankView) -> tuple[str | Text, ...]:
         fmt.num(r.last_loss),
         Text(fmt.step_time(_step_time(model, r)), style=fmt.STRAGGLER_STYLE if straggler else ""),
         fmt.rate(r.samples_per_s),
-        fmt.size(r.device_memory_bytes, "n/a"),
+        plain.size(r.device_memory_bytes, "n/a"),
         fmt.num(r.cpu_percent, 0),
         Text(fmt.line(last_meaningful(r.tail), 80), style="dim"),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mscon.console.views import plain
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
 from rich.text import Text
@@ -32,7 +33,7 @@ def status_text(model: ViewModel) -> Text:
         text.append(f"  {failed} failed/hung", style=fmt.ROOT_STYLE)
     if model.feed.stragglers:
         text.append(f"  {len(model.feed.stragglers)} straggler(s)", style=fmt.STRAGGLER_STYLE)
-    text.append(f"  elapsed {fmt.elapsed(model.elapsed_s())}")
+    text.append(f"  elapsed {plain.elapsed(model.elapsed_s())}")
     if model.query:
         text.append(f"  filter: {model.query}", style="bold")
     return text
