@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from mscon.agent.protocol import Message, ProcExited, ProcHung
 from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
+from mscon.console.engine.clock import Clock, MonotonicClock
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
 
 T = TypeVar("T")
@@ -50,7 +50,8 @@ Input = Command | Tick | Alarm | tuple[str, Message | None]
 class Inputs:
     """Everything the supervisor reacts to, in one queue: commands first, then ticks, then agents."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or MonotonicClock()  # what ``serve_while``'s limit is measured on
         self._q: asyncio.PriorityQueue[tuple[int, int, Input]] = asyncio.PriorityQueue()
         self._seq = itertools.count()
         self.tick_pending = False
@@ -84,11 +85,11 @@ class Inputs:
         """Await ``aw`` while handing every input that comes to ``take`` (True: stop waiting); its
         result, or None when ``take`` (or ``limit_s``) ended the wait first (``aw`` is cancelled)."""
         task = asyncio.ensure_future(aw)
-        deadline = None if limit_s is None else time.monotonic() + limit_s
+        deadline = None if limit_s is None else self.clock.now() + limit_s
         while not task.done():
             getter = asyncio.ensure_future(self.get())
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait({task, getter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            left = None if deadline is None else max(0.0, deadline - self.clock.now())
+            await self.clock.wait_first({task, getter}, left)
             if not getter.done():
                 before = cancels()
                 getter.cancel()

@@ -37,6 +37,7 @@ from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.adopt import adopt_kept
 from mscon.console.engine.aio import cancel_and_wait
 from mscon.console.engine.bus import EventBus
+from mscon.console.engine.clock import Clock, MonotonicClock
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
 from mscon.console.engine.events import (
     AgentEvent,
@@ -88,8 +89,10 @@ class Supervisor:
         options: RunOptions | None = None,
         bus: EventBus | None = None,
         transport_factory: TransportFactory = make_transport,
+        clock: Clock | None = None,
     ):
         self._factory = transport_factory
+        self.clock: Clock = clock or MonotonicClock()  # every run rule's time (clock.py)
         self.inv = inventory
         self.options = options or RunOptions()
         self.bus = bus or EventBus()
@@ -147,7 +150,7 @@ class Supervisor:
 
     async def run(self) -> RunResult:
         t0 = time.monotonic()
-        self._inputs = Inputs()
+        self._inputs = Inputs(self.clock)
         for cmd in self._early:
             self._inputs.put_nowait(cmd)
         self.emit(
@@ -205,14 +208,14 @@ class Supervisor:
 
     async def _ticker(self) -> None:
         assert self._inputs is not None and self.session is not None
-        last_ping = time.monotonic()
+        last_ping = self.clock.now()
         while True:
-            await asyncio.sleep(_TICK_S)
+            await self.clock.sleep(_TICK_S)
             if not self._inputs.tick_pending:
                 self._inputs.tick_pending = True
                 self._inputs.put_nowait(TICK)
-            if time.monotonic() - last_ping >= self.inv.ssh.keepalive_s:
-                last_ping = time.monotonic()
+            if self.clock.now() - last_ping >= self.inv.ssh.keepalive_s:
+                last_ping = self.clock.now()
                 await self.session.ping()
 
     async def _run(self, session: ClusterSession) -> RunVerdict:
@@ -303,7 +306,7 @@ class Supervisor:
             pending.extend(await self._adopt_kept(session))
             if self._stop_cmd is not None:  # stopped while the nodes answered: nothing was started
                 return self._interrupted()
-        pending.extend(policy.step(policy_mod.Begin(time.monotonic())))
+        pending.extend(policy.step(policy_mod.Begin(self.clock.now())))
         for cmd in self._later:
             self._inputs.put_nowait(cmd)
         self._later.clear()
@@ -341,6 +344,7 @@ class Supervisor:
             lambda item: self._take(session, item),
             self._step,
             lambda: self._stop_cmd is not None,
+            self.clock,
         )
 
     def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
@@ -378,7 +382,7 @@ class Supervisor:
         """One input as the policy's events (and the console's own events on the way)."""
         assert self.policy is not None
         self._observe(item)
-        now = time.monotonic()
+        now = self.clock.now()
         if isinstance(item, Tick):
             return [policy_mod.Tick(now)]
         if isinstance(item, StopJob):
@@ -495,7 +499,7 @@ class Supervisor:
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
             elif not link.open:  # lost before its ranks could start
                 self.emit(NodeUpdate(number, name, NodeState.LOST, link.error, time.time_ns()))
-                lost.append(policy_mod.NodeLost(name, link.error, time.monotonic()))
+                lost.append(policy_mod.NodeLost(name, link.error, self.clock.now()))
 
         await asyncio.gather(*(start(i) for i in range(len(self.plans))))
         if self.options.detach and number == 0:
@@ -589,4 +593,4 @@ class Supervisor:
             max_restarts=0,
             owns_nodes=False,
         )
-        return Supervisor(inv, options, bus=bus)
+        return Supervisor(inv, options, bus=bus, clock=self.clock)

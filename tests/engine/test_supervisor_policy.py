@@ -36,10 +36,10 @@ from fake_agent import (
 from mscon.agent import policy as policy_mod
 from mscon.agent.protocol import (
     PROTOCOL_VERSION,
+    Adopt,
     Inspect,
     LogBatch,
     Metric,
-    ProcExited,
     ProcHung,
     ProcStarted,
     Resolve,
@@ -47,9 +47,11 @@ from mscon.agent.protocol import (
     Stop,
 )
 from mscon.console.config.inventory import Inventory, load_inventory
+from mscon.console.engine import adopt as adopt_mod
 from mscon.console.engine import exit_codes
 from mscon.console.engine import session as session_mod
 from mscon.console.engine import supervisor as supervisor_mod
+from mscon.console.engine.clock import Clock, FakeClock
 from mscon.console.engine.commands import RestartGroup, StopJob
 from mscon.console.engine.events import (
     AgentEvent,
@@ -64,6 +66,7 @@ from mscon.console.engine.events import (
     NodeState,
     NodeUpdate,
     Notice,
+    RankState,
     Restarting,
     RunFinished,
     RunResult,
@@ -82,14 +85,25 @@ WORKERS = ("r0", "r1", "r2", "r3")
 EVERYONE = ("sched", *WORKERS)  # the scheduler exits too: no linger
 RUN_LIMIT_S = 8.0  # no scenario may take this long: a hung engine fails the test instead of the suite
 PRODUCTION_TICK_S = supervisor_mod._TICK_S
+PRODUCTION_LINGER_S = policy_mod.SCHEDULER_LINGER_S
 
 
 @pytest.fixture(autouse=True)
 def _fast_timers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scheduler that outlives its workers is stopped after 0.2 s instead of 5 s, and the
-    supervisor's timers tick every 50 ms (the hang test keeps the production tick)."""
+    """For the scenarios on the real clock, where a timer is not what they test: the scheduler that
+    outlives its workers is stopped after 0.2 s instead of 5 s, and the supervisor's timers tick
+    every 50 ms. The tests of timing rules take the ``clock`` fixture instead."""
     monkeypatch.setattr(policy_mod, "SCHEDULER_LINGER_S", 0.2)
     monkeypatch.setattr(supervisor_mod, "_TICK_S", 0.05)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The supervisor's clock, moved by the test (``advance``: past a limit, or to just before it to
+    see that it still waits), with the production constants (``_fast_timers`` undone)."""
+    monkeypatch.setattr(policy_mod, "SCHEDULER_LINGER_S", PRODUCTION_LINGER_S)
+    monkeypatch.setattr(supervisor_mod, "_TICK_S", PRODUCTION_TICK_S)
+    return FakeClock()
 
 
 # ------------------------------------------------------------------ helpers
@@ -158,12 +172,13 @@ async def run_job(
     backoff_s: float = 0.0,
     during: Callable[[Supervisor], Awaitable[None]] | None = None,
     setup: Callable[[Supervisor], None] | None = None,
+    clock: Clock | None = None,
 ) -> Run:
     inv = inv or make_inventory(tmp_path)
     options = RunOptions(
         logs_root=tmp_path / "runs", max_restarts=max_restarts, operator_wait_s=operator_wait_s
     )
-    sup = Supervisor(inv, options, transport_factory=cluster)
+    sup = Supervisor(inv, options, transport_factory=cluster, clock=clock)
     sup.hang_timeout_s = hang_s
     sup.backoff_s = backoff_s
     events: list[Event] = []
@@ -181,6 +196,8 @@ async def run_job(
     t0 = time.monotonic()
     try:
         result = await asyncio.wait_for(sup.run(), RUN_LIMIT_S)
+        if side is not None:  # what it checks after the step that ended the run still counts
+            await asyncio.wait({side}, timeout=1.0)
     finally:
         if side is not None and not side.done():
             side.cancel()
@@ -209,19 +226,32 @@ def one_line(text: str) -> bool:
 # ------------------------------------------------------------------ 1. success
 
 
-async def test_success_and_the_lingering_scheduler_is_stopped(tmp_path: Path) -> None:
+def workers_exited_ok(sup: Supervisor) -> Callable[[], bool]:
+    return lambda: all(
+        w in sup.state.ranks and sup.state.ranks[w].state is RankState.EXITED_OK for w in WORKERS
+    )
+
+
+async def test_success_and_the_lingering_scheduler_is_stopped(tmp_path: Path, clock: FakeClock) -> None:
     cluster = make_cluster(tmp_path, all_exit(WORKERS, at=0.05))  # the scheduler never exits by itself
-    run = await run_job(tmp_path, cluster)
+    linger = policy_mod.SCHEDULER_LINGER_S
+
+    async def time_passes(sup: Supervisor) -> None:
+        await until(workers_exited_ok(sup))  # the linger starts now, on the fake clock
+        await clock.advance(linger - 0.01)
+        assert cluster.sent_of(Stop) == [], "the scheduler was stopped before its linger was over"
+        await clock.advance(0.01 + PRODUCTION_TICK_S)  # the first tick past the linger
+        assert {s.node for s in cluster.sent_of(Stop)} == {"a", "b"}
+
+    run = await run_job(tmp_path, cluster, clock=clock, during=time_passes)
     r = run.result
     assert (r.exit_code, r.status, r.root_cause) == (0, JobState.SUCCEEDED, None)
     assert [(a.attempt, a.outcome) for a in r.attempts] == [(0, AttemptOutcome.SUCCEEDED)]
     assert run.lifecycle() == ["run_started", "attempt_started", "attempt_ended", "run_finished"]
-    # The scheduler was stopped after the linger period, not before, and not as a failure.
-    last_worker = max(t for t, _, m in cluster.received if isinstance(m, ProcExited) and m.name != "sched")
+    # The scheduler was stopped after the linger period (time_passes), not as a failure.
     stops = cluster.sent_of(Stop)
     assert {s.node for s in stops} == {"a", "b"}
     assert all(s.msg.reason == "scheduler outlived the workers" for s in stops)  # type: ignore[attr-defined]
-    assert 0.2 <= stops[0].t - last_worker < 0.2 + 0.05 + 0.3
     ranks = {x.name: x for x in r.ranks}
     assert ranks["sched"].status == "stopped (SIGTERM)" and ranks["sched"].role == ""
     assert all(ranks[w].status == "ok" for w in WORKERS)
@@ -338,19 +368,33 @@ async def test_silent_rank_is_inspected_after_the_hang_timeout(
 # ------------------------------------------------------------------ 6. the restart budget
 
 
-async def test_restart_budget_used_up(tmp_path: Path) -> None:
+async def test_restart_budget_used_up(tmp_path: Path, clock: FakeClock) -> None:
     inv = make_inventory(tmp_path, job={"resume_args": ["--resume-from", "last"]})
     cluster = make_cluster(tmp_path, {"r0": [Exit(0.03, code=3)]})
-    run = await run_job(tmp_path, cluster, inv, max_restarts=2, backoff_s=0.1)
+    backoff = 10.1  # between two ticks: a rule that fired a tick early would show
+    restarted_at: list[float] = []
+
+    async def time_passes(sup: Supervisor) -> None:
+        for attempt in (1, 2):
+            over = attempt  # attempts over so far
+            await until(lambda n=over: sup.state.job is JobState.RESTARTING and len(sup.state.attempts) == n)
+            began = clock.now()  # the backoff starts now: nothing moves the fake clock but us
+            await clock.advance(backoff - 0.01)
+            assert len(cluster.sent_of(Start, "a")) == attempt, "restarted before the backoff was over"
+            await clock.advance(0.01 + PRODUCTION_TICK_S)  # the first tick past the backoff
+            assert len(cluster.sent_of(Start, "a")) == attempt + 1
+            restarted_at.append(clock.now() - began)
+
+    run = await run_job(
+        tmp_path, cluster, inv, max_restarts=2, backoff_s=backoff, clock=clock, during=time_passes
+    )
+    assert restarted_at == [pytest.approx(backoff + PRODUCTION_TICK_S)] * 2
     r = run.result
     assert [a.outcome for a in r.attempts] == [AttemptOutcome.FAILED] * 3
     assert r.exit_code == 3 and r.status is JobState.FAILED
     assert r.root_cause is not None and r.root_cause.name == "r0"
     assert r.reason.endswith("(after 2 restarts)")
     assert [(e.attempt, e.restarts_left) for e in run.of(Restarting)] == [(1, 1), (2, 0)]
-    ended, started = run.of(AttemptEnded), run.of(AttemptStarted)
-    for prev, nxt in zip(ended[:-1], started[1:], strict=True):
-        assert (nxt.ts_ns - prev.ts_ns) / 1e9 >= 0.1
     for node in ("a", "b"):
         starts = [s.msg for s in cluster.sent_of(Start, node)]
         assert [m.attempt for m in starts] == [0, 1, 2]  # type: ignore[attr-defined]
@@ -455,7 +499,7 @@ async def test_restart_group_does_not_use_the_budget(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ 7b. the operator decides after a failure
 
 
-async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path) -> None:
+async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path, clock: FakeClock) -> None:
     """A live console with no budget left: the failed attempt stops, the run waits (long after every
     process of the attempt is gone), and the operator's restart trains again."""
 
@@ -467,11 +511,11 @@ async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path)
     async def operator(sup: Supervisor) -> None:
         await until(lambda: sup.state.job is JobState.AWAITING_OPERATOR)
         assert sup.state.attempt is not None and sup.state.attempt.outcome is AttemptOutcome.FAILED
-        await asyncio.sleep(0.3)  # the operator reads the Failure panel: the run must still wait
+        await clock.advance(3600.0)  # the operator reads the Failure panel: the run must still wait
         assert sup.state.job is JobState.AWAITING_OPERATOR
         sup.submit(RestartGroup())
 
-    run = await run_job(tmp_path, cluster, operator_wait_s=math.inf, during=operator)
+    run = await run_job(tmp_path, cluster, operator_wait_s=math.inf, during=operator, clock=clock)
     r = run.result
     assert (r.exit_code, r.status) == (0, JobState.SUCCEEDED)
     assert [(a.attempt, a.outcome) for a in r.attempts] == [
@@ -483,6 +527,29 @@ async def test_failed_run_waits_for_the_operator_who_restarts_it(tmp_path: Path)
     (restarting,) = run.of(Restarting)
     assert restarting.attempt == 1 and "operator" in restarting.reason and restarting.backoff_s == 0
     assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0, 1]  # type: ignore[attr-defined]
+
+
+async def test_operator_wait_runs_out_into_the_failed_attempts_verdict(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A finite wait for the operator (a detached run's): until it is over the run waits, then it
+    ends with the failed attempt's verdict."""
+    cluster = make_cluster(tmp_path, {"r1": [Exit(0.03, code=7)]})
+    wait_s = 120.1  # between two ticks
+
+    async def nobody_comes(sup: Supervisor) -> None:
+        await until(lambda: sup.state.job is JobState.AWAITING_OPERATOR)
+        await clock.advance(wait_s - 0.01)
+        assert sup.state.job is JobState.AWAITING_OPERATOR
+        await clock.advance(0.01 + PRODUCTION_TICK_S)
+
+    run = await run_job(tmp_path, cluster, operator_wait_s=wait_s, during=nobody_comes, clock=clock)
+    r = run.result
+    assert (r.exit_code, r.status) == (7, JobState.FAILED)
+    assert r.root_cause is not None and r.root_cause.name == "r1"
+    (waiting,) = run.of(AwaitingOperator)
+    assert waiting.wait_s == wait_s
+    assert [a.attempt for a in r.attempts] == [0]
 
 
 @pytest.mark.parametrize("b_standby", ["ready", "lost"])
@@ -540,12 +607,11 @@ async def test_headless_run_with_no_budget_ends_at_the_failure(tmp_path: Path) -
 
 
 async def test_restart_pressed_while_the_failed_attempt_stops_restarts_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: FakeClock
 ) -> None:
     """r during the failure's stop (b never confirms it, so the stop lasts until b is cut off): once
     the attempt is over the group goes again, headless and with no budget (the operator's restart
     uses none)."""
-    monkeypatch.setattr(policy_mod, "STOP_CONFIRM_S", 0.2)
 
     def script(attempt: int) -> Script:
         return {"r1": [Exit(0.03, code=7)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
@@ -555,8 +621,11 @@ async def test_restart_pressed_while_the_failed_attempt_stops_restarts_it(
     async def operator(sup: Supervisor) -> None:
         await until(lambda: sup.state.job is JobState.STOPPING)
         sup.submit(RestartGroup())
+        # time moves only while every task waits on the clock: here, until b is cut off
+        moved = await clock.run_until(lambda: len(cluster.sent_of(Start, "b")) == 2, limit_s=60.0)
+        assert moved > sup.inv.stop.grace_s + policy_mod.STOP_CONFIRM_S
 
-    run = await run_job(tmp_path, cluster, during=operator)
+    run = await run_job(tmp_path, cluster, during=operator, clock=clock)
     assert (run.result.exit_code, run.result.status) == (0, JobState.SUCCEEDED)
     assert [a.outcome for a in run.result.attempts] == [AttemptOutcome.FAILED, AttemptOutcome.SUCCEEDED]
 
@@ -584,18 +653,22 @@ async def test_stop_job_reaches_every_node_promptly(tmp_path: Path) -> None:
     assert all(x.status == "stopped (SIGTERM)" for x in r.ranks)
 
 
-async def test_second_stop_job_forces_when_a_node_never_confirms(tmp_path: Path) -> None:
+async def test_second_stop_job_forces_when_a_node_never_confirms(tmp_path: Path, clock: FakeClock) -> None:
     cluster = make_cluster(tmp_path, b=NodeConfig(on_stop="ignore"))
     second: list[float] = []
 
     async def operator(sup: Supervisor) -> None:
         await until(started_everywhere(cluster))
         sup.submit(StopJob())
-        await asyncio.sleep(0.2)
+        await clock.advance(sup.inv.stop.grace_s + 1.0)  # b has not confirmed: the stop goes on
+        assert sup.state.job is JobState.STOPPING and not cluster.channel("b").ended
         second.append(time.monotonic())
+        forced_at = clock.now()
         sup.submit(StopJob("again"))
+        await until(lambda: cluster.channel("b").ended)
+        assert clock.now() == forced_at  # at once: not the confirmation wait
 
-    run = await run_job(tmp_path, cluster, during=operator)
+    run = await run_job(tmp_path, cluster, during=operator, clock=clock)
     r = run.result
     assert (r.exit_code, r.status) == (130, JobState.INTERRUPTED)
     assert r.reason == "stop requested"  # the first StopJob's
@@ -960,18 +1033,27 @@ def test_floats_round_trip_exactly() -> None:
 
 
 async def test_node_that_never_confirms_its_stop_is_cut_off_and_reopened(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: FakeClock
 ) -> None:
-    monkeypatch.setattr(policy_mod, "STOP_CONFIRM_S", 0.05)
     inv = make_inventory(tmp_path)
-    inv = dataclasses.replace(inv, stop=dataclasses.replace(inv.stop, grace_s=0.1))
+    limit = inv.stop.grace_s + policy_mod.STOP_CONFIRM_S
 
     def script(attempt: int) -> Script:
         return {"r0": [Exit(0.03, code=1)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
 
     # b's agent never carries out a Stop (wedged in D state, say); a fresh agent would be fine
     cluster = make_cluster(tmp_path, script, b=NodeConfig(on_stop="ignore"))
-    run = await run_job(tmp_path, cluster, inv, max_restarts=1)
+
+    async def time_passes(sup: Supervisor) -> None:
+        await until(lambda: bool(cluster.sent_of(Stop, "b")))  # the stop's wait starts now
+        await clock.advance(limit - 0.01)
+        first_b = cluster.transports["b"][0].channel
+        assert first_b is not None and not first_b.ended, "cut off before its grace and confirmation wait"
+        assert cluster.factory_calls("b") == 1
+        await clock.advance(0.01 + PRODUCTION_TICK_S)
+        assert cluster.transports["b"][0].channel.ended  # type: ignore[union-attr]
+
+    run = await run_job(tmp_path, cluster, inv, max_restarts=1, during=time_passes, clock=clock)
     first_lost = next(e for e in run.of(NodeUpdate) if e.state is NodeState.LOST)
     assert (first_lost.attempt, first_lost.node, first_lost.detail) == (
         0,
@@ -1016,3 +1098,28 @@ async def test_restart_group_of_the_trainer_without_checkpoints_says_it_starts_o
         assert "--resume" not in p.argv, p.argv
     (restarting,) = [e for e in run.events if isinstance(e, Restarting)]
     assert "no checkpoints" in restarting.reason and "step 0" in restarting.reason
+
+
+# ------------------------------------------------------------------ the kept standby's adopt wait
+
+
+async def test_attempt_0_starts_cold_once_the_adopt_wait_is_over(tmp_path: Path, clock: FakeClock) -> None:
+    """A job that keeps its standby asks each node to adopt the one an earlier run kept; nodes that
+    never answer (these fakes ignore Adopt) are waited for ``ADOPT_WAIT_S``, not a moment less, then
+    attempt 0 starts cold."""
+    inv = make_inventory(tmp_path)
+    inv = dataclasses.replace(inv, restart=dataclasses.replace(inv.restart, keep_warm_s=60.0))
+    assert inv.restart.keeps_warm(inv.device_target)
+    cluster = make_cluster(tmp_path, all_exit(EVERYONE, 0.02))
+
+    async def time_passes(sup: Supervisor) -> None:
+        await until(lambda: len(cluster.sent_of(Adopt)) == 2)  # the wait starts now
+        await clock.advance(adopt_mod.ADOPT_WAIT_S - 0.01)
+        assert cluster.sent_of(Start) == [], "started before the adopt wait was over"
+        await clock.advance(0.01)
+        await until(lambda: len(cluster.sent_of(Start)) == 2)
+
+    run = await run_job(tmp_path, cluster, inv, during=time_passes, clock=clock)
+    assert run.result.exit_code == 0, run.result.reason
+    assert [s.warm for s in run.of(AttemptStarted)] == [False]
+    assert [s.msg.warm for s in cluster.sent_of(Start)] == [False, False]  # type: ignore[attr-defined]
