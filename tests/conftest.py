@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import posixpath
 import pwd
 import subprocess
 import sys
+import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -248,6 +251,29 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll ``cond`` until it returns something true, and return that; fail naming ``what`` after
+    ``timeout`` seconds. How a test waits: on a condition, never on a guess at a duration."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def pipe_bytes(fd: int) -> int:
+    """Bytes written into the pipe ``fd`` reads from and not read yet (a pipe holds 64 KiB)."""
+    buf = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder)
 
 
 def cpu_env() -> dict[str, str]:

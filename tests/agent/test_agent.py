@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import FAKE_RANK, wait_gone
+from conftest import FAKE_RANK, pipe_bytes, wait_for, wait_gone
 from mscon.agent import layout
 from mscon.agent import protocol as P
 
@@ -151,7 +151,19 @@ def test_a_console_that_stops_reading_never_stalls_the_agent(tmp_path: Path) -> 
         started[m.name] = m.pid
     siblings = [psutil.Process(started[n]) for n in ("r0", "r2")]
     agent = psutil.Process(a.proc.pid)
-    time.sleep(3.0)  # nobody reads: the pipe to the "console" is full long before this
+    # Nobody reads: wait until the pipe to the "console" is full, then until 8 MiB more of the ranks'
+    # lines are written behind it: more than the agent's outbox holds (4 MiB, agent/outbox.py), so it
+    # has had to stop reading the logs and leave lines waiting in them.
+    out = a.proc.stdout
+    assert out is not None
+    wait_for(
+        lambda: pipe_bytes(out.fileno()) >= 48 * 1024, 60, "the agent's stdout pipe to fill (48 of 64 KiB)"
+    )
+    logs = [Path(layout.log_path(tmp_path / "run", 0, r)) for r in ("r0", "r1", "r2")]
+    behind = sum(p.stat().st_size for p in logs) + 8 * 2**20
+    wait_for(
+        lambda: sum(p.stat().st_size for p in logs) >= behind, 60, "8 MiB of rank lines behind the full pipe"
+    )
     os.kill(started["r1"], signal.SIGKILL)
     assert wait_gone(siblings, 8) == [], "the agent stopped r0 and r2 without the console reading"
     assert agent.memory_info().rss < 300 * 2**20  # what it could not send did not pile up in memory

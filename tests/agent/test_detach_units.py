@@ -125,19 +125,32 @@ def test_a_fake_coordinator_cannot_command_a_follower() -> None:
     fake.listen(1)
     port = fake.getsockname()[1]
 
+    hung_up: list[bool] = []
+
     def serve() -> None:
         conn, _ = fake.accept()
+        conn.settimeout(10)
         conn.sendall(b'{"nonce": "00"}\n')
         conn.recv(4096)
         conn.sendall(b'{"mac": "' + b"0" * 64 + b'"}\n')
-        time.sleep(1)
+        # The link stays open until the follower hangs up: it refuses the bad answer itself, not
+        # because the fake closed on it.
+        try:
+            while conn.recv(4096):
+                pass
+            hung_up.append(True)
+        except OSError:
+            pass
         conn.close()
 
     import threading
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     with pytest.raises(coord.LinkError):
         coord.dial("127.0.0.1", port, "secret", "node2", queue.Queue(), timeout_s=3)
+    server.join(15)
+    assert hung_up == [True], "the follower did not close the link it refused"
     fake.close()
 
 

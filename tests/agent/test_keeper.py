@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_gone
+from conftest import wait_for, wait_gone
 from mscon.agent import kept, layout
 from mscon.agent.protocol import ProcSpec, on_standby
 from mscon.agent.spares import Spares
@@ -204,8 +204,8 @@ def test_a_run_that_comes_while_it_joins_takes_it_once_joined(home: Path) -> Non
     go = home / "joined-now"
     specs = (SPECS[0], ProcSpec("r0", 0, 0, PY, {**SPECS[1].env, "HOLD_UNTIL": str(go)}))
     folder, keeper = _start_keeper(home, specs=specs)
-    while not os.path.exists(os.path.join(folder, kept.PIDFILE)):  # serving; its r0 has not joined
-        time.sleep(0.02)
+    pidfile = os.path.join(folder, kept.PIDFILE)
+    wait_for(lambda: os.path.exists(pidfile), 30, "the keeper to serve (its pid file)")  # r0 has not joined
     spares = Spares()
     assert (
         spares.adopt(folder, _run_dir(home, "run-2"), str(home), tuple(on_standby(s, 0) for s in specs))

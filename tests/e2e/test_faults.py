@@ -11,7 +11,6 @@ where the case is about training. Run with ``-s`` to see the measured times.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -21,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import termios
 import threading
 import time
 from collections.abc import Iterable
@@ -30,7 +28,16 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import mscon, mscon_popen, needs_mindspore, run_processes, ssh_inventory, wait_gone
+from conftest import (
+    mscon,
+    mscon_popen,
+    needs_mindspore,
+    pipe_bytes,
+    run_processes,
+    ssh_inventory,
+    wait_for,
+    wait_gone,
+)
 from mscon.agent import layout
 from netns_node import NetnsNode, netns_unavailable_reason, start_netns_node
 from sshd_nodes import SSHD, SshdCluster, descendants, pid_alive, write_known_hosts
@@ -564,12 +571,6 @@ def test_ctrl_c_stops_every_agent_within_200ms(
 # ------------------------------------------------------------------ 8. stdout that nobody reads
 
 
-def _pipe_bytes(fd: int) -> int:
-    buf = bytearray(4)
-    fcntl.ioctl(fd, termios.FIONREAD, buf)
-    return int.from_bytes(buf, sys.byteorder)
-
-
 def test_blocked_stdout_does_not_hold_up_sigterm(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
@@ -581,11 +582,19 @@ def test_blocked_stdout_does_not_hold_up_sigterm(
     ranks = _ranks(run_id, 4)
     agents = _agents(ranks.values())
     assert con.proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while _pipe_bytes(con.proc.stdout.fileno()) < 48 * 1024:  # of 64 KiB: the rest is a torn page
-        assert time.monotonic() < deadline, "the stdout pipe never filled"
-        time.sleep(0.05)
-    time.sleep(1.0)  # rank output keeps arriving behind the full pipe
+    out = con.proc.stdout.fileno()  # 48 of 64 KiB: the rest is a torn page
+    wait_for(lambda: pipe_bytes(out) >= 48 * 1024, 30, "the console's stdout pipe to fill")
+    # Rank output keeps arriving behind the full pipe: every rank writes 4 KiB more (a dozen steps).
+    logs = [
+        Path(layout.log_file(os.path.dirname(p.environ()["MSCON_METRICS"]), name))
+        for name, p in ranks.items()
+    ]
+    sizes = [log.stat().st_size + 4096 for log in logs]
+    wait_for(
+        lambda: all(log.stat().st_size >= size for log, size in zip(logs, sizes, strict=True)),
+        30,
+        "4 KiB more of every rank's output after the console's stdout filled",
+    )
     t0 = time.monotonic()
     con.proc.send_signal(signal.SIGTERM)
     detected = con.wait_line("err", "mscon: stopping every rank on every node: terminated (SIGTERM)", 10) - t0

@@ -89,6 +89,24 @@ def test_mscon_up_with_two_mindspore_ranks_in_tmux(tmp_path: Path) -> None:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
+# ``python -m mscon.console.cli ARGS`` whose terminal driver touches MARK (its first argument) when
+# it drops its first frame: the frame queue is full, because the terminal stopped reading.
+WATCHED_CONSOLE = """\
+import sys
+from pathlib import Path
+from mscon.console.views.tui import terminal
+mark = Path(sys.argv.pop(1))
+write = terminal.NonBlockingDriver.write
+def watched(self, data):
+    write(self, data)
+    if self.dropped_frames and not mark.exists():
+        mark.touch()
+terminal.NonBlockingDriver.write = watched
+from mscon.console.cli.main import main
+sys.exit(main())
+"""
+
+
 def test_a_terminal_nobody_reads_does_not_delay_a_stop(tmp_path: Path) -> None:
     """The engine shares the loop with the view: a frozen terminal must cost frames, never a stop."""
     inv = write_inventory(
@@ -109,11 +127,13 @@ def test_a_terminal_nobody_reads_does_not_delay_a_stop(tmp_path: Path) -> None:
     run_id = f"tui-frozen-{secrets.token_hex(3)}"
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 70, 250, 0, 0))
+    dropped = tmp_path / "dropped-a-frame"
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "mscon.console.cli",
+            "-c",
+            WATCHED_CONSOLE,
+            str(dropped),
             "up",
             str(inv),
             "--run-id",
@@ -135,7 +155,15 @@ def test_a_terminal_nobody_reads_does_not_delay_a_stop(tmp_path: Path) -> None:
         while len(run_processes(run_id)) < 4:
             assert time.monotonic() < deadline and proc.poll() is None, "the ranks did not start"
             time.sleep(0.2)
-        time.sleep(8)  # nobody reads: the pty fills up and every later frame finds it full
+        # Nobody reads: the pty fills up, the driver's writer blocks on it, its frame queue fills and
+        # the console starts dropping frames (every later frame finds it full).
+        deadline = time.monotonic() + 60
+        while not dropped.exists():
+            assert proc.poll() is None, f"the console exited ({proc.returncode}) before its terminal filled"
+            assert time.monotonic() < deadline, (
+                "the console dropped no frame in 60 s: the terminal never filled"
+            )
+            time.sleep(0.05)
         ranks = run_processes(run_id)
         t0 = time.monotonic()
         os.write(master, b"q")

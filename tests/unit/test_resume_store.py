@@ -12,12 +12,12 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_for
 from mscon.trainer import checkpoint
 
 from mscon_resume import collective, core, interval, store
@@ -515,7 +515,8 @@ def test_concurrent_callers_get_the_same_key_threads(tmp_path: Path) -> None:
 _KEY_IN_CHILD = """
 import os, sys, time
 from mscon_resume import store
-while not os.path.exists(sys.argv[2]):  # all started: go together
+open(sys.argv[3], "w").close()  # imports done: ready to go
+while not os.path.exists(sys.argv[2]):  # all ready: go together
     time.sleep(0.001)
 print(store.folder_key(sys.argv[1]).hex())
 """
@@ -526,14 +527,20 @@ def test_concurrent_callers_get_the_same_key_processes(tmp_path: Path) -> None:
     go = tmp_path / "go"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _KEY_IN_CHILD, root, str(go)],
+            [sys.executable, "-c", _KEY_IN_CHILD, root, str(go), str(tmp_path / f"ready{i}")],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(4)
+        for i in range(4)
     ]
-    time.sleep(0.5)  # their imports done
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
+    try:
+        wait_for(lambda: all(r.exists() for r in ready), 60, "the 4 children to finish their imports")
+    except AssertionError:
+        for p in procs:
+            p.kill()
+        raise
     go.touch()
     keys = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert [p.returncode for p in procs] == [0] * 4
