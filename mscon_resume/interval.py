@@ -34,8 +34,9 @@ class Interval:
         self._timed.append(step_s)
         if len(self._timed) <= self.PROBE_STEPS:
             return None
-        timed = sorted(self._timed[1:])  # the first step compiles
-        self.every = agree_max(budget_interval(cost_s, timed[len(timed) // 2], self.budget), rank, size)
+        # The first step compiles; the others ran beside a snapshot's write (one every step while
+        # probing): the quickest is the closest to the step's own time.
+        self.every = agree_max(budget_interval(cost_s, min(self._timed[1:]), self.budget), rank, size)
         return self.every
 
 
