@@ -35,22 +35,10 @@ def phase_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase |
     """A RankPhase from an MSCON_METRICS line that is a phase record (``{"phase": "joined", "ts":
     1700000000.5}``, the rank's own clock); None for any other line. Only the milestones a rank
     records (``Milestone.RECORDED``) are taken: the first step is the agent's to say."""
-    if '"phase"' not in line:  # most lines are metrics: no JSON parse for them
+    obj = _record(line, "phase")
+    if obj is None or obj["phase"] not in P.Milestone.RECORDED:
         return None
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("phase") not in P.Milestone.RECORDED:
-        return None
-    ts = _opt_float(obj.get("ts"))
-    return P.RankPhase(
-        node=node,
-        name=name,
-        rank=rank,
-        phase=obj["phase"],
-        ts_ns=int(ts * 1e9) if ts is not None else time.time_ns(),
-    )
+    return P.RankPhase(node=node, name=name, rank=rank, phase=obj["phase"], ts_ns=_ts_ns(obj))
 
 
 def resume_from_line(node: str, name: str, rank: int, line: str) -> P.RankResumed | None:
@@ -58,28 +46,35 @@ def resume_from_line(node: str, name: str, rank: int, line: str) -> P.RankResume
     150, "epoch": 3, "source": "snapshot"}, "ts": 1700000000.5}``, written once per attempt before
     the rank's first step); None for any other line, and for a record without a step (an int, 0 or
     more) or with a source not in ``ResumeSource.ALL``. An epoch that is not an int is dropped."""
-    if '"resume"' not in line:  # most lines are metrics: no JSON parse for them
-        return None
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    body = obj.get("resume") if isinstance(obj, dict) else None
+    obj = _record(line, "resume")
+    body = obj["resume"] if obj is not None else None
     if not isinstance(body, dict) or body.get("source") not in P.ResumeSource.ALL:
         return None
     step = _opt_int(body.get("step"))
     if step is None or step < 0:
         return None
-    ts = _opt_float(obj.get("ts"))
+    source, epoch = body["source"], _opt_int(body.get("epoch"))
     return P.RankResumed(
-        node=node,
-        name=name,
-        rank=rank,
-        step=step,
-        source=body["source"],
-        epoch=_opt_int(body.get("epoch")),
-        ts_ns=int(ts * 1e9) if ts is not None else time.time_ns(),
+        node=node, name=name, rank=rank, step=step, source=source, epoch=epoch, ts_ns=_ts_ns(obj)
     )
+
+
+def _record(line: str, key: str) -> dict | None:
+    """The JSON record of a line that holds ``key`` at its top level, else None (most lines are
+    metrics: a substring test spares them the JSON parse)."""
+    if '"%s"' % key not in line:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and key in obj else None
+
+
+def _ts_ns(obj: dict) -> int:
+    """A record's own time (the rank's clock), else now."""
+    ts = _opt_float(obj.get("ts"))
+    return int(ts * 1e9) if ts is not None else time.time_ns()
 
 
 def record_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase | P.RankResumed | None:
