@@ -319,6 +319,10 @@ class Metric(Message):
     device_memory_bytes: int | None = None
     checksum: str | None = None  # digest of the replicated parameters (data parallel)
     profile_dir: str | None = None  # where a profiler window was written
+    # The rank's clock when it began the step with its batch in hand. In a data-parallel job every
+    # rank's step ends in the same AllReduce, so their step times are equal; how much later than
+    # the others a rank arrives is what it costs them (console/engine/stragglers.py).
+    arrive_ts: float | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ class ResumeCallback(Callback):
             self.initial_epoch = self.got.step // dataset.get_dataset_size()
             dataset.set_init_step(self.got.step)
         self._t0 = 0.0
+        self._end: float | None = None  # when the step before ended (a step's time holds its load)
+        self._arrive_ts = 0.0
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -53,14 +55,17 @@ class ResumeCallback(Callback):
         self.core.ready()
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        self._t0 = time.perf_counter()
+        # Model.train fetched the batch already: from the step before's end, so a rank with a
+        # slow loader is the slow one, not its peers waiting in the AllReduce (loop.py says more).
+        self._arrive_ts = time.time()
+        self._t0 = self._end if self._end is not None else time.perf_counter()
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
         dt = time.perf_counter() - self._t0
         step = int(cb.cur_step_num)
         per_epoch = int(cb.batch_num) or 1
-        record: dict[str, Any] = {}
+        record: dict[str, Any] = {"arrive_ts": self._arrive_ts}
         loss = _loss(cb.net_outputs)
         if loss is not None:
             record["loss"] = loss
@@ -69,6 +74,7 @@ class ResumeCallback(Callback):
         if shape and dt > 0:
             record["samples_per_s"] = int(shape[0]) / dt
         self.core.stepped(step, (step - 1) // per_epoch, (step - 1) % per_epoch + 1, dt, record)
+        self._end = time.perf_counter()
 
     def on_train_end(self, run_context: Any) -> None:
         self.core.finish(completed=True)

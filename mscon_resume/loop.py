@@ -75,10 +75,15 @@ class Loop:
         else:
             batches = iter(dataset)
         i = first
+        # A step's time runs from the end of the one before, so it holds the batch's loading: a
+        # rank with a slow loader is the slow one, not the peers that wait for it in the AllReduce
+        # (which ``arrive_ts``, the time it had its batch in hand, tells the console apart).
+        t0 = time.perf_counter()
         for batch in batches:
-            t0 = time.perf_counter()
+            arrive_ts = time.time()
             yield i, batch
-            self._stepped(epoch, i + 1, time.perf_counter() - t0, batch)
+            self._stepped(epoch, i + 1, time.perf_counter() - t0, batch, arrive_ts)
+            t0 = time.perf_counter()
             i += 1
         if self.epochs is not None and epoch + 1 >= self.epochs:
             self.finish()
@@ -94,9 +99,9 @@ class Loop:
 
         return tracked
 
-    def _stepped(self, epoch: int, pos: int, step_s: float, batch: Any) -> None:
+    def _stepped(self, epoch: int, pos: int, step_s: float, batch: Any, arrive_ts: float) -> None:
         self.step += 1
-        record: dict[str, Any] = {}
+        record: dict[str, Any] = {"arrive_ts": arrive_ts}
         if self._loss is not None:
             record["loss"] = _as_float(self._loss)
             self._loss = None

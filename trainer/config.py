@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-dir", default="profiler", help="where the profiler writes")
     g = p.add_argument_group("testing mscon")
     g.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
+    g.add_argument("--slow-rank", type=int, default=-1, help="the rank --slow applies to (a straggler)")
+    g.add_argument(
+        "--slow",
+        type=float,
+        default=1.0,
+        help="--slow-rank loads each batch so long that its step takes this many times its own time",
+    )
     g.add_argument(
         "--die-at-step",
         type=int,
@@ -220,6 +227,8 @@ def parse_args(argv: list[str] | None = None, cluster: Cluster | None = None) ->
         fail("--keep-checkpoints must be >= 2 (a rank killed mid-save must still find an older one)")
     if args.step_sleep < 0:
         fail("--step-sleep must be >= 0")
+    if args.slow < 1.0:
+        fail("--slow must be >= 1 (a straggler is slower, not faster)")
     mode = normalise_mode(args.parallel_mode) if args.parallel_mode else None
     if mode is None:
         mode = "data_parallel" if size > 1 else "stand_alone"

@@ -24,6 +24,7 @@ from mscon_resume.metrics import MetricsWriter  # noqa: E402
 from trainer import checkpoint, runners  # noqa: E402
 from trainer.config import Cluster, cluster_from_env, fail, parse_args, ranks_are_replicas  # noqa: E402
 from trainer.metrics import param_checksum  # noqa: E402
+from trainer.straggler import SlowLoader  # noqa: E402
 
 
 def run_scheduler(cluster: Cluster) -> int:
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         resumer.keep(store.named_params(runner.checkpoint_payload()))
     replicas = ranks_are_replicas(args)  # only then must every rank's parameters be equal
     profiling = Profiling(args.profile_steps, args.profile_dir, rank)
+    straggler = SlowLoader(args.slow if rank == args.slow_rank else 1.0)
     step = start
     for epoch in range(start // steps_per_epoch, args.epochs):
         dataset = data.make_dataset(source, micro_batch, size, rank, epoch, args.seed, args.sampler)
@@ -272,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            loss, overflow = runner.step([next(batches) for _ in range(args.grad_accum)])
+            batch = [next(batches) for _ in range(args.grad_accum)]
+            straggler.load()  # a slow loader on --slow-rank, before it arrives in the step
+            arrive_ts = time.time()
+            loss, overflow = runner.step(batch)
             dt = time.perf_counter() - t0
+            straggler.took(dt)
             if step == start:  # this attempt's first step: its graphs are compiled now
                 metrics.phase("compiled")
             step += 1
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 "epoch": epoch + 1,
                 "loss": loss,
                 "step_time_s": dt,
+                "arrive_ts": arrive_ts,
                 "samples_per_s": micro_batch * args.grad_accum / dt if dt > 0 else None,
                 "loss_scale": runner.loss_scale,
                 "overflow": overflow,

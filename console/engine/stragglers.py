@@ -3,7 +3,8 @@
 Step times are measured where the rank made them, never when their lines reached the console:
 
 - a metric's own ``step_time_s`` (MSCON_METRICS records, MindFormers lines, a TimeMonitor line) is
-  taken as it is;
+  taken as it is, less the time the rank waited for the others where its records say when it
+  arrived (``arrive_ts``: data parallel, ``arrivals.py``);
 - else the time between two metrics' ``ts``: the rank's own clock for an MSCON_METRICS record
   (``mscon_resume`` and the reference trainer write it), else the time the agent read the line. The
   agent stamps every line of one read with that read's time, so lines read together form one group:
@@ -37,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mscon.agent.protocol import Metric, MetricBatch
+from mscon.console.engine.arrivals import Arrivals
 from mscon.console.engine.events import Event, StragglerCleared, StragglerFlagged
 from mscon.console.engine.state import ClusterState
 
@@ -44,6 +46,9 @@ from mscon.console.engine.state import ClusterState
 DEFAULT_FACTOR = 1.3  # a straggler's step time is at least this multiple of the others' median
 DEFAULT_WINDOW = 20  # steps per rank taken into account
 DEFAULT_WARMUP = 3  # each rank's first step reports of an attempt are not judged (compile, caches)
+# Nor a rank that costs the others less than this a step, whatever the ratio: ranks sharing cores
+# with the console and each other (the local default job's 7 ms steps) lag by a few ms at times.
+DEFAULT_MIN_EXCESS_S = 0.01
 COARSE_READS = 30  # step times from read times: at least this many reads (3 s at 0.1 s) per figure
 # Parsed lines stamped within this long of each other were read together (an agent before read
 # stamps, or a replay, stamps them as it parses them: microseconds apart).
@@ -62,6 +67,11 @@ class StragglerPolicy:
     # a rank hovering at the threshold is not flagged and cleared at every check.
     release: float | None = None
     warmup: int = DEFAULT_WARMUP  # each rank's first N step reports of an attempt give no step times
+    min_excess_s: float = DEFAULT_MIN_EXCESS_S  # a straggler is also this much slower a step
+
+    def is_straggler(self, own: float, yardstick: float) -> bool:
+        """A rank's step time ``own`` against the others' ``yardstick``: the one test of a straggler."""
+        return own >= self.factor * yardstick and own - yardstick >= self.min_excess_s
 
     @property
     def needed(self) -> int:
@@ -139,9 +149,11 @@ class StepTimes:
         self._keys: dict[str, collections.deque[int]] = {}
         self._secs: dict[str, collections.deque[float]] = {}
         self._multi: set[str] = set()
+        self._arrivals = Arrivals(self.reach)  # step times that arrive_ts turns into work (arrivals.py)
 
     def reset(self) -> None:
         """A new attempt: every rank starts again."""
+        self._arrivals.reset()
         for d in (self._samples, self._history, self._groups, self._top, self._seen, self._cache):
             d.clear()
         for d in (self._by_step, self._ratios, self._rated, self._ratio_cache, self._keys, self._secs):
@@ -173,6 +185,13 @@ class StepTimes:
             if warm or value <= 0:
                 return False
             key = epoch * _EPOCH + msg.step
+            if msg.arrive_ts is not None:  # data parallel: each rank's own share of the step
+                fresh = False
+                for w in self._arrivals.add(name, key, value, msg.arrive_ts):
+                    if w.seconds > 0:
+                        self._step_time(w.key, w.seconds)
+                        fresh = self._add(w.name, _Sample(w.key, 1, w.seconds)) or fresh
+                return fresh
             self._step_time(key, value)
             return self._add(name, _Sample(key, 1, value))
         if name in self._reported:
@@ -417,7 +436,7 @@ def stragglers_of(
     """The verdicts over ``times``' figures of ``names`` (aligned windows, cached; the window is
     ``times.window``, which the view sets to ``policy.window``)."""
     judged = times.judge(names, policy.needed, policy.min_ranks)
-    return frozenset(name for name, (own, others) in judged.items() if own >= policy.factor * others)
+    return frozenset(name for name, (own, others) in judged.items() if policy.is_straggler(own, others))
 
 
 def stragglers_by_median(
@@ -425,7 +444,7 @@ def stragglers_by_median(
 ) -> frozenset[str]:
     """The comparison itself, over each rank's median step time."""
     others = others_medians(medians, policy)
-    return frozenset(name for name, value in others.items() if medians[name] >= policy.factor * value)
+    return frozenset(name for name, value in others.items() if policy.is_straggler(medians[name], value))
 
 
 def others_medians(
@@ -505,7 +524,7 @@ class StragglerWatch:
                 if own < policy.clear_below * yardstick:
                     self._flagged.discard(name)
                     events.append(StragglerCleared(self._attempt, name, node, step, own, yardstick))
-            elif own >= policy.factor * yardstick:
+            elif policy.is_straggler(own, yardstick):
                 self._flagged.add(name)
                 events.append(
                     StragglerFlagged(self._attempt, name, node, step, own, yardstick, policy.factor)

@@ -68,6 +68,7 @@ def test_a_record_fills_every_optional_metric_field() -> None:
         "device_memory_bytes": 2**30,
         "param_checksum": "abc",
         "profile_dir": "/p",
+        "arrive_ts": 12.2,
         "ts": 12.5,
     }
     m = from_record("n", "r1", 1, record)
