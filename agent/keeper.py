@@ -34,6 +34,9 @@ import time
 SOCKET = "keeper.sock"  # bound relative to its folder (absolute paths may pass the 107-byte limit)
 PIDFILE = "keeper.pid"  # written once its spares are started, removed as it ends
 _TICK_S = 0.1
+LINE_MAX = 64 * 1024  # an adopter's request is a short line; a longer one drops that client
+_SEND_S = 5.0  # a client that does not read its replies is dropped, not waited on
+_BACKOFF_S = 0.1  # out of descriptors: accept again after this long, serving what is held meanwhile
 
 
 def _private(path: str, flags: int) -> int:
@@ -72,6 +75,8 @@ class Keeper:
         self.client: socket.socket | None = None
         self.buf = b""
         self.why_lost = ""
+        self.accept_after = 0.0  # accept() failed (out of descriptors): not before this
+        self.accept_failing = False  # said so on stderr once, until an accept succeeds
 
     def spawn(self) -> None:
         for spec in self.order["procs"]:
@@ -198,7 +203,8 @@ class Keeper:
                     return  # lost before adoption (all or nothing), or unclaimed
             elif self.client is None:
                 return  # its adopter went: the ranks still running go too (no orphans)
-            watch = [listener] + ([self.client] if self.client is not None else [])
+            watch = [listener] if now >= self.accept_after else []
+            watch += [self.client] if self.client is not None else []
             readable, _, _ = select.select(watch, [], [], _TICK_S)
             # The client first: a client that closed and then connected again is one adopter.
             if self.client is not None and self.client in readable:
@@ -218,11 +224,27 @@ class Keeper:
                         continue
                     if not isinstance(msg, dict) or not self.command(msg):
                         return
+                if len(self.buf) > LINE_MAX:
+                    self.drop_client()  # a line no adopter sends: that client goes, the keeper stays
             if listener in readable:
                 self.accept(listener)
 
     def accept(self, listener: socket.socket) -> None:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:
+            # Out of descriptors (EMFILE, ENFILE) or another passing failure: the keeper and its
+            # spares stay; the connection waits in the backlog until an accept works again.
+            if not self.accept_failing:
+                sys.stderr.write("keeper: cannot accept (%s), trying again\n" % (exc.strerror or exc))
+                sys.stderr.flush()
+            self.accept_failing = True
+            self.accept_after = time.monotonic() + _BACKOFF_S
+            return
+        self.accept_failing = False
+        conn.settimeout(_SEND_S)  # replies are short; a client that never reads is dropped
         if not _same_user(conn):
             conn.close()
             return

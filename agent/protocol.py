@@ -761,12 +761,15 @@ class ChecksDone(Message):
 
 @dataclass(frozen=True)
 class MeshListen(Message):
-    """Listen on an ephemeral TCP port (answered by MeshListening); every connection is answered
-    with one line, ``token`` and this node's name, so a peer can tell it reached this node and not
-    another host that happens to hold the address (a loopback scheduler address on a real cluster)."""
+    """Listen on an ephemeral TCP port of ``host`` (the address the peers dial, as this node
+    resolves it; never all addresses), answered by MeshListening. ``token`` is the mesh's secret
+    (never on the network): only a caller proving it is answered, with this node's name and the
+    listener's own proof, so a peer can tell it reached this node and not another host that happens
+    to hold the address (a loopback scheduler address on a real cluster)."""
 
     type: ClassVar[str] = "mesh_listen"
     token: str = ""
+    host: str = ""
     timeout_s: float = 60.0  # the listener closes itself after this long, MeshClose or not
     avoid_port: int = 0  # the scheduler's port: never the listener's, though ephemeral ports may hit it
 

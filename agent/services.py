@@ -54,7 +54,7 @@ class Services:
         if self._mesh is not None:
             self._mesh.close()
         try:
-            self._mesh = MeshListener(msg.token + " " + self.node, msg.timeout_s, avoid=(msg.avoid_port,))
+            self._mesh = MeshListener(self.node, msg.token, msg.timeout_s, msg.host, avoid=(msg.avoid_port,))
         except OSError as exc:
             self._mesh = None
             self.send(P.MeshListening(node=self.node, error="cannot listen: %s" % (exc.strerror or exc)))

@@ -25,8 +25,10 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+from mscon.agent import layout
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.events import Event, RunFinished, from_json, to_json
+from mscon.console.transport.private_copy import private_file, private_folder
 
 RECORDING = "events.jsonl.gz"  # in the run folder, beside summary.json
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -43,8 +45,10 @@ class CompressedRecorder:
     """A bus sink writing every event as gzip JSON lines (the run folder's recording)."""
 
     def __init__(self, path: Path, flush_s: float = _FLUSH_S) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._raw = path.open("wb")
+        # The run folder and its recording (every log line of the run) are the operator's only:
+        # 0700 and 0600 whatever the umask, as the copies fetched beside it.
+        private_folder(path.parent)
+        self._raw = os.fdopen(private_file(path), "wb")
         with contextlib.suppress(OSError):  # a file system without locks: ls only reads it as unknown
             fcntl.flock(self._raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         # The gzip header's mtime is when the run started (``mscon ls`` reads it back).
@@ -116,7 +120,7 @@ class EventRecorder:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("w", encoding="utf-8")
+        self._f = layout.private_open(str(path), "w", encoding="utf-8")  # 0600: it holds log lines
 
     def handle(self, event: Event) -> None:
         self._f.write(json.dumps(to_json(event), separators=(",", ":")) + "\n")

@@ -1,5 +1,6 @@
-"""The mesh probe conversation: every node listens on a free port (the first one at the scheduler's
-address, MS_SCHED_HOST), then dials every other one, and says which connections it made. The
+"""The mesh probe conversation: every node listens on a free port of the address its peers dial
+(the first one at the scheduler's address, MS_SCHED_HOST), answering only callers that prove the
+mesh's secret, then dials every other one, and says which connections it made. The
 console turns the answers into the mesh and scheduler results (``checks.mesh_result``,
 ``checks.sched_result``)."""
 
@@ -49,11 +50,13 @@ async def probe(
     """Each node's connections to the others (None where it did not answer); fills in the ports of
     ``targets``. ``avoid_port`` is the scheduler's (left free for it); each node listens for at most
     ``listen_s``, and every listener is closed at the end."""
-    token = secrets.token_hex(8)
-    listen_msg = MeshListen(token=token, timeout_s=listen_s, avoid_port=avoid_port)
+    # The mesh's secret: on the agents' stdin only; callers and listeners prove it, never send it.
+    token = secrets.token_hex(16)
 
     async def listen(node: str) -> tuple[str, int | str]:
-        if not await session.send(node, listen_msg):
+        # Each node listens on the address its peers will dial (never all of its addresses).
+        msg = MeshListen(token=token, host=targets[node][0], timeout_s=listen_s, avoid_port=avoid_port)
+        if not await session.send(node, msg):
             return node, "not connected"
         try:
             _, answer = await asyncio.wait_for(

@@ -29,6 +29,7 @@ from mscon.console.transport.bundle import (
     agent_argv,
     agent_stdin_header,
 )
+from mscon.console.transport.private_copy import private_file, private_folders, private_subfolder
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -152,7 +153,7 @@ class LocalTransport(NodeTransport):
                 return 0  # the run folder itself is a link: not followed
             raise
         try:
-            dest.mkdir(parents=True, exist_ok=True)
+            private_folders(logs_root, dest)
             # In a thread: a large run folder must not hold up the loop (other nodes, the views).
             return await asyncio.to_thread(_copy_tree, fd, dest, layout.not_fetched(include), progress)
         finally:
@@ -172,11 +173,9 @@ def _copy_tree(src_fd: int, dest: Path, skip: frozenset[str], progress: Progress
     for path, fd in layout.fetched_entries(src_fd, skip=skip):
         target = within(dest, path)
         if fd is None:
-            target.mkdir(exist_ok=True)
+            private_subfolder(target)
             continue
-        if target.is_symlink():
-            target.unlink()  # never write through a link in the destination either
-        out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+        out_fd = private_file(target)  # 0600 whatever the umask, never through a link
         with os.fdopen(os.dup(fd), "rb") as src, os.fdopen(out_fd, "wb") as out:
             while chunk := src.read(1 << 20):
                 out.write(chunk)

@@ -44,6 +44,7 @@ from mscon.console.transport.bundle import (
     WorkdirArchive,
     agent_stdin_header,
 )
+from mscon.console.transport.private_copy import private_file, private_folders, private_subfolder
 from mscon.console.transport.slurm_dial import AUTH_TIMEOUT_S, Control
 from mscon.console.transport.slurm_launcher import SlurmLauncher
 
@@ -174,7 +175,7 @@ class SlurmTransport(NodeTransport):
             if buf.tell() == 0:
                 return 0  # no run folder on the node
             buf.seek(0)
-            dest.mkdir(parents=True, exist_ok=True)
+            private_folders(logs_root, dest)
             return await asyncio.to_thread(_extract, buf, dest, layout.not_fetched(include))
 
     async def holds_run(self, run_id: str) -> bool:
@@ -196,24 +197,24 @@ def _extract(fileobj: Any, dest: Path, skip: frozenset[str] | None = None) -> in
                 continue
             target = within(dest, *parts)
             if member.isdir():
-                if target.is_symlink():
-                    target.unlink()
-                target.mkdir(parents=True, exist_ok=True)
+                _private_levels(dest, parts)
             elif member.isreg():
                 src = tar.extractfile(member)
                 if src is None:
                     continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.is_symlink():
-                    target.unlink()
-                fd = os.open(
-                    target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644
-                )
-                with os.fdopen(fd, "wb") as out:
+                _private_levels(dest, parts[:-1])
+                # 0600 whatever the umask or the archive's modes; a link there is never written through
+                with os.fdopen(private_file(target), "wb") as out:
                     while data := src.read(1 << 20):
                         out.write(data)
                         total += len(data)
     return total
+
+
+def _private_levels(dest: Path, parts: list[str]) -> None:
+    """The folders ``parts`` names under ``dest``, each 0700 (tar need not list a folder first)."""
+    for i in range(1, len(parts) + 1):
+        private_subfolder(within(dest, *parts[:i]))
 
 
 # One launcher per session. The session hands every factory call the same SshOptions, whose

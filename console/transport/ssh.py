@@ -37,6 +37,12 @@ from mscon.console.transport.bundle import (
     agent_stdin_header,
 )
 from mscon.console.transport.host_keys import HostKeyCheck, Target, config_paths, host_key_files
+from mscon.console.transport.private_copy import (
+    made_private,
+    private_file,
+    private_folders,
+    private_subfolder,
+)
 
 _FETCH_PARALLEL = 8  # files copied back at once
 _MAX_JUMPS = 8  # nested ProxyJump lists followed (a config can loop)
@@ -460,7 +466,7 @@ class SshTransport(NodeTransport):
             return 0
         if attrs.type != asyncssh.FILEXFER_TYPE_DIRECTORY:
             return 0  # not a folder, or a link to one: not followed
-        dest.mkdir(parents=True, exist_ok=True)
+        private_folders(logs_root, dest)
         files: list[tuple[str, Path]] = []
         await self._list_tree(sftp, remote, dest, files, top=True, skip=layout.not_fetched(include))
         sem = asyncio.Semaphore(_FETCH_PARALLEL)
@@ -478,14 +484,17 @@ class SshTransport(NodeTransport):
                 done = copied
 
             async with sem:
-                if target.is_symlink():
-                    target.unlink()  # never write through a link in the destination
+                # Made 0600 (never through a link) before the download fills it: SFTP's own
+                # open would follow the console's umask.
+                os.close(private_file(target))
                 try:
                     await sftp.get(
                         src, str(target), preserve=False, follow_symlinks=False, progress_handler=moved
                     )
                 except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPBadMessage):
-                    pass  # gone meanwhile, or turned into a link pointing out of the tree
+                    target.unlink()  # gone meanwhile, or turned into a link pointing out of the tree
+                    return
+                made_private(target)
 
         await asyncio.gather(*(get(src, target) for src, target in files))
         return total
@@ -513,7 +522,7 @@ class SshTransport(NodeTransport):
             kind = entry.attrs.type
             if kind == asyncssh.FILEXFER_TYPE_DIRECTORY:
                 sub = within(dest, name)
-                sub.mkdir(exist_ok=True)
+                private_subfolder(sub)
                 await self._list_tree(sftp, remote_within(remote, name), sub, files, top=False)
             elif kind == asyncssh.FILEXFER_TYPE_REGULAR:
                 files.append((remote_within(remote, name), within(dest, name)))

@@ -883,15 +883,15 @@ def test_the_mesh_listener_never_keeps_the_scheduler_port(monkeypatch: pytest.Mo
     from mscon.agent.checks import mesh
 
     original = mesh._bind_ephemeral
-    taken = original()
+    taken = original(socket.AF_INET, "127.0.0.1")
     sched = taken.getsockname()[1]
     first = [taken]  # the kernel's first pick is the scheduler's port
 
-    def pick() -> socket.socket:
-        return first.pop() if first else original()
+    def pick(family: int, addr: str) -> socket.socket:
+        return first.pop() if first else original(family, addr)
 
     monkeypatch.setattr(mesh, "_bind_ephemeral", pick)
-    listener = mesh.MeshListener("tok node1", 5.0, avoid=(sched,))
+    listener = mesh.MeshListener("node1", "tok", 5.0, "127.0.0.1", avoid=(sched,))
     try:
         assert listener.port != sched and listener.port > 0
         assert taken.fileno() == -1  # the scheduler's port was let go

@@ -21,6 +21,7 @@ from conftest import wait_for, wait_gone
 from mscon.agent import kept, layout
 from mscon.agent.protocol import ProcSpec, on_standby
 from mscon.agent.spares import Spares
+from node_files import listing, loose
 
 FAKE_BOOT = """\
 import json, os, sys, time
@@ -51,7 +52,9 @@ def _run_dir(home: Path, run_id: str) -> str:
     return path
 
 
-def _start_keeper(home: Path, ttl_s: float = 120.0, specs: tuple = SPECS) -> tuple[str, subprocess.Popen]:
+def _start_keeper(
+    home: Path, ttl_s: float = 120.0, specs: tuple = SPECS, stderr: int | None = None
+) -> tuple[str, subprocess.Popen]:
     """A keeper as ``kept.keep`` starts one, for a run in ``run-1``, with stand-in spares."""
     old = _run_dir(home, "run-1")
     folder = layout.kept_folder(old, "n1")
@@ -75,7 +78,11 @@ def _start_keeper(home: Path, ttl_s: float = 120.0, specs: tuple = SPECS) -> tup
         )
     order = {"folder": folder, "ttl_s": ttl_s, "kept_by": old, "procs": procs}
     popen = subprocess.Popen(
-        [sys.executable, kept.KEEPER], cwd=folder, stdin=subprocess.PIPE, start_new_session=True
+        [sys.executable, kept.KEEPER],
+        cwd=folder,
+        stdin=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
     )
     assert popen.stdin is not None
     popen.stdin.write(json.dumps(order).encode())
@@ -245,3 +252,94 @@ def test_run_specific_keys_do_not_make_another_job() -> None:
     assert kept.same_job_env(a, b) is None
     assert kept.same_job_env(a, {**b, "PATH": "/usr/bin"}) == "PATH"
     assert kept.same_job_env(a, {**b, "EXTRA": "1"}) == "EXTRA"
+
+
+# ------------------------------------------------------------------ its socket under pressure
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_it_survives_running_out_of_descriptors_and_serves_again(home: Path) -> None:
+    """accept() failing with EMFILE (its descriptor limit lowered to what it holds, as a node short
+    of descriptors does to it) used to end the keeper, and its spares with it."""
+    folder, keeper = _start_keeper(home, stderr=subprocess.PIPE)
+    _ready(folder)
+    held = _held(keeper)
+    proc = psutil.Process(keeper.pid)
+    soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+    proc.rlimit(psutil.RLIMIT_NOFILE, (_lowest_free_fd(keeper.pid), hard))  # no descriptor to spare
+    client = kept.connect(folder)  # queued in the backlog: the keeper cannot take it
+    assert client is not None
+    assert keeper.stderr is not None
+    said = keeper.stderr.readline().decode()
+    assert "cannot accept (Too many open files)" in said, said
+    assert keeper.poll() is None and all(p.is_running() for p in held)
+    proc.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))  # descriptors again: the waiting client is served
+    state = client.ask({"op": "state"})
+    assert state is not None and state["ready"] and sorted(state["procs"]) == ["r0", "sched"]
+    assert client.drop()
+    assert keeper.wait(30) == 0
+    assert wait_gone(held, 10) == []
+
+
+def test_a_client_sending_an_overlong_line_is_dropped_and_it_serves_on(home: Path) -> None:
+    import socket
+
+    from mscon.agent import keeper as keeper_mod
+
+    folder, keeper = _start_keeper(home)
+    _ready(folder)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.path.join(folder, kept.SOCKET))
+    sock.settimeout(30)
+    try:
+        sock.sendall(b"x" * (4 * keeper_mod.LINE_MAX))  # no newline, ever
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # dropped while still sending: what the test wants
+    try:
+        assert sock.recv(1) == b""  # closed on it, nothing said
+    except ConnectionResetError:
+        pass
+    sock.close()
+    assert keeper.poll() is None
+    client = kept.connect(folder)
+    assert client is not None
+    state = client.ask({"op": "state"})
+    assert state is not None and state["ready"], state
+    assert client.drop()
+    assert keeper.wait(30) == 0
+
+
+# A spare that makes its marker as spare_boot.py does (its own function), then waits for its order.
+PRIVATE_BOOT = """\
+import os, runpy, sys
+boot = runpy.run_path(%r, run_name="spare_boot")  # its functions, not its main
+os.close(boot["_private"](sys.argv[2]))  # the marker, as _join makes it once joined
+sys.stdin.readline()
+"""
+
+
+def test_a_kept_standby_writes_only_private_files_under_any_umask(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its folder, socket, pid file, error file, spare logs and markers: 0700 and 0600 even under a
+    umask that takes nothing away (the keeper and its spares inherit it)."""
+    fake = home / "private_boot.py"
+    fake.write_text(PRIVATE_BOOT % kept.BOOT)
+    monkeypatch.setattr(kept, "BOOT", str(fake))
+    run_dir = _run_dir(home, "run-1")
+    old = os.umask(0)
+    try:
+        assert kept.keep(SPECS, run_dir, "n1", 120.0) is None
+    finally:
+        os.umask(old)
+    folder = Path(layout.kept_folder(run_dir, "n1"))
+    _ready(str(folder))
+    names = sorted(p.name for p in folder.iterdir())
+    assert {"keeper.sock", "keeper.pid", "keeper.err", "r0.log", "r0.joined", "sched.log"} <= set(names)
+    assert loose(folder.parent) == [], listing(folder.parent)
+    kept.drop(str(folder))
+    assert kept.connect(str(folder)) is None

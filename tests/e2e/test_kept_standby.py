@@ -21,13 +21,18 @@ import pytest
 import yaml
 from conftest import mscon, node_home, wait_gone
 from mscon.agent import layout
+from node_files import listing, loose
 from sshd_nodes import SshdCluster
-from test_faults import TRAIN, _inventory, _run_id, _start, _summary
+from test_faults import TRAIN, _run_id, _start, _summary
+from test_faults import _inventory as _fault_inventory
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore]
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=4)]  # ranks and kept spares
 
 ARGS = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", "10"]
-NODES = {"node1": "r0", "node2": "r1"}
+# Node names of this module's own: a node's kept standby is found by its name, and other tests'
+# runs on the same sshd nodes (as root: one home), side by side under xdist, would take or end it.
+KEPT_NAMES = {"node1": "kept1", "node2": "kept2"}
+NODES = {"kept1": "r0", "kept2": "r1"}
 
 
 def _warm_folder(node: str) -> Path:
@@ -57,6 +62,23 @@ def _kept_ready(timeout: float = 240) -> dict[str, list[psutil.Process]]:
     raise AssertionError(f"no kept standby ready on every node: {sorted(_keepers())}")
 
 
+def _held_privately(held: dict[str, list[psutil.Process]]) -> None:
+    """A joined standby listens on the node's own address only (MS_SCHED_HOST for its scheduler,
+    the address it reaches that from for the others: MindSpore binds what the agent sets), never
+    on all addresses; its folder holds only 0600 files in 0700 folders."""
+    ports = [
+        c.laddr
+        for procs in held.values()
+        for p in procs
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert ports, "the kept spares listen nowhere: nothing was checked"
+    assert all(a.ip not in ("0.0.0.0", "::", "") for a in ports), ports
+    for node in NODES:
+        assert loose(_warm_folder(node)) == [], listing(_warm_folder(node))
+
+
 def _end_keepers() -> None:
     keepers = list(_keepers().values())
     for k in keepers:
@@ -72,6 +94,11 @@ def no_keepers() -> Iterator[None]:
     _end_keepers()  # one an earlier, failed case left
     yield
     _end_keepers()
+
+
+def _inventory(tmp_path: Path, cluster: SshdCluster, devices: int, args: list[str], **kw: object) -> Path:
+    nodes = [{"host": n.host, "name": KEPT_NAMES[n.name], "devices": devices} for n in cluster.nodes]
+    return _fault_inventory(tmp_path, cluster, devices, args, nodes=nodes, **kw)  # type: ignore[arg-type]
 
 
 def _run(tmp_path: Path, inv: Path, case: str) -> tuple[int, str]:
@@ -104,6 +131,7 @@ def test_the_next_run_starts_warm_and_another_job_ends_the_standby(
 
     # Another job (its environment differs): the standby the last run kept is not taken but ended.
     held = _kept_ready()
+    _held_privately(held)
     other = _inventory(
         tmp_path,
         sshd_cluster,

@@ -1,0 +1,143 @@
+"""The console's copies of a run (issue 33): what mscon fetches from the nodes into the run folder
+(logs, the journal, checkpoints) and the run's recording are 0600 in 0700 folders whatever the
+console's umask, and nothing is written through a link. The fetch over SSH:
+tests/e2e/test_fetched_private_ssh.py."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mscon.agent import layout
+from mscon.console.config.inventory import NodeSpec
+from mscon.console.history.recording import CompressedRecorder
+from mscon.console.transport import slurm
+from mscon.console.transport.local import LocalTransport
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """A umask that takes nothing away: every mode is what the code asked for."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _modes(root: Path) -> list[str]:
+    """``loose`` for a copy on the console: every folder 0700 and file 0600, the job's own too."""
+    found = []
+    for path in [root, *root.rglob("*")]:
+        want = 0o700 if path.is_dir() else 0o600
+        got = stat.S_IMODE(path.lstat().st_mode)
+        if got != want:
+            found.append(f"{got:04o} {path}")
+    return found
+
+
+def _node_run(home: Path, name: str = "node1") -> tuple[LocalTransport, Path]:
+    """A node's run folder, written as loosely as a job could: 0777 folders, 0666 files."""
+    t = LocalTransport(NodeSpec(name=name, host="localhost", devices=1, transport="local"))
+    t.home = str(home)
+    run = Path(t.run_dir("r1"))
+    attempt = Path(layout.attempt_folder(run, 0))
+    ckpt = Path(layout.checkpoint_folder(str(run))) / "rank_0"
+    for folder in (attempt, ckpt):
+        folder.mkdir(parents=True, mode=0o777)
+    for path, text in (
+        (layout.log_file(attempt, "r0"), "step 1\n"),
+        (layout.journal_file(str(run)), '{"attempt": 0}\n'),
+        (str(ckpt / "step_3.ckpt"), "the weights"),
+    ):
+        Path(path).write_text(text)
+        os.chmod(path, 0o666)
+    return t, run
+
+
+async def test_a_local_fetch_is_private_under_any_umask(tmp_path: Path, open_umask: None) -> None:
+    t, run = _node_run(tmp_path / "home")
+    logs = tmp_path / "mscon-runs" / "r1"
+    logs.mkdir(parents=True, mode=0o755)  # the run folder, as the recording made it under umask 022
+    got = await t.fetch_run_dir(
+        str(run), str(logs / "node1"), logs_root=str(logs), include=(layout.CHECKPOINT_DIR,)
+    )
+    assert got > 0
+    copied = logs / "node1"
+    assert (copied / layout.JOURNAL).read_text() == '{"attempt": 0}\n'
+    assert (copied / layout.CHECKPOINT_DIR / "rank_0" / "step_3.ckpt").read_text() == "the weights"
+    assert _modes(logs) == []
+    # The folders it made above the run folder are 0700 as well (none existed but the run's).
+    fresh = tmp_path / "elsewhere" / "runs"
+    await t.fetch_run_dir(str(run), str(fresh / "r1" / "node1"))
+    assert _modes(tmp_path / "elsewhere") == []
+
+
+async def test_a_fetch_again_tightens_and_never_writes_through_a_link(
+    tmp_path: Path, open_umask: None
+) -> None:
+    t, run = _node_run(tmp_path / "home")
+    logs = tmp_path / "logs"
+    copied = logs / "node1"
+    old_attempt = Path(layout.attempt_folder(copied, 0))
+    old_attempt.mkdir(parents=True, mode=0o777)  # an earlier copy, made by an older mscon
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the node's\n")
+    victim.chmod(0o644)
+    Path(layout.log_file(old_attempt, "r0")).symlink_to(victim)  # a link where a log goes
+    await t.fetch_run_dir(str(run), str(copied), logs_root=str(logs))
+    assert victim.read_text() == "not the node's\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+    log = Path(layout.log_file(old_attempt, "r0"))
+    assert not log.is_symlink() and log.read_text() == "step 1\n"
+    assert _modes(logs) == []
+
+
+def _tar(entries: list[tuple[str, int, bytes | None]]) -> io.BytesIO:
+    """A gzip tar as the Slurm node's agent sends one: (name, mode, data or None for a folder)."""
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, mode, data in entries:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    raw.seek(0)
+    return raw
+
+
+def test_a_slurm_fetch_unpacks_private_under_any_umask(tmp_path: Path, open_umask: None) -> None:
+    dest = tmp_path / "logs" / "node1"
+    dest.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the node's\n")
+    (dest / "journal.jsonl").symlink_to(victim)
+    buf = _tar(
+        [
+            ("attempt_0", 0o777, None),
+            ("attempt_0/r0.log", 0o666, b"step 1\n"),
+            ("checkpoints/rank_0/step_3.ckpt", 0o666, b"the weights"),  # its folders not listed first
+            ("journal.jsonl", 0o666, b"{}\n"),
+        ]
+    )
+    total = slurm._extract(buf, dest, frozenset())
+    assert total == len(b"step 1\n") + len(b"the weights") + len(b"{}\n")
+    assert (dest / "checkpoints" / "rank_0" / "step_3.ckpt").read_bytes() == b"the weights"
+    assert victim.read_text() == "not the node's\n" and not (dest / "journal.jsonl").is_symlink()
+    assert _modes(dest) == []
+
+
+async def test_the_runs_recording_is_private_under_any_umask(tmp_path: Path, open_umask: None) -> None:
+    run_folder = tmp_path / "mscon-runs" / "r1"
+    rec = CompressedRecorder(run_folder / "events.jsonl.gz")
+    rec.close()
+    assert _modes(tmp_path / "mscon-runs") == []
