@@ -37,6 +37,8 @@ AGENT_FILES = (
     "retention.py",
     "detached/__init__.py",
     "detached/coord.py",
+    "tls.py",  # the coordinator link's TLS
+    "gate.py",  # its pre-authentication limits
     "detached/daemon.py",
     "detached/run.py",
     "detached/relay.py",

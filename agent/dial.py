@@ -1,20 +1,24 @@
 """The node side of the Slurm transport: a TCP channel back to the console instead of SSH.
 
 ``srun`` starts one task per node running a short, fixed boot (``console/transport/slurm_dial.py``:
-``DIAL_BOOT``) that connects to the console, authenticates both ways (HMAC-SHA256 over two fresh
-nonces with the per-run key from the environment: the key itself never crosses the wire),
-receives this module's source over the same connection and calls :func:`serve`. Nothing of the
-agent needs to be on the node beforehand: no shared file system is assumed.
+``DIAL_BOOT``, which carries ``tls.py``'s source) that connects to the console over TLS with the
+run's certificate and key from its environment (mutual, the peer pinned to that certificate:
+``tls.py``), authenticates both ways inside it as well (HMAC-SHA256 over two fresh nonces with the
+per-run key from the environment: the key itself never crosses the wire), receives this module's
+source over the same connection and calls :func:`serve`. Nothing of the agent needs to be on the
+node beforehand: no shared file system is assumed. Every byte after the TCP handshake is
+encrypted: the Start messages' argv and env, log lines, the workdir archive, fetched folders.
 
 :func:`serve` speaks a small control protocol (JSON lines, ``{"id": N, "op": ...}``, each
 answered by ``{"id": N, ...}``) on that connection:
 
 * ``exists`` / ``put``: files under the node's mscon folder (``layout.py``), for the agent
   bundle and the workdir archive; paths are relative, plain names only, written atomically.
-* ``agent``: open a second connection, authenticate it, present the console's one-time token,
-  and start the normal agent (the same boot as over SSH) with that socket as its stdin and
-  stdout. The agent runs unchanged: it reads fd 0, writes fd 1, and stops its ranks when the
-  connection closes. Its stderr and its exit come back as ``stderr`` / ``exited`` notices.
+* ``agent``: open a second TLS connection, authenticate it, present the console's one-time token,
+  and start the normal agent (the same boot as over SSH) with one end of a socket pair as its
+  stdin and stdout; two threads carry the bytes between that pair and the TLS connection. The
+  agent runs unchanged: it reads fd 0, writes fd 1, and stops its ranks when the connection
+  closes. Its stderr and its exit come back as ``stderr`` / ``exited`` notices.
 * ``fetch``: a run folder as a tar.gz stream (``chunk`` answers, then ``ok``); regular files and
   folders with plain names only, symbolic links never followed; less ``layout.not_fetched``
   (``include``: the parts asked for, ``layout.FETCHED_ON_REQUEST``).
@@ -39,7 +43,8 @@ import threading
 
 try:
     from .layout import cache_folder, fetched_entries, not_fetched, plain, private_dirs, private_fd
-except ImportError:  # exec'd by the Slurm boot, not imported: layout.py's source came first
+    from .tls import TlsSock, connect
+except ImportError:  # exec'd by the Slurm boot, not imported: tls.py's and layout.py's came first
     pass
 
 PROTOCOL = "MSCON-DIAL 1"
@@ -53,8 +58,8 @@ def mac(key, *parts):  # noqa: ANN001, ANN201
     return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
-def handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
-    """The node's side of the mutual challenge-response (the boot code does the same inline)."""
+def dial_handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
+    """The node's side of the mutual challenge-response inside TLS (the boot does the same inline)."""
     nonce = os.urandom(16).hex()
     sock.sendall(("%s %s %s\n" % (PROTOCOL, role, nonce)).encode())
     words = rfile.readline(512).decode("ascii", "replace").split()
@@ -63,16 +68,43 @@ def handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
     sock.sendall((mac(key, "node", words[0], nonce) + "\n").encode())
 
 
-class Dial:
-    def __init__(self, sock, rfile, key) -> None:  # noqa: ANN001
+class Lines:
+    """readline() over a TlsSock (a file object over one would read it without its lock)."""
+
+    def __init__(self, sock) -> None:  # noqa: ANN001
         self.sock = sock
-        self.rfile = rfile
+        self.buf = b""
+
+    def readline(self, limit=-1):  # noqa: ANN001, ANN201
+        """A line with its newline (at most ``limit`` bytes when >= 0); b"": the end."""
+        parts, size = [], 0
+        while True:
+            nl = self.buf.find(b"\n")
+            end = len(self.buf) if nl < 0 else nl + 1
+            if limit >= 0:
+                end = min(end, limit - size)
+            parts.append(self.buf[:end])
+            size += end
+            self.buf = self.buf[end:]
+            if (nl >= 0 and end == nl + 1) or size == limit:
+                return b"".join(parts)
+            self.buf = self.sock.recv(1 << 20)  # all of the last one was taken
+            if not self.buf:
+                return b"".join(parts)
+
+
+class Dial:
+    def __init__(self, sock, rfile, key, cert="", tls_key="") -> None:  # noqa: ANN001
+        self.sock = sock  # a TlsSock
+        self.rfile = rfile  # its Lines
         self.key = key
+        self.cert, self.tls_key = cert, tls_key  # the run's, PEM: the agent's connection's TLS
         self.lock = threading.Lock()
         self.home = os.path.expanduser("~")
         self.root = cache_folder(self.home)
         self.agent = None  # the agent's Popen
-        self.agent_sock = None
+        self.agent_sock = None  # its TlsSock
+        self.agent_pair = None  # our end of its stdin and stdout
         self.uploads = {}  # path -> (tmp path, file)
 
     # ------------------------------------------------------------ wire
@@ -182,18 +214,18 @@ class Dial:
         if self.agent is not None and self.agent.poll() is None:
             raise RuntimeError("an agent is running already")
         peer = self.sock.getpeername()
-        a = socket.create_connection(peer[:2], 30)
+        a = TlsSock(connect(peer[0], peer[1], self.cert, self.tls_key, 30))
+        ours = theirs = None
         try:
-            rf = a.makefile("rb")
-            handshake(a, rf, self.key, "agent")
-            rf.close()
+            dial_handshake(a, Lines(a), self.key, "agent")
             a.sendall((token + "\n").encode())
-            a.settimeout(None)
             _keepalive(a)
+            # The agent's stdin and stdout: a socket pair, its other end carried over TLS here.
+            ours, theirs = socket.socketpair()
             proc = subprocess.Popen(
                 [sys.executable, "-c", code],
-                stdin=a.fileno(),
-                stdout=a.fileno(),
+                stdin=theirs.fileno(),
+                stdout=theirs.fileno(),
                 stderr=subprocess.PIPE,
                 cwd=self.home,
                 close_fds=True,
@@ -201,20 +233,32 @@ class Dial:
             )
         except BaseException:
             a.close()
+            for s in (ours, theirs):
+                if s is not None:
+                    s.close()
             raise
-        self.agent, self.agent_sock = proc, a
-        threading.Thread(target=self._watch_agent, args=(proc, a), name="agent", daemon=True).start()
+        theirs.close()
+        self.agent, self.agent_sock, self.agent_pair = proc, a, ours
+        threading.Thread(target=_carry_in, args=(a, ours), name="agent-in", daemon=True).start()
+        out = threading.Thread(target=_carry_out, args=(ours, a), name="agent-out", daemon=True)
+        out.start()
+        threading.Thread(
+            target=self._watch_agent, args=(proc, a, ours, out), name="agent", daemon=True
+        ).start()
         return proc.pid
 
-    def _watch_agent(self, proc, a) -> None:  # noqa: ANN001
+    def _watch_agent(self, proc, a, ours, out) -> None:  # noqa: ANN001
         while True:
             chunk = proc.stderr.read1(8192) if hasattr(proc.stderr, "read1") else proc.stderr.read(8192)
             if not chunk:
                 break
             self.send({"op": "stderr", "data": chunk.decode("utf-8", "replace")})
         code = proc.wait()
-        # Only now does the console see the agent's connection end: this process held it too.
+        # Only now does the console see the agent's connection end: its last lines carried first
+        # (a rank that kept the pair open is not waited for long).
+        out.join(5.0)
         a.close()
+        ours.close()
         self.send({"op": "exited", "code": code})
 
     def stop_agent(self) -> None:
@@ -222,8 +266,9 @@ class Dial:
         proc, a = self.agent, self.agent_sock
         if proc is None or proc.poll() is not None:
             return
+        a.close()
         try:
-            a.shutdown(socket.SHUT_RDWR)
+            self.agent_pair.shutdown(socket.SHUT_WR)  # the agent's stdin ends
         except OSError:
             pass
         try:
@@ -231,6 +276,34 @@ class Dial:
         except subprocess.TimeoutExpired:
             proc.kill()  # its ranks die with it (parent-death signal)
             proc.wait()
+
+
+def _carry_in(a, ours) -> None:  # noqa: ANN001
+    """The console's bytes to the agent's stdin; at their end, the agent's stdin ends."""
+    try:
+        while True:
+            chunk = a.recv(1 << 16)
+            if not chunk:
+                break
+            ours.sendall(chunk)
+    except OSError:
+        pass
+    try:
+        ours.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _carry_out(ours, a) -> None:  # noqa: ANN001
+    """The agent's stdout to the console, until the agent closes it (it exited)."""
+    try:
+        while True:
+            chunk = ours.recv(1 << 16)
+            if not chunk:
+                break
+            a.sendall(chunk)
+    except OSError:
+        pass
 
 
 class _Chunks:
@@ -309,15 +382,19 @@ def _keepalive(sock) -> None:  # noqa: ANN001
                 pass
 
 
-def serve(sock, rfile, key):  # noqa: ANN001, ANN201
-    """Called by the boot code once both sides are authenticated; never returns."""
-    sock.settimeout(None)
+def serve(sock, rfile, key, cert="", tls_key=""):  # noqa: ANN001, ANN201
+    """Called by the boot code once both sides are authenticated (``sock``: the SSLSocket, the
+    boot's ``rfile`` over it holds nothing more: the console sends nothing until the hello);
+    never returns."""
     _keepalive(sock)
     # srun forwards signals to its tasks: a TERM (scancel, srun interrupted) ends the agent's
-    # connection like a closed console does, so its ranks are stopped, not orphaned.
-    signal.signal(signal.SIGTERM, lambda *_: sock.shutdown(socket.SHUT_RDWR))
+    # connection like a closed console does, so its ranks are stopped, not orphaned. A duplicate
+    # of the socket: the handler must not wait for the TLS lock the interrupted code may hold.
+    waker = socket.socket(fileno=os.dup(sock.fileno()))
+    signal.signal(signal.SIGTERM, lambda *_: waker.shutdown(socket.SHUT_RDWR))
+    link = TlsSock(sock)
     try:
-        code = Dial(sock, rfile, key).serve()
+        code = Dial(link, Lines(link), key, cert, tls_key).serve()
     except KeyboardInterrupt:
         code = 130
     sys.stdout.flush()

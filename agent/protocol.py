@@ -76,8 +76,8 @@ class Message:
     # A sample the next one supersedes (metrics, telemetry): a view that lags may skip it
     # (console/engine/bus.py); log lines and lifecycle messages are never skipped.
     sampled: ClassVar[bool] = False
-    # Fields kept off the coordinator link (log tails, stacks): the policy never reads them, and
-    # the link is authenticated but not encrypted.
+    # Fields kept off the coordinator link (log tails, stacks): the policy never reads them (the
+    # link is TLS, but what it need not carry it does not).
     off_link: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -559,6 +559,10 @@ class Detach(Message):
     type: ClassVar[str] = "detach"
     role: str = Role.FOLLOWER
     secret: str = ""  # authenticates followers to the coordinator (HMAC; never sent back)
+    # The run's TLS certificate and key (PEM) for the coordinator's link: every end presents them and
+    # accepts only them (agent/tls.py). Secret like ``secret``: over SSH stdin only, never sent back.
+    tls_cert: str = ""
+    tls_key: str = ""
     coordinator_host: str = ""  # where the coordinator listens (followers dial it, it binds it)
     coordinator_port: int = 0
     nodes: tuple[str, ...] = ()  # coordinator: every node of the run, itself first

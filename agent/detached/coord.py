@@ -1,8 +1,11 @@
 """The links between the agents of a detached run: followers dial the coordinator (node 0) over TCP.
 
 No console is there to decide, so node 0 does: followers report their processes to it, it sends
-them Stop and Start. A Start names commands to run, so both ends prove they hold the run's secret
-(it came from the console over SSH and never crosses this link) before anything else:
+them Stop and Start. Every link is TLS (``agent/tls.py``): both ends present the run's certificate,
+made by the console and handed to each agent in its Detach over SSH, and accept only a peer that
+presents it, so nothing on the link (node names, pids, exit codes, error text) is readable on the
+network and nobody without the run's key gets in. Inside TLS, as a second lock, both ends prove
+they hold the run's secret (it came over SSH too and never crosses this link):
 
     coordinator -> {"nonce": Nc}
     follower    -> {"node": NAME, "nonce": Nf, "mac": H(secret, "f" Nc NAME)}
@@ -11,19 +14,18 @@ them Stop and Start. A Start names commands to run, so both ends prove they hold
 after which every line is ``{"s": SEQ, "m": MESSAGE, "t": H(key, DIR SEQ MESSAGE)}`` with the
 session key ``H(secret, Nc Nf NAME)``, DIR the line's direction (``c>f`` or ``f>c``) and SEQ
 counting up from 0 in each direction, so a line cannot be forged, altered, replayed, reordered, or
-reflected back to the end that sent it. The link is authenticated, not encrypted: it runs on the
-cluster's own network.
+reflected back to the end that sent it, even by a party that holds the certificate.
 
 Unauthenticated peers cost the coordinator little: it listens on the address it is given (the
-scheduler's), one thread runs every handshake (non-blocking sockets under a selector), a handshake
-has one deadline for all of it, at most ``PENDING_MAX`` are in progress, and running out of file
-descriptors makes the listener pause, never stop. Only the run's nodes get past the handshake, and
-only they cost a thread (their link's reader).
+scheduler's; never every address), one thread runs every handshake, TLS's and the secret's
+(non-blocking sockets under a selector), a handshake has one deadline for all of it, at most
+``PENDING_MAX`` are in progress (``agent/gate.py``, the limits the console's Slurm port keeps too),
+and running out of file descriptors makes the listener pause, never stop. Only the run's nodes get
+past the handshake, and only they cost a thread (their link's reader).
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import hmac
 import json
@@ -31,23 +33,15 @@ import os
 import queue
 import selectors
 import socket
+import ssl
 import threading
 import time
 import traceback
 
-from ..streams import ACCEPT_BACKOFF_S, Backoff, LineSplitter, LineTooLong, close_socket, note, read_lines
+from .. import tls
+from ..gate import HANDSHAKE_S, HELLO_MAX, PENDING_MAX, Pending
+from ..streams import ACCEPT_BACKOFF_S, Backoff, LineSplitter, LineTooLong, note, read_lines
 
-# The whole handshake (nonce out, hello in, proof out), however the peer paces its bytes: a
-# connection that sends one byte every few seconds is cut off all the same (a per-read timeout
-# would keep it for ever). A follower needs one round trip.
-HANDSHAKE_S = 10.0
-# Handshakes in progress at once, each one socket: well below the 1,024 descriptors an agent often
-# has (its ranks' logs and pipes need theirs), well above the followers that dial at once. Over the
-# cap one is closed at once: the oldest of the address that holds the most, so a flood of
-# connections that never authenticate cannot hold the port or the agent's descriptors, and pushes
-# out its own connections rather than a follower's (one handshake from its address).
-PENDING_MAX = 64
-HELLO_MAX = 4096  # bytes in a handshake line (a hello is about 200)
 LINE_MAX = 16 << 20  # bytes in a signed line: a Start carries every rank's argv and env
 _ACCEPT_BATCH = 64  # connections taken per wake-up before the handshakes get their turn
 _POLL_S = 0.25  # how soon the handshake loop notices close()
@@ -90,7 +84,7 @@ class PeerLink:
 
     def __init__(
         self,
-        sock: socket.socket,
+        sock: tls.TlsSock,
         key: bytes,
         node: str,
         inbox: queue.Queue,
@@ -161,26 +155,43 @@ class PeerLink:
 
     def close(self) -> None:
         self.closed = True
-        close_socket(self.sock)
+        self.sock.close()  # TlsSock: shut down both ways first, so the reader wakes up
 
 
 class _Handshake:
-    """A connection that has not proved it holds the secret yet."""
+    """A connection that has not proved it holds the run's certificate and secret yet."""
 
-    def __init__(self, conn: socket.socket, host: str, nonce: str, deadline: float) -> None:
+    def __init__(self, conn: ssl.SSLSocket, host: str, nonce: str, deadline: float) -> None:
         self.conn = conn
         self.host = host  # the peer's address
         self.nonce = nonce
         self.deadline = deadline
+        self.tls_done = False
+        self.out = b""  # what is still to be sent (the nonce line)
+        self.events = selectors.EVENT_READ
         self.split = LineSplitter(HELLO_MAX)
 
 
-class CoordServer:
-    """Node 0's listener on ``host``: each authenticated follower becomes a PeerLink, announced as
-    ("peer_up", link, None). One thread serves the port and every handshake."""
+def _no_material(cert: str, key: str) -> None:
+    if not cert or not key:
+        raise LinkError("no TLS material for the coordinator's link (the Detach's tls_cert, tls_key)")
 
-    def __init__(self, secret: str, nodes: list, inbox: queue.Queue, host: str = "0.0.0.0") -> None:
+
+class CoordServer:
+    """Node 0's listener on ``host`` (an address of this node's: never every address), TLS with
+    the run's certificate ``cert`` and ``key`` (PEM): each authenticated follower becomes a
+    PeerLink, announced as ("peer_up", link, None). One thread serves the port and every
+    handshake."""
+
+    def __init__(
+        self, secret: str, nodes: list, inbox: queue.Queue, host: str = "", *, cert: str = "", key: str = ""
+    ) -> None:
+        if not host or host in ("0.0.0.0", "::"):
+            raise LinkError("the coordinator listens on the scheduler's address only; none given")
+        _no_material(cert, key)
         self.secret = secret.encode()
+        self.cert = cert
+        self.ctx = tls.server_context(cert, key)
         self.nodes = set(nodes)
         self.inbox = inbox
         family, _, _, _, addr = socket.getaddrinfo(host, 0, 0, socket.SOCK_STREAM)[0]
@@ -195,7 +206,7 @@ class CoordServer:
             self.sock.close()
             raise
         self.port = self.sock.getsockname()[1]
-        self._pending: dict = {}  # socket -> _Handshake, oldest first
+        self._pending = Pending()  # of _Handshake, oldest first
         self._backoff = Backoff("coordinator port %d" % self.port)
         self._paused_until: float | None = None  # out of descriptors: the port is not watched till then
         self._closed = False
@@ -215,7 +226,7 @@ class CoordServer:
                     note("coordinator port: %s" % traceback.format_exc().strip())
                     time.sleep(ACCEPT_BACKOFF_S)  # a back-off: nothing waits on it
         finally:
-            for h in list(self._pending.values()):
+            for h in self._pending.keys():
                 self._drop(sel, h)
             sel.close()
             self.sock.close()
@@ -225,7 +236,7 @@ class CoordServer:
         if self._paused_until is not None and now >= self._paused_until:
             sel.register(self.sock, selectors.EVENT_READ)
             self._paused_until = None
-        wake = [now + _POLL_S] + [h.deadline for h in self._pending.values()]
+        wake = [now + _POLL_S] + [h.deadline for h in self._pending.keys()]
         if self._paused_until is not None:
             wake.append(self._paused_until)
         for key, _ in sel.select(max(0.0, min(wake) - now)):
@@ -236,7 +247,7 @@ class CoordServer:
             else:
                 self._advance(sel, key.data)
         now = time.monotonic()
-        for h in [h for h in self._pending.values() if h.deadline <= now]:
+        for h in [h for h in self._pending.keys() if h.deadline <= now]:
             self._drop(sel, h)
 
     def _accept(self, sel: selectors.BaseSelector) -> bool:
@@ -251,66 +262,80 @@ class CoordServer:
                     return True
                 continue
             self._backoff.accepted()
-            if len(self._pending) >= PENDING_MAX:
-                self._drop(sel, self._victim())
-            nonce = os.urandom(16).hex()
-            h = _Handshake(conn, str(addr[0]), nonce, time.monotonic() + HANDSHAKE_S)
-            hello = _line({"nonce": nonce})
             try:
                 conn.setblocking(False)
-                if conn.send(hello) != len(hello):  # a fresh socket takes 50 bytes, or it is broken
-                    raise OSError("short send")
-                sel.register(conn, selectors.EVENT_READ, h)
+                wrapped = self.ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError):
                 conn.close()
                 continue
-            self._pending[conn] = h
+            h = _Handshake(wrapped, str(addr[0]), os.urandom(16).hex(), time.monotonic() + HANDSHAKE_S)
+            for victim in self._pending.add(h, h.host, PENDING_MAX):
+                self._close(sel, victim)
+            try:
+                sel.register(wrapped, selectors.EVENT_READ, h)
+            except (OSError, ValueError):
+                self._drop(sel, h)
+                continue
+            self._advance(sel, h)  # the peer's hello may be there already
         return False
 
-    def _victim(self) -> _Handshake:
-        """Over the cap: the oldest handshake of the address that holds the most."""
-        counts = collections.Counter(h.host for h in self._pending.values())
-        most = max(counts.values())
-        return next(h for h in self._pending.values() if counts[h.host] == most)
-
     def _advance(self, sel: selectors.BaseSelector, h: _Handshake) -> None:
-        if h.conn not in self._pending:
+        """One step of a handshake: TLS's, the nonce out, the hello in; each waits for its bytes."""
+        if h not in self._pending:
             return  # dropped earlier in this turn
         try:
-            chunk = h.conn.recv(HELLO_MAX)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        try:
-            if not chunk:
-                raise LinkError("closed during the handshake")
-            lines = h.split.feed(chunk)
-            if not lines:
-                return
-            hello = _handshake_obj(lines[0])
-            node, nonce_f, mac = str(hello["node"]), str(hello["nonce"]), str(hello["mac"])
-            if node not in self.nodes or not hmac.compare_digest(mac, _mac(self.secret, "f", h.nonce, node)):
-                raise LinkError("refused")
+            want = self._step(sel, h)
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            want = selectors.EVENT_READ
+        except ssl.SSLWantWriteError:
+            want = selectors.EVENT_WRITE
         except _BAD + (LinkError,):
             self._drop(sel, h)
             return
-        del self._pending[h.conn]
+        if want is None:
+            return
+        if want != h.events:
+            h.events = want
+            sel.modify(h.conn, want, h)
+
+    def _step(self, sel: selectors.BaseSelector, h: _Handshake) -> int | None:
+        """Advance ``h`` as far as its bytes allow: the selector event it waits for, or None (it
+        was admitted). The ssl module's Want errors say what it waits for too."""
+        if not h.tls_done:
+            h.conn.do_handshake()
+            tls.check_peer(h.conn, self.cert)  # NotPinned: an SSLError, refused like the rest
+            h.tls_done = True
+            h.out = _line({"nonce": h.nonce})
+        while h.out:
+            h.out = h.out[h.conn.send(h.out) :]
+        while True:
+            chunk = h.conn.recv(HELLO_MAX)  # SSLWantReadError: nothing more yet
+            if not chunk:
+                raise LinkError("closed during the handshake")
+            lines = h.split.feed(chunk)
+            if lines:
+                break
+        hello = _handshake_obj(lines[0])
+        node, nonce_f, mac = str(hello["node"]), str(hello["nonce"]), str(hello["mac"])
+        if node not in self.nodes or not hmac.compare_digest(mac, _mac(self.secret, "f", h.nonce, node)):
+            raise LinkError("refused")
+        self._pending.discard(h)
         sel.unregister(h.conn)
         self._admit(h, node, nonce_f, _leftover(lines[1:], h.split))
+        return None
 
     def _admit(self, h: _Handshake, node: str, nonce_f: str, pending: bytes) -> None:
-        conn = h.conn
+        link_sock = tls.TlsSock(h.conn)
         try:
-            conn.settimeout(max(0.1, h.deadline - time.monotonic()))
-            conn.sendall(_line({"mac": _mac(self.secret, "c", nonce_f, node)}))
-            conn.settimeout(None)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            link_sock.sendall(
+                _line({"mac": _mac(self.secret, "c", nonce_f, node)}), max(0.1, h.deadline - time.monotonic())
+            )
+            link_sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         except OSError:
-            conn.close()
+            link_sock.close()
             return
         key = _session_key(self.secret, h.nonce, nonce_f, node)
-        link = PeerLink(conn, key, node, self.inbox, coordinator=True, pending=pending)
+        link = PeerLink(link_sock, key, node, self.inbox, coordinator=True, pending=pending)
         self.inbox.put(("peer_up", link, None))
         try:
             link.start()
@@ -320,8 +345,10 @@ class CoordServer:
             self.inbox.put(("peer", link, None))
 
     def _drop(self, sel: selectors.BaseSelector, h: _Handshake) -> None:
-        if self._pending.pop(h.conn, None) is None:
-            return
+        if self._pending.discard(h):
+            self._close(sel, h)
+
+    def _close(self, sel: selectors.BaseSelector, h: _Handshake) -> None:
         try:
             sel.unregister(h.conn)
         except (KeyError, ValueError):
@@ -335,13 +362,12 @@ class CoordServer:
             self._thread.join(timeout=_POLL_S * 4)
 
 
-def _recv_obj(conn: socket.socket, split: LineSplitter, lines: list, deadline: float) -> dict:
+def _recv_obj(conn: tls.TlsSock, split: LineSplitter, lines: list, deadline: float) -> dict:
     while not lines:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise LinkError("the coordinator's handshake took too long")
-        conn.settimeout(left)
-        chunk = conn.recv(HELLO_MAX)
+        try:
+            chunk = conn.recv(HELLO_MAX, deadline)
+        except socket.timeout:
+            raise LinkError("the coordinator's handshake took too long") from None
         if not chunk:
             raise LinkError("closed during the handshake")
         lines.extend(split.feed(chunk))
@@ -349,23 +375,32 @@ def _recv_obj(conn: socket.socket, split: LineSplitter, lines: list, deadline: f
 
 
 def dial(
-    host: str, port: int, secret: str, node: str, inbox: queue.Queue, timeout_s: float = 10.0
+    host: str,
+    port: int,
+    secret: str,
+    node: str,
+    inbox: queue.Queue,
+    timeout_s: float = 10.0,
+    *,
+    cert: str = "",
+    key: str = "",
 ) -> PeerLink:
-    """Connect a follower to its coordinator, the handshake done within ``timeout_s`` in all;
-    raises OSError or LinkError."""
+    """Connect a follower to its coordinator over TLS with the run's certificate ``cert`` and
+    ``key`` (PEM), the handshakes done within ``timeout_s`` in all; raises OSError or LinkError."""
+    _no_material(cert, key)
     deadline = time.monotonic() + timeout_s
     key_secret = secret.encode()
-    conn = socket.create_connection((host, port), timeout=timeout_s)
+    conn = tls.TlsSock(tls.connect(host, port, cert, key, timeout_s))
     split = LineSplitter(HELLO_MAX)
     lines: list = []
     try:
         nonce_c = str(_recv_obj(conn, split, lines, deadline)["nonce"])
         nonce_f = os.urandom(16).hex()
-        conn.sendall(_line({"node": node, "nonce": nonce_f, "mac": _mac(key_secret, "f", nonce_c, node)}))
+        hello = _line({"node": node, "nonce": nonce_f, "mac": _mac(key_secret, "f", nonce_c, node)})
+        conn.sendall(hello, max(0.1, deadline - time.monotonic()))
         answer = _recv_obj(conn, split, lines, deadline)
         if not hmac.compare_digest(str(answer.get("mac", "")), _mac(key_secret, "c", nonce_f, node)):
             raise LinkError("the coordinator did not prove it holds the run's secret")
-        conn.settimeout(None)
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     except (OSError, LinkError):
         conn.close()

@@ -79,13 +79,26 @@ class DetachedRun:
                     )
                 )
                 self.policy.resume(agent.start_cmd.attempt, time.monotonic(), tuple(msg.standby_ready))
-                # On the scheduler's address only (node 0's, where the followers reach it).
-                host = msg.coordinator_host or "0.0.0.0"
-                self.coord_server = CoordServer(msg.secret, self.nodes[1:], agent.inbox, host=host)
+                # On the scheduler's address only (node 0's, where the followers reach it): none
+                # given is an error (CoordServer), never every address.
+                self.coord_server = CoordServer(
+                    msg.secret,
+                    self.nodes[1:],
+                    agent.inbox,
+                    host=msg.coordinator_host,
+                    cert=msg.tls_cert,
+                    key=msg.tls_key,
+                )
                 self.coordinator_port = self.coord_server.port
             else:
                 self.link = dial(
-                    msg.coordinator_host, msg.coordinator_port, msg.secret, agent.node, agent.inbox
+                    msg.coordinator_host,
+                    msg.coordinator_port,
+                    msg.secret,
+                    agent.node,
+                    agent.inbox,
+                    cert=msg.tls_cert,
+                    key=msg.tls_key,
                 )
                 self.heard["coordinator"] = time.monotonic()
                 # What the coordinator cannot have seen: how this node's attempt stands already.

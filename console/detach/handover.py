@@ -18,6 +18,7 @@ from mscon.agent import policy as policy_mod
 from mscon.agent.policy import RunPolicy
 from mscon.agent.protocol import Detach, Detached, Role, Start
 from mscon.console.engine.session import ClusterSession
+from mscon.console.transport.link_tls import make_run_tls
 
 _ANSWER_S = 15.0  # each agent's Detached
 
@@ -45,12 +46,15 @@ async def hand_over(
     if down:
         return f"{down[0]} has no running agent"
     secret = secrets.token_hex(32)
+    run_tls = make_run_tls("mscon detached run")  # the coordinator link's TLS (agent/tls.py)
     console = console_name()
     lead = await session.request(
         names[0],
         Detach(
             role=Role.COORDINATOR,
             secret=secret,
+            tls_cert=run_tls.cert,
+            tls_key=run_tls.key,
             coordinator_host=sched,  # where it listens: the scheduler's address, node 0's own
             nodes=tuple(names),
             restarts_left=policy.restarts_left,
@@ -71,6 +75,8 @@ async def hand_over(
     follow = Detach(
         role=Role.FOLLOWER,
         secret=secret,
+        tls_cert=run_tls.cert,
+        tls_key=run_tls.key,
         coordinator_host=sched,
         coordinator_port=lead.coordinator_port,
         hang_timeout_s=hang_timeout_s or 0.0,

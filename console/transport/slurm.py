@@ -9,7 +9,8 @@ workdir through it, has the dial start the normal agent on a second authenticate
 socket is the agent's stdin and stdout), and fetches the logs back through it. No SSH key and no
 shared file system are needed.
 
-The connections are authenticated, not encrypted: meant for the allocation's own network.
+The connections are TLS with the run's certificate, pinned both ways (``agent/tls.py``), with the
+key's HMAC proof inside: private and authenticated, whatever network the allocation has.
 Closing the session closes every control connection: each dial ends its agent (which stops its
 ranks) and exits, so the step ends.
 """

@@ -1,11 +1,12 @@
 """The console's end of the Slurm dial (``agent/dial.py`` is the node's end).
 
 The fixed boot srun runs on every node (:data:`DIAL_BOOT`), the values it takes from its
-environment, the mutual handshake (HMAC-SHA256 over two fresh nonces; the key never crosses the
-wire), the dial's source sent on a boot connection, and :class:`Control`: the requests of the
-control protocol (JSON lines with ids: ``exists``, ``put`` in parts, ``agent``, ``fetch`` in
-chunks, ``kill``) and the dial's notices (``stderr``, ``exited``). The connections are
-authenticated, not encrypted: meant for the allocation's own network.
+environment, the mutual handshakes (TLS with the run's certificate, pinned both ways:
+``agent/tls.py``; inside it HMAC-SHA256 over two fresh nonces, the key never crossing the wire),
+the dial's source sent on a boot connection, and :class:`Control`: the requests of the control
+protocol (JSON lines with ids: ``exists``, ``put`` in parts, ``agent``, ``fetch`` in chunks,
+``kill``) and the dial's notices (``stderr``, ``exited``). Every connection is TLS from its first
+byte on: private and authenticated both ways, whatever network the allocation has.
 """
 
 from __future__ import annotations
@@ -31,29 +32,46 @@ PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
 ENV_ADDR = "MSCON_DIAL_ADDR"
 ENV_KEY = "MSCON_DIAL_KEY"
 ENV_PYTHON = "MSCON_DIAL_PYTHON"
+ENV_CERT = "MSCON_DIAL_CERT"  # the run's certificate, PEM as hex (an environment value has no newline)
+ENV_TLS_KEY = "MSCON_DIAL_TLS_KEY"  # its private key, the same way
 AUTH_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
 PUT_CHUNK = 4 << 20
 
 # The task srun starts on each node. Fixed text: srun execs it without a shell, and /bin/sh only
-# expands the python from the environment. The boot takes the three values out of its
-# environment, connects, checks the console's proof before it sends its own, then runs the
-# source the console sends (agent/dial.py) with the authenticated socket.
+# expands the python from the environment. The boot takes its values out of its environment, runs
+# tls.py's source (carried in the boot itself: nothing else may cross before TLS), connects with
+# the run's certificate and checks the console's, checks the console's proof before it sends its
+# own, then runs the source the console sends (agent/dial.py) with the authenticated connection.
 DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -c "$0"'
-DIAL_BOOT = (
-    "import os,sys,socket,hmac,hashlib\n"
+_BOOT = (
+    "import os,sys,hmac,hashlib\n"
     "e=os.environ;a=e.pop('MSCON_DIAL_ADDR','');k=bytes.fromhex(e.pop('MSCON_DIAL_KEY',''));"
+    "C=bytes.fromhex(e.pop('MSCON_DIAL_CERT','')).decode();Q=bytes.fromhex(e.pop('MSCON_DIAL_TLS_KEY','')).decode();"
     "e.pop('MSCON_DIAL_PYTHON',None)\n"
-    "k or sys.exit('mscon dial: no key in the environment')\n"
+    "k and C and Q or sys.exit('mscon dial: no key or certificate in the environment')\n"
+    "g={'__name__':'mscon_dial'};exec(compile(T,'mscon_tls','exec'),g)\n"
     "M=lambda*p:hmac.new(k,'|'.join(p).encode(),hashlib.sha256).hexdigest()\n"
-    "h,_,p=a.rpartition(':');s=socket.create_connection((h,int(p)),30);f=s.makefile('rb')\n"
+    "h,_,p=a.rpartition(':');s=g['connect'](h,int(p),C,Q,30);s.settimeout(30);f=s.makefile('rb')\n"
     "n=os.urandom(16).hex();s.sendall(('MSCON-DIAL 1 boot %s\\n'%n).encode())\n"
     "w=f.readline(512).decode('ascii','replace').split()\n"
     "len(w)==2 and hmac.compare_digest(w[1],M('console',n,w[0])) or "
     "sys.exit('mscon dial: the console did not authenticate')\n"
-    "s.sendall((M('node',w[0],n)+'\\n').encode());L=int(f.readline(32));g={'__name__':'mscon_dial'}\n"
-    "exec(compile(f.read(L),'mscon_dial','exec'),g);g['serve'](s,f,k)\n"
+    "s.sendall((M('node',w[0],n)+'\\n').encode());L=int(f.readline(32))\n"
+    "exec(compile(f.read(L),'mscon_dial','exec'),g);g['serve'](s,f,k,C,Q)\n"
 )
+
+
+def _boot() -> str:
+    return "T=" + repr(resources.files("mscon.agent").joinpath("tls.py").read_text()) + "\n" + _BOOT
+
+
+DIAL_BOOT = _boot()
+
+
+def tls_env(cert: str, key: str) -> dict[str, str]:
+    """The run's TLS material as the boot takes it from its environment."""
+    return {ENV_CERT: cert.encode().hex(), ENV_TLS_KEY: key.encode().hex()}
 
 
 class DialRole(StrEnum):

@@ -2,9 +2,15 @@
 
 ``srun --overlap --nodes=N --ntasks-per-node=1 ...`` runs the fixed boot (``slurm_dial.DIAL_BOOT``)
 on every node. Its command line holds no inventory value and no secret: the console's address, the
-per-run key and the node python reach the tasks through srun's environment (``--export=ALL``; the
-boot removes them from its own environment before anything else starts, so ranks never see the
-key). Closing ends every control connection: each dial ends its agent and exits, so the step
+per-run key, the run's TLS certificate and key (``link_tls.py``) and the node python reach the
+tasks through srun's environment (``--export=ALL``; the boot removes them from its own environment
+before anything else starts, so ranks never see them).
+
+The listening port keeps the limits of every mscon listener (``agent/gate.py``): a connection has
+``HANDSHAKE_S`` for its TLS handshake and the key's proof together, at most ``PENDING_MAX`` are in
+progress (over it the oldest of the busiest address is closed), no byte of a line is read before
+TLS has checked the peer's certificate, and asyncio's accept loop pauses, not stops, when
+descriptors run out. Closing ends every control connection: each dial ends its agent and exits, so the step
 ends; a step still there after that is signalled, and as a last resort cancelled by name
 (``scancel JOB.STEP``).
 """
@@ -18,12 +24,15 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from mscon.agent import gate, tls
 from mscon.console.config.inventory import Inventory, NodeSpec
 from mscon.console.transport.base import LINE_LIMIT, NodeUnreachable
+from mscon.console.transport.link_tls import make_run_tls
 from mscon.console.transport.slurm_dial import (
     AUTH_TIMEOUT_S,
     DIAL_BOOT,
@@ -37,6 +46,7 @@ from mscon.console.transport.slurm_dial import (
     hello_home,
     send_dial,
     set_keepalive,
+    tls_env,
 )
 
 ENV_CONSOLE_ADDRESS = "MSCON_CONSOLE_ADDRESS"  # overrides the address the nodes dial
@@ -74,6 +84,9 @@ class SlurmLauncher:
     def __init__(self, inv: Inventory) -> None:
         self.inv = inv
         self.key = secrets.token_bytes(32)
+        self.tls = make_run_tls("mscon slurm run")
+        self._tls_ctx: ssl.SSLContext = tls.server_context(self.tls.cert, self.tls.key)
+        self._pending = gate.Pending()  # connections not authenticated yet (their writers)
         self.step_name = f"mscon-{secrets.token_hex(4)}"  # unique: a leftover is cancelled by name
         self.nodes: dict[str, NodeSpec] = {}  # by host name (what the dial reports)
         self.controls: dict[str, Control] = {}
@@ -100,16 +113,45 @@ class SlurmLauncher:
         if self.server is not None:
             return
         self.address = await asyncio.to_thread(console_address, tuple(self.nodes))
-        self.server = await asyncio.start_server(self._accept, self.address, 0, limit=LINE_LIMIT)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _Incoming(self), self.address, 0)
 
     @property
     def port(self) -> int:
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _incoming(self, raw: asyncio.BaseTransport) -> None:
+        """A new TCP connection (nothing read from it yet): counted as pending, its handshake
+        started at once."""
+        peer = raw.get_extra_info("peername")
+        for victim in self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX):
+            victim.abort()  # over the cap: the oldest of the busiest address
+        task = asyncio.get_running_loop().create_task(self._accept(raw), name="dial-accept")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, raw: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        writer: asyncio.StreamWriter | None = None
         try:
-            role = await asyncio.wait_for(authenticate(reader, writer, self.key), AUTH_TIMEOUT_S)
+            # TLS first, then the key's proof inside it, within one deadline however the peer
+            # paces its bytes. (loop.start_tls, not StreamWriter.start_tls: that one breaks on a
+            # connection closed during the handshake.)
+            async with asyncio.timeout(gate.HANDSHAKE_S):
+                secure = await loop.start_tls(
+                    raw, protocol, self._tls_ctx, server_side=True, ssl_handshake_timeout=gate.HANDSHAKE_S
+                )
+                if secure is None:
+                    raise ConnectionResetError("closed during the TLS handshake")
+                protocol.connection_made(secure)
+                writer = asyncio.StreamWriter(secure, protocol, reader, loop)
+                tls.check_peer(secure.get_extra_info("ssl_object"), self.tls.cert)
+                role = await authenticate(reader, writer, self.key)
+            if not self._pending.discard(raw):
+                raise ValueError("pushed out")
             if role is DialRole.BOOT:
                 await asyncio.wait_for(self._boot(reader, writer), AUTH_TIMEOUT_S)
             else:
@@ -120,7 +162,9 @@ class SlurmLauncher:
                 set_keepalive(writer, self.inv.ssh.keepalive_s)
                 fut.set_result((reader, writer))
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            writer.close()  # not one of ours, or it broke off: nothing is sent to it
+            self._pending.discard(raw)
+            # Not one of ours, or it broke off: nothing is sent to it.
+            (writer.transport if writer is not None else raw).abort()
 
     async def _boot(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = await send_dial(reader, writer)
@@ -200,6 +244,7 @@ class SlurmLauncher:
             ENV_ADDR: f"{self.address}:{self.port}",
             ENV_KEY: self.key.hex(),
             ENV_PYTHON: self.python,
+            **tls_env(self.tls.cert, self.tls.key),
         }
         self._started.update(hosts)
         try:
@@ -303,3 +348,15 @@ class SlurmLauncher:
                     subprocess.run(
                         ["scancel", step], stdin=subprocess.DEVNULL, capture_output=True, timeout=30
                     )
+
+
+class _Incoming(asyncio.Protocol):
+    """A TCP connection to the console's port until its TLS handshake starts (at once)."""
+
+    def __init__(self, launcher: SlurmLauncher) -> None:
+        self.launcher = launcher
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # the peer's first bytes are TLS's: the handshake reads them
+        self.launcher._incoming(transport)

@@ -16,6 +16,9 @@ from pathlib import Path
 import psutil
 from conftest import FAKE_RANK, wait_gone
 from mscon.agent import protocol as P
+from mscon.console.transport.link_tls import make_run_tls
+
+RUN_TLS = make_run_tls()  # the run's certificate, as the console hands it over with the Detach
 
 # The agent with its handshake deadline shortened, so that a test sees connections cut off in
 # seconds; everything else is the agent as the console starts it.
@@ -134,7 +137,9 @@ class DetachedAgent:
         return started
 
     def detach(self, **fields: object) -> P.Detached:
-        self.send(P.Detach(secret="the run's secret", **fields))  # type: ignore[arg-type]
+        fields = {"coordinator_host": "127.0.0.1", **fields}  # the coordinator binds one address
+        tls = {"tls_cert": RUN_TLS.cert, "tls_key": RUN_TLS.key}
+        self.send(P.Detach(secret="the run's secret", **tls, **fields))  # type: ignore[arg-type]
         done = self.until(lambda m: isinstance(m, P.Detached))
         assert isinstance(done, P.Detached)
         return done

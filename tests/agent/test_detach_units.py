@@ -7,17 +7,19 @@ import json
 import os
 import queue
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from mscon.agent import layout
+from mscon.agent import layout, tls
 from mscon.agent import protocol as P
 from mscon.agent.detached import coord
 from mscon.agent.journal import Journal, log_lines, read_journal, write_state
 from mscon.agent.tail import FileTail
+from mscon.console.transport.link_tls import make_run_tls
 
 # ------------------------------------------------------------------ journal and log replay
 
@@ -77,9 +79,16 @@ def test_journal_appends_counts_on_and_survives_a_torn_line(tmp_path: Path) -> N
 # ------------------------------------------------------------------ the coordinator link
 
 
+RUN_TLS = make_run_tls()
+
+
 def _server(secret: str, nodes: list[str]) -> tuple[coord.CoordServer, queue.Queue]:
     inbox: queue.Queue = queue.Queue()
-    return coord.CoordServer(secret, nodes, inbox), inbox
+    return coord.CoordServer(secret, nodes, inbox, "127.0.0.1", cert=RUN_TLS.cert, key=RUN_TLS.key), inbox
+
+
+def _dial(port: int, secret: str, node: str, inbox: queue.Queue, **kw: object) -> coord.PeerLink:
+    return coord.dial("127.0.0.1", port, secret, node, inbox, cert=RUN_TLS.cert, key=RUN_TLS.key, **kw)
 
 
 def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
@@ -94,7 +103,7 @@ def test_follower_and_coordinator_prove_the_secret_and_exchange_signed_lines() -
     server, inbox = _server("s3cret", ["node2"])
     try:
         f_inbox: queue.Queue = queue.Queue()
-        link = coord.dial("127.0.0.1", server.port, "s3cret", "node2", f_inbox)
+        link = _dial(server.port, "s3cret", "node2", f_inbox)
         _, up, _ = _next(inbox, "peer_up")
         assert up.node == "node2"
         assert link.send({"type": "ping", "n": 1})
@@ -112,24 +121,38 @@ def test_wrong_secret_or_unknown_node_is_refused() -> None:
     try:
         for secret, node in (("wrong", "node2"), ("right", "node9")):
             with pytest.raises((coord.LinkError, OSError)):
-                coord.dial("127.0.0.1", server.port, secret, node, queue.Queue(), timeout_s=3)
+                _dial(server.port, secret, node, queue.Queue(), timeout_s=3)
         assert inbox.empty()
     finally:
         server.close()
 
 
+def test_no_tls_material_or_no_address_is_an_error_never_a_clear_or_open_link() -> None:
+    inbox: queue.Queue = queue.Queue()
+    for host in ("", "0.0.0.0", "::"):
+        with pytest.raises(coord.LinkError, match="scheduler's address"):
+            coord.CoordServer("s", ["node2"], inbox, host, cert=RUN_TLS.cert, key=RUN_TLS.key)
+    with pytest.raises(coord.LinkError, match="TLS"):
+        coord.CoordServer("s", ["node2"], inbox, "127.0.0.1")
+    with pytest.raises(coord.LinkError, match="TLS"):
+        coord.dial("127.0.0.1", 9, "s", "node2", inbox)  # the positional form alone: refused
+
+
 def test_a_fake_coordinator_cannot_command_a_follower() -> None:
-    """A listener without the secret cannot answer the follower's challenge: nothing is accepted."""
+    """A listener with the run's certificate but without the secret cannot answer the follower's
+    challenge: nothing is accepted."""
     fake = socket.socket()
     fake.bind(("127.0.0.1", 0))
     fake.listen(1)
     port = fake.getsockname()[1]
+    ctx = tls.server_context(RUN_TLS.cert, RUN_TLS.key)
 
     hung_up: list[bool] = []
 
     def serve() -> None:
-        conn, _ = fake.accept()
-        conn.settimeout(10)
+        raw, _ = fake.accept()
+        raw.settimeout(10)
+        conn = ctx.wrap_socket(raw, server_side=True)
         conn.sendall(b'{"nonce": "00"}\n')
         conn.recv(4096)
         conn.sendall(b'{"mac": "' + b"0" * 64 + b'"}\n')
@@ -148,16 +171,28 @@ def test_a_fake_coordinator_cannot_command_a_follower() -> None:
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     with pytest.raises(coord.LinkError):
-        coord.dial("127.0.0.1", port, "secret", "node2", queue.Queue(), timeout_s=3)
+        _dial(port, "secret", "node2", queue.Queue(), timeout_s=3)
     server.join(15)
     assert hung_up == [True], "the follower did not close the link it refused"
     fake.close()
 
 
+def test_a_coordinator_with_another_certificate_is_refused_before_any_line() -> None:
+    other = make_run_tls()
+    inbox: queue.Queue = queue.Queue()
+    server = coord.CoordServer("k", ["node2"], inbox, "127.0.0.1", cert=other.cert, key=other.key)
+    try:
+        with pytest.raises(ssl.SSLError):
+            _dial(server.port, "k", "node2", queue.Queue(), timeout_s=3)
+        assert inbox.empty()
+    finally:
+        server.close()
+
+
 def test_tampered_or_replayed_lines_end_the_link() -> None:
     server, inbox = _server("k", ["node2"])
     try:
-        link = coord.dial("127.0.0.1", server.port, "k", "node2", queue.Queue())
+        link = _dial(server.port, "k", "node2", queue.Queue())
         _next(inbox, "peer_up")
         assert link.send({"type": "ping"})
         assert _next(inbox, "peer")[2] == {"type": "ping"}

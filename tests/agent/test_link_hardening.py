@@ -1,7 +1,8 @@
 """The coordinator link under attack, with real sockets: the address it binds, the handshake's one
-deadline, the cap on handshakes in progress, running out of file descriptors, lines reflected,
-replayed, garbled or too long; and a detached run of two real agents that 1,025 connections which
-never authenticate leave untouched."""
+deadline (TLS's and the secret's), the cap on handshakes in progress, running out of file
+descriptors, lines reflected, replayed, garbled or too long inside TLS (by a party that holds the
+run's certificate but not its secret); and a detached run of two real agents that 1,025
+connections which never authenticate leave untouched."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import resource
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -21,19 +23,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from detached_agents import DetachedAgent, wait_until
+from detached_agents import RUN_TLS, DetachedAgent, wait_until
 from mscon.agent import protocol as P
+from mscon.agent import tls
 from mscon.agent.detached import coord
 
 SECRET = "s3cret"
+MATERIAL = {"cert": RUN_TLS.cert, "key": RUN_TLS.key}
 
 
 @pytest.fixture
 def server() -> Iterator[tuple[coord.CoordServer, queue.Queue]]:
     inbox: queue.Queue = queue.Queue()
-    srv = coord.CoordServer(SECRET, ["node2", "node3"], inbox, host="127.0.0.1")
+    srv = coord.CoordServer(SECRET, ["node2", "node3"], inbox, host="127.0.0.1", **MATERIAL)
     yield srv, inbox
     srv.close()
+
+
+def _dial(port: int, node: str, inbox: queue.Queue, **kw: object) -> coord.PeerLink:
+    return coord.dial("127.0.0.1", port, SECRET, node, inbox, **MATERIAL, **kw)
 
 
 def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
@@ -44,11 +52,18 @@ def _next(inbox: queue.Queue, kind: str, timeout: float = 5.0) -> tuple:
             return item
 
 
-def _connect(port: int, host: str = "127.0.0.1", source: str = "") -> socket.socket:
+def _raw(port: int, host: str = "127.0.0.1", source: str = "") -> socket.socket:
     """A TCP connection; from ``source`` when given (another 127/8 address: another host, as the
     coordinator counts them)."""
     sock = socket.create_connection((host, port), timeout=5, source_address=(source, 0) if source else None)
     sock.settimeout(5)
+    return sock
+
+
+def _connect(port: int, host: str = "127.0.0.1", source: str = "") -> ssl.SSLSocket:
+    """A TLS connection with the run's certificate (a party that holds it, not the secret)."""
+    sock = tls.client_context(RUN_TLS.cert, RUN_TLS.key).wrap_socket(_raw(port, host, source))
+    tls.check_peer(sock, RUN_TLS.cert)
     return sock
 
 
@@ -71,26 +86,47 @@ def _closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
         try:
             if sock.recv(65536) == b"":
                 return True
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
             return True
+        except ssl.SSLWantReadError:  # TLS bytes that were no data (a ticket): look again
+            continue
     return False
 
 
 def test_the_coordinator_listens_on_the_address_it_is_given_only() -> None:
     inbox: queue.Queue = queue.Queue()
-    bound = coord.CoordServer(SECRET, ["node2"], inbox, host="127.0.0.1")
-    anywhere = coord.CoordServer(SECRET, ["node2"], inbox)  # no address given: every interface
+    bound = coord.CoordServer(SECRET, ["node2"], inbox, host="127.0.0.1", **MATERIAL)
     try:
         assert bound.sock.getsockname()[0] == "127.0.0.1"
         with pytest.raises(ConnectionRefusedError):  # 127.0.0.2 is this machine too, another address
             socket.create_connection(("127.0.0.2", bound.port), timeout=5)
-        _connect(anywhere.port, "127.0.0.2").close()
-        link = coord.dial("127.0.0.1", bound.port, SECRET, "node2", queue.Queue())
+        with pytest.raises(coord.LinkError):  # no address given: an error, never every interface
+            coord.CoordServer(SECRET, ["node2"], inbox, **MATERIAL)
+        link = _dial(bound.port, "node2", queue.Queue())
         assert _next(inbox, "peer_up")[1].node == "node2"
         link.close()
     finally:
         bound.close()
-        anywhere.close()
+
+
+def test_a_dripped_tls_handshake_has_the_same_one_deadline(
+    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TLS record header that announces 16 KiB, then a byte every 0.2 s: cut at the deadline."""
+    monkeypatch.setattr(coord, "HANDSHAKE_S", 1.0)
+    srv, inbox = server
+    sock = _raw(srv.port)
+    t0 = time.monotonic()
+    sock.sendall(b"\x16\x03\x01\x40\x00")
+    for _ in range(100):
+        with contextlib.suppress(OSError):
+            sock.sendall(b"\0")
+        if _closed_by_peer(sock, 0.2):
+            break
+    took = time.monotonic() - t0
+    assert 0.9 <= took < 2.0, f"the dripping TLS handshake was held {took:.1f}s"
+    sock.close()
+    assert inbox.empty()
 
 
 def test_a_handshake_has_one_deadline_however_slowly_the_peer_drips(
@@ -133,7 +169,7 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
     assert not any(_closed_by_peer(s) for s in silent[6:]), "the four newest wait for their deadline"
     # A follower gets in all the same (it pushes the oldest silent one out).
-    link = coord.dial("127.0.0.1", srv.port, SECRET, "node2", queue.Queue())
+    link = _dial(srv.port, "node2", queue.Queue())
     _, up, _ = _next(inbox, "peer_up")
     assert link.send({"type": "ping"})
     assert _next(inbox, "peer")[2] == {"type": "ping"}
@@ -177,18 +213,20 @@ def test_a_flood_from_one_address_pushes_out_its_own_connections_not_a_followers
         pytest.param(b"x" * 5000, id="over-the-bound"),  # never ended by a newline
     ],
 )
+@pytest.mark.parametrize("inside_tls", [False, True], ids=["instead-of-tls", "inside-tls"])
 def test_garbage_before_the_handshake_is_closed_at_once(
-    server: tuple[coord.CoordServer, queue.Queue], garbage: bytes
+    server: tuple[coord.CoordServer, queue.Queue], garbage: bytes, inside_tls: bool
 ) -> None:
     srv, inbox = server
-    sock = _connect(srv.port)
-    _read_obj(sock)
+    sock: socket.socket = _connect(srv.port) if inside_tls else _raw(srv.port)
+    if inside_tls:
+        _read_obj(sock)
     t0 = time.monotonic()
     sock.sendall(garbage)
     assert _closed_by_peer(sock, 5.0)
     assert time.monotonic() - t0 < 2.0, "closed at once, not at the handshake's deadline"
     sock.close()
-    link = coord.dial("127.0.0.1", srv.port, SECRET, "node3", queue.Queue())
+    link = _dial(srv.port, "node3", queue.Queue())
     assert _next(inbox, "peer_up")[1].node == "node3"
     link.close()
 
@@ -197,8 +235,9 @@ def test_garbage_before_the_handshake_is_closed_at_once(
 
 
 class Middle:
-    """A man in the middle between one follower and the coordinator: passes bytes both ways,
-    keeps the lines of each direction, and injects bytes either way."""
+    """A man in the middle between one follower and the coordinator that holds the run's
+    certificate (not its secret): ends TLS on both sides, passes the lines both ways, keeps those
+    of each direction, and injects bytes either way, inside TLS."""
 
     def __init__(self, coordinator_port: int) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -208,12 +247,14 @@ class Middle:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        self.follower, _ = self.listener.accept()
-        self.coordinator = socket.create_connection(("127.0.0.1", self.target))
+        raw, _ = self.listener.accept()
+        conn = tls.server_context(RUN_TLS.cert, RUN_TLS.key).wrap_socket(raw, server_side=True)
+        self.follower = tls.TlsSock(conn)
+        self.coordinator = tls.TlsSock(tls.connect("127.0.0.1", self.target, RUN_TLS.cert, RUN_TLS.key, 5))
         threading.Thread(target=self._pump, args=(self.follower, self.coordinator, "up"), daemon=True).start()
         self._pump(self.coordinator, self.follower, "down")
 
-    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+    def _pump(self, src: tls.TlsSock, dst: tls.TlsSock, way: str) -> None:
         pending = b""
         while True:
             try:
@@ -227,8 +268,7 @@ class Middle:
             *done, pending = pending.split(b"\n")
             self.lines[way] += [line + b"\n" for line in done]
         for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+            s.close()
 
     def to_follower(self, data: bytes) -> None:
         self.follower.sendall(data)
@@ -237,7 +277,8 @@ class Middle:
         self.coordinator.sendall(data)
 
     def close(self) -> None:
-        for s in (self.listener, getattr(self, "follower", None), getattr(self, "coordinator", None)):
+        self.listener.close()
+        for s in (getattr(self, "follower", None), getattr(self, "coordinator", None)):
             if s is not None:
                 s.close()
 
@@ -248,7 +289,7 @@ def middle(server: tuple[coord.CoordServer, queue.Queue]) -> Iterator[tuple]:
     srv, inbox = server
     mitm = Middle(srv.port)
     f_inbox: queue.Queue = queue.Queue()
-    link = coord.dial("127.0.0.1", mitm.port, SECRET, "node2", f_inbox)
+    link = _dial(mitm.port, "node2", f_inbox)
     _, up, _ = _next(inbox, "peer_up")
     yield mitm, inbox, up, f_inbox, link
     link.close()
@@ -319,7 +360,7 @@ def test_garbage_or_an_oversized_line_ends_that_link_only(
     mitm, inbox, up, f_inbox, link = middle
     srv, _ = server
     other_inbox: queue.Queue = queue.Queue()
-    other = coord.dial("127.0.0.1", srv.port, SECRET, "node3", other_inbox)
+    other = _dial(srv.port, "node3", other_inbox)
     _, other_up, _ = _next(inbox, "peer_up")
     with contextlib.suppress(OSError):  # the end that refuses may close before all is sent
         getattr(mitm, way)(garbage)
@@ -342,7 +383,8 @@ import queue, resource, sys, threading
 from mscon.agent.detached import coord
 coord.HANDSHAKE_S = 2.0
 inbox = queue.Queue()
-server = coord.CoordServer("s3cret", ["node2"], inbox, host="127.0.0.1")
+cert, key = sys.stdin.read().split("\\0")
+server = coord.CoordServer("s3cret", ["node2"], inbox, host="127.0.0.1", cert=cert, key=key)
 resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 print(server.port, flush=True)
 while True:
@@ -356,15 +398,19 @@ def test_out_of_descriptors_the_coordinator_backs_off_and_a_follower_still_gets_
     """A coordinator whose process may hold 32 descriptors, 60 connections that never authenticate:
     accepting fails with EMFILE, the listener waits and accepts again as the handshakes' deadline
     frees descriptors, and a follower that dials meanwhile gets in."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     silent: list[socket.socket] = []
     try:
-        assert child.stdout is not None and child.stderr is not None
+        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        child.stdin.write(f"{RUN_TLS.cert}\0{RUN_TLS.key}".encode())
+        child.stdin.close()
         port = int(child.stdout.readline())
         for _ in range(60):  # all accepted by the kernel: they wait in the listen queue
-            silent.append(_connect(port))
+            silent.append(_raw(port))
         inbox: queue.Queue = queue.Queue()
-        link = coord.dial("127.0.0.1", port, SECRET, "node2", inbox, timeout_s=15)
+        link = _dial(port, "node2", inbox, timeout_s=15)
         assert link.send({"type": "ping"})
         _, _, answer = _next(inbox, "peer", 5)
         assert answer["echo"] == {"type": "ping"}
@@ -407,7 +453,7 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
     def attack(port: int) -> None:
         try:
             for _ in range(1025):  # from another address than the follower's, as from another host
-                silent.append(_connect(port, source="127.0.0.2"))
+                silent.append(_raw(port, source="127.0.0.2"))
         except OSError as exc:
             refused.append(exc)
         while not stop.wait(1.0):  # the attack's pace, not a synchronisation

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -17,8 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from mscon.agent import dial, layout
+from mscon.agent import dial, layout, tls
 from mscon.console.config.inventory import load_inventory
+from mscon.console.transport import link_tls
 from mscon.console.transport import slurm as st
 from mscon.console.transport import slurm_dial as sd
 from mscon.console.transport import slurm_launcher as sl
@@ -32,49 +34,72 @@ def launcher(monkeypatch: pytest.MonkeyPatch) -> sl.SlurmLauncher:
     return sl.SlurmLauncher(load_inventory(REPO / "inventory" / "local.yaml"))
 
 
-def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"") -> bytes:
-    s = socket.create_connection(("127.0.0.1", port), 5)
-    f = s.makefile("rb")
+def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"", material: object = None) -> bytes:
+    """A node's connection: TLS with the run's certificate (``material``: a RunTls), then the key's
+    proof; what the console sends after ``then``."""
+    assert isinstance(material, link_tls.RunTls)
+    s = tls.TlsSock(tls.connect("127.0.0.1", port, material.cert, material.key, 5))
+    f = dial.Lines(s)
     try:
-        dial.handshake(s, f, key, role)
+        dial.dial_handshake(s, f, key, role)
         s.sendall(then)
         return f.readline()
     finally:
-        f.close()
         s.close()
 
 
 async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: sl.SlurmLauncher) -> None:
     await launcher._listen()
+    run = launcher.tls
     try:
         # A node with another key refuses the console (it cannot prove the node's key) ...
         with pytest.raises(OSError, match="the console did not authenticate"):
-            await asyncio.to_thread(_as_node, launcher.port, os.urandom(32))
+            await asyncio.to_thread(_as_node, launcher.port, os.urandom(32), material=run)
         # ... and with the key, the first thing after the handshake is the dial's source.
-        first = await asyncio.to_thread(_as_node, launcher.port, launcher.key)
+        first = await asyncio.to_thread(_as_node, launcher.port, launcher.key, material=run)
         assert int(first) == len(sd.dial_source())
 
         def wrong_proof() -> bytes:
-            s = socket.create_connection(("127.0.0.1", launcher.port), 5)
-            with s, s.makefile("rb") as f:
-                s.sendall(b"MSCON-DIAL 1 boot 00112233\n")
-                f.readline()  # the console's nonce and proof
-                s.sendall(b"0" * 64 + b"\n")
-                return f.read()
+            s = tls.TlsSock(tls.connect("127.0.0.1", launcher.port, run.cert, run.key, 5))
+            f = dial.Lines(s)
+            s.sendall(b"MSCON-DIAL 1 boot 00112233\n")
+            f.readline()  # the console's nonce and proof
+            s.sendall(b"0" * 64 + b"\n")
+            rest = f.readline()
+            s.close()
+            return rest
 
         assert await asyncio.to_thread(wrong_proof) == b""  # closed, nothing sent
         # An authenticated agent connection with a token nobody issued gets nothing either.
-        assert await asyncio.to_thread(_as_node, launcher.port, launcher.key, "agent", b"f00d\n") == b""
+        assert await asyncio.to_thread(_as_node, launcher.port, launcher.key, "agent", b"f00d\n", run) == b""
+        # A node with the key but another certificate: refused by TLS, before any line.
+        with pytest.raises(ssl.SSLError):
+            await asyncio.to_thread(_as_node, launcher.port, launcher.key, material=link_tls.make_run_tls())
     finally:
         await launcher.close()
 
 
+def _run_boot(port: int, material: link_tls.RunTls) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ["PATH"],
+        sd.ENV_ADDR: f"127.0.0.1:{port}",
+        sd.ENV_KEY: os.urandom(32).hex(),
+        sd.ENV_PYTHON: sys.executable,
+        **sd.tls_env(material.cert, material.key),
+    }
+    return subprocess.run(
+        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
 def test_boot_refuses_a_console_without_the_key() -> None:
+    run = link_tls.make_run_tls()
     srv = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
     def fake_console() -> None:
-        conn, _ = srv.accept()
+        raw, _ = srv.accept()
+        conn = tls.server_context(run.cert, run.key).wrap_socket(raw, server_side=True)
         with conn, conn.makefile("rb") as f:
             seen.append(f.readline())
             conn.sendall(b"cafe " + b"0" * 64 + b"\n")
@@ -82,19 +107,34 @@ def test_boot_refuses_a_console_without_the_key() -> None:
 
     t = threading.Thread(target=fake_console, daemon=True)
     t.start()
-    env = {
-        "PATH": os.environ["PATH"],
-        sd.ENV_ADDR: f"127.0.0.1:{srv.getsockname()[1]}",
-        sd.ENV_KEY: os.urandom(32).hex(),
-        sd.ENV_PYTHON: sys.executable,
-    }
-    p = subprocess.run(
-        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
-    )
+    p = _run_boot(srv.getsockname()[1], run)
     t.join(10)
     srv.close()
     assert p.returncode == 1 and "the console did not authenticate" in p.stderr
     assert seen[0].startswith(b"MSCON-DIAL 1 boot ") and seen[1] == b""
+
+
+def test_boot_refuses_a_console_with_another_certificate_before_any_line() -> None:
+    run, other = link_tls.make_run_tls(), link_tls.make_run_tls()
+    srv = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def fake_console() -> None:
+        raw, _ = srv.accept()
+        try:
+            conn = tls.server_context(other.cert, other.key).wrap_socket(raw, server_side=True)
+            seen.append(conn.recv(100))
+        except (OSError, ssl.SSLError):
+            seen.append(b"refused")
+        raw.close()
+
+    t = threading.Thread(target=fake_console, daemon=True)
+    t.start()
+    p = _run_boot(srv.getsockname()[1], run)
+    t.join(10)
+    srv.close()
+    assert p.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in p.stderr, p.stderr
+    assert seen == [b"refused"]
 
 
 def test_dial_paths_stay_in_the_mscon_folder(tmp_path: Path) -> None:
