@@ -47,6 +47,7 @@ AGENT_FILES = (
     "outbox.py",
     "policy.py",
     "policy_types.py",
+    "liveness.py",  # policy.py imports it (added by the TLS task so the bundle starts)
     "ranks.py",
     "spares.py",
     "spare_boot.py",

@@ -217,12 +217,7 @@ class Agent(Ranks, Streaming, Services):
         elif isinstance(msg, P.Adopt):
             self.adopt(msg)
         elif isinstance(msg, P.Inspect):
-            # The console saw silence on its clock; a rank whose lines it has not read yet (a
-            # console behind at scale) is not hung: only a rank silent here too is reported.
-            cutoff = time.time_ns() - int(msg.silent_s * 1e9)
-            for w in self.watched:
-                if w.proc.spec.name in msg.names and w.proc.alive and w.progress_ns <= cutoff:
-                    self._report_hung(w, msg.reason or "no progress")
+            self.inspect(msg)
         elif isinstance(msg, P.Resolve):
             self.send(resolve(self.node, msg.host))
         elif isinstance(msg, P.RunChecks):

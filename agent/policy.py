@@ -8,6 +8,8 @@ messages, operator commands, ticks) into its inputs (``policy_types.py``, re-exp
 itself:
 
 - a rank fails, hangs, or a node is lost or cannot start its processes: stop every node;
+- attempt 0 waits for every node's word on a kept standby (``ADOPT_WAIT_S`` at most): warm when
+  all adopted theirs, cold at once when one did not or was lost (all or nothing);
 - every node has stopped: restart the group while the budget lasts (an operator's restart does
   not use it): at once when its ranks had stepped, after the backoff when it failed in start-up;
   with no budget left, an interactive run waits for the operator (``r`` restarts, ``q`` ends with
@@ -16,40 +18,53 @@ itself:
   during the attempt) when every node has said its spares for it are ready, else cold;
 - every worker succeeded: the scheduler gets ``SCHEDULER_LINGER_S`` to exit, then it is stopped;
 - a node that has not confirmed a stop within grace + ``STOP_CONFIRM_S`` is cut off;
-- a rank silent for the hang timeout is inspected (the agent answers with a hang report).
+- a detached coordinator's follower not heard from for the watchdog period is cut off and lost
+  (``liveness.py``: a link that ends is not lost yet, the follower dials again); one that comes
+  back while the attempt stops is told to stop again;
+- a rank silent for its hang limit is inspected, with the ranks nearly as long silent (the agents
+  answer with hang reports); on a detached run too: the coordinator hears every rank's progress.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .liveness import Liveness
+
 # The inputs and actions (policy_types.py), read by the hosts as policy.Begin, policy.EndRun, ...
 from .policy_types import (  # noqa: F401 - re-exported
     Action,
     AgentFailed,
     AttemptOver,
+    AwaitAdoption,
     AwaitOperator,
     Begin,
     CutOff,
     EndRun,
     Force,
+    Heard,
     Input,
     Inspect,
+    LinkLost,
     NodeDone,
     NodeLost,
     Outcome,
+    PeerLost,
     Phase,
     RankExited,
     RankHung,
     RankStarted,
     RankStepped,
+    Redial,
     Restarting,
+    RestartRefused,
     RestartRequested,
     StandbyChanged,
     StartAttempt,
     Status,
     StopAll,
     StopCause,
+    StopNode,
     StopRequested,
     StopScheduler,
     Tick,
@@ -68,6 +83,9 @@ STEADY_FLOOR_S = 9.0  # over MindSpore's ~5 s of teardown silence; + inspection:
 # Workers this close to their hang limit when another passes its own are inspected with it.
 SILENT_TOGETHER_S = 1.0
 STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the attempt
+# Before attempt 0, for every node's word on the standby an earlier run kept (restart.keep_warm_s):
+# at once, or once its spares have joined (seconds, never more than a cold launch would take).
+ADOPT_WAIT_S = 30.0
 FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
 
 
@@ -80,6 +98,13 @@ def watchdog_s(keepalive_s: float) -> float:
 def silent_too_long(last_progress: float, now: float, timeout_s: float) -> bool:
     """The hang rule, on whichever clock the caller keeps (both arguments on the same one)."""
     return timeout_s > 0 and now - last_progress > timeout_s
+
+
+def attempt_outcome(workers: frozenset, ok_workers: set) -> Outcome:
+    """An attempt whose processes have all ended: every worker finished (a success, whatever the
+    scheduler or a node did after), or a failure. Also how an attach names an attempt that ended
+    before the detach with no word of the policy's in the journals."""
+    return Outcome.SUCCEEDED if workers and workers <= ok_workers else Outcome.FAILED
 
 
 def standby_complete(ready: dict, nodes: tuple) -> bool:
@@ -123,6 +148,19 @@ class HangRule:
             return FINISHING_LIMIT_S, "the limit once a worker has finished (the others may be in teardown)"
         return limit, "%g x its longest gap between steps, %.3g s" % (STEADY_FACTOR, gap)
 
+    def pace(self, name: str) -> tuple | None:
+        """(ts of its last step report, its longest gap or None); None before any step report:
+        what an agent tells a detached coordinator, whose rule ``merge``s it."""
+        last = self._last.get(name)
+        return None if last is None else (last, self._gap.get(name))
+
+    def merge(self, name: str, last: float | None, gap: float | None) -> None:
+        """Another rule's record of the rank (its agent's, which read every step report)."""
+        if last is not None and last > self._last.get(name, float("-inf")):
+            self._last[name] = last
+        if gap is not None and gap > self._gap.get(name, 0.0):
+            self._gap[name] = gap
+
 
 # ------------------------------------------------------------------ the machine
 
@@ -135,9 +173,12 @@ class PolicyConfig:
     backoff_s: float = 0.0
     grace_s: float = DEFAULT_GRACE_S
     hang_timeout_s: float | None = None  # None: derived from each rank's pace (HangRule)
-    inspects: bool = True  # False on a detached coordinator: each agent watches its own ranks
     can_reconnect: bool = True  # False on a detached coordinator: a lost node ends the run
     operator_wait_s: float | None = None  # None: no operator to wait for; inf: wait while it stays
+    # Nodes whose word the host reports (Heard, LinkLost): a detached coordinator's followers. A
+    # console's links have their own keepalives: a link it loses is a NodeLost.
+    watched: tuple[str, ...] = ()
+    watchdog_s: float = WATCHDOG_FLOOR_S
 
 
 @dataclass
@@ -176,6 +217,10 @@ class RunPolicy:
         # node -> its spares for attempt ``standby_for`` have joined their standby cluster
         self.standby: dict[str, bool] = {}
         self.standby_for = -1
+        self.liveness = Liveness(config.watched, config.watchdog_s, 0.0)  # counts from Begin/resume
+        self._begun = False  # the host said Begin: attempt 0 starts once no adoption is awaited
+        self._adopting: set[str] = set()  # nodes whose word on their kept standby is awaited
+        self._adopt_until = 0.0
 
     # ------------------------------------------------------------ host helpers
 
@@ -188,8 +233,14 @@ class RunPolicy:
         standby for the next attempt had said it was ready (``standby_ready``)."""
         self.att = _Attempt(attempt, now, hang=HangRule(self.config.hang_timeout_s))
         self.phase = Phase.RUNNING
+        self.liveness = Liveness(self.config.watched, self.config.watchdog_s, now)
         self.standby = {n: True for n in standby_ready}
         self.standby_for = attempt + 1 if standby_ready else -1
+
+    @property
+    def done_nodes(self) -> frozenset:
+        """The nodes whose processes of the current attempt have all exited (or that were lost)."""
+        return frozenset(self.att.done)
 
     def standby_ready(self) -> tuple:
         """The nodes whose standby for the next attempt is ready (what a coordinator is handed)."""
@@ -202,8 +253,11 @@ class RunPolicy:
         return number == self.standby_for and standby_complete(self.standby, self.config.nodes)
 
     def progress(self, name: str, now: float) -> None:
-        """A rank made progress (a log line, a metric): kept apart from ``step`` for its rate."""
+        """A rank made progress (a log line, a metric) at ``now``: kept apart from ``step`` for its
+        rate. Never moves a rank's last progress back (a report that took longer on its way)."""
         att = self.att
+        if now <= att.progress.get(name, float("-inf")):
+            return
         att.progress[name] = now
         if att.inspected:
             att.inspected.discard(name)  # alive after all (its agent saw it too): watched again
@@ -214,15 +268,32 @@ class RunPolicy:
         self.att.stepped = True
         self.att.hang.stepped(name, ts)
 
+    def heard(self, name: str, at: float | None, pace: tuple | None) -> None:
+        """What a detached coordinator hears of a rank from its node's agent (``LinkProgress``, its
+        own agent's alike): its last progress ``at`` on this host's clock (None: no new progress),
+        and its step pace as the agent's ``HangRule`` has it (``HangRule.pace``)."""
+        if at is not None:
+            self.progress(name, at)
+        if pace is not None:
+            self.att.stepped = True
+            self.att.hang.merge(name, pace[0], pace[1])
+
     # ------------------------------------------------------------ the dispatcher
 
     def step(self, ev: Input) -> list[Action]:
         out: list[Action] = []
         if self.phase is Phase.ENDED:
             return out
-        if isinstance(ev, Begin):
-            if self.phase is Phase.IDLE:
-                self._start(0, ev.now, out)
+        if isinstance(ev, (Begin, AwaitAdoption)):
+            pass  # before attempt 0 only (below)
+        elif isinstance(ev, Heard):
+            back = self.liveness.is_down(ev.node)
+            self.liveness.step(ev)
+            att = self.att
+            if back and self.phase is Phase.STOPPING and ev.node not in att.done:
+                out.append(StopNode(ev.node, att.stop_reason))  # its link was down as the stop went
+        elif isinstance(ev, LinkLost):
+            self.liveness.step(ev)
         elif isinstance(ev, Tick):
             self._tick(ev.now, out)
         elif isinstance(ev, StopRequested):
@@ -239,7 +310,32 @@ class RunPolicy:
                 self.standby[ev.node] = ev.ready
         elif self.phase in (Phase.RUNNING, Phase.STOPPING):
             self._attempt_input(ev, out)
+        if self.phase is Phase.IDLE:
+            self._before_start(ev, out)
         return out
+
+    def _before_start(self, ev: Input, out: list[Action]) -> None:
+        """Begin, and the wait for the nodes' word on their kept standbys (the standby rule above
+        has recorded it): attempt 0 starts once the host began and nobody's word is awaited."""
+        if isinstance(ev, AwaitAdoption):
+            self._adopting, self._adopt_until = set(ev.nodes), ev.now + ADOPT_WAIT_S
+        elif isinstance(ev, Begin):
+            self._begun = True
+            self.liveness = Liveness(self.config.watched, self.config.watchdog_s, ev.now)
+        elif isinstance(ev, StandbyChanged) and ev.attempt == 0 and ev.node in self._adopting:
+            if ev.ready:
+                self._adopting.discard(ev.node)
+            else:
+                self._adopting.clear()  # all or nothing: attempt 0 starts cold, now
+        elif isinstance(ev, NodeLost):
+            self._adopting.clear()  # its spares went with its agent: cold (its Start finds it lost)
+        elif isinstance(ev, Tick):
+            if self._adopting and ev.now >= self._adopt_until:
+                self._adopting.clear()  # a node that did not answer: cold
+        else:
+            return
+        if self._begun and not self._adopting:
+            self._start(0, ev.now, out)
 
     def _attempt_input(self, ev: Input, out: list[Action]) -> None:
         att = self.att
@@ -326,6 +422,8 @@ class RunPolicy:
         elif self.phase is Phase.STOPPING:
             if att.stop_cause is StopCause.FAILURE:
                 att.restart_after = True  # once the failed attempt has stopped
+            else:  # the operator's stop or restart is under way already
+                out.append(RestartRefused("the run is stopping"))
         elif self.phase is Phase.BACKOFF:
             self.restart_at = ev.now  # cut the backoff short
             self._tick(ev.now, out)
@@ -357,8 +455,7 @@ class RunPolicy:
         if len(att.done) < len(self.config.nodes):
             return
         cause = att.stop_cause
-        # Every worker finished: a success, whatever the scheduler or a node did after.
-        succeeded = bool(self._workers) and self._workers <= att.ok_workers
+        succeeded = attempt_outcome(self._workers, att.ok_workers) is Outcome.SUCCEEDED
         if cause is StopCause.OPERATOR:
             out.append(AttemptOver(att.number, Outcome.INTERRUPTED, att.stop_reason))
             self._end(Verdict(Status.INTERRUPTED, att.stop_reason, att.stop_code), out)
@@ -424,6 +521,13 @@ class RunPolicy:
     # ------------------------------------------------------------ timers
 
     def _tick(self, now: float, out: list[Action]) -> None:
+        for lost in self.liveness.step(Tick(now)):
+            assert isinstance(lost, PeerLost)
+            out.append(CutOff((lost.node,), lost.why))
+            self.standby.pop(lost.node, None)
+            self._node_lost(NodeLost(lost.node, lost.why, now), out)
+            if self.phase is Phase.ENDED:
+                return
         att, cfg = self.att, self.config
         if self.phase is Phase.BACKOFF:
             if self.restart_at is not None and now >= self.restart_at:
@@ -448,7 +552,7 @@ class RunPolicy:
             if now - att.workers_done_at > SCHEDULER_LINGER_S:
                 att.sched_stopped = True
                 out.append(StopScheduler())
-        if self.phase is Phase.RUNNING and cfg.inspects:
+        if self.phase is Phase.RUNNING:
             self._inspect_silent(now, out)
 
     def _inspect_silent(self, now: float, out: list[Action]) -> None:

@@ -144,11 +144,38 @@ class StandbyChanged:
 
 
 @dataclass(frozen=True)
+class AwaitAdoption:
+    """Before Begin: these nodes were asked to adopt a kept standby for attempt 0; attempt 0 waits
+    for each one's word (its StandbyChanged) up to ``policy.ADOPT_WAIT_S``."""
+
+    nodes: tuple[str, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class Heard:
+    """Word from a peer over its link (any message): a detached coordinator's from a follower, a
+    follower's from its coordinator (``liveness.Liveness``)."""
+
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
+class LinkLost:
+    """A peer's link ended: not yet a lost peer (a follower dials again within the watchdog)."""
+
+    node: str
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     now: float
 
 
 Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
+    AwaitAdoption,
     Begin,
     RankStarted,
     RankExited,
@@ -160,6 +187,8 @@ Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     StopRequested,
     RestartRequested,
     StandbyChanged,
+    Heard,
+    LinkLost,
     Tick,
 ]
 
@@ -223,6 +252,37 @@ class CutOff:
 
 
 @dataclass(frozen=True)
+class StopNode:
+    """A node whose link came back while the attempt stops: the stop it may have missed, again."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestartRefused:
+    """A restart request the policy will not carry out now (the host tells whoever asked)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Redial:
+    """A follower's link to ``node`` (its coordinator) ended: dial it again."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class PeerLost:
+    """No word from ``node`` for the watchdog period: a coordinator's follower is lost (the policy
+    says ``CutOff``), a follower's coordinator gone (it stops its ranks and ends)."""
+
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Force:
     """A second stop request: stop waiting for the agents."""
 
@@ -269,6 +329,10 @@ Action = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     StopScheduler,
     Inspect,
     CutOff,
+    StopNode,
+    RestartRefused,
+    Redial,
+    PeerLost,
     Force,
     AttemptOver,
     Restarting,

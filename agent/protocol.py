@@ -671,6 +671,17 @@ class LinkPing(Message):
 
 
 @dataclass(frozen=True)
+class LinkProgress(Message):
+    """A follower's live workers as its agent reads them, for the coordinator's hang rule (the
+    policy's, as on a console): rank -> [its progress stamp (this node's clock: a new one is new
+    progress), seconds since then, its step pace (``HangRule.pace``) or None]."""
+
+    type: ClassVar[str] = "link_progress"
+    attempt: int = 0
+    ranks: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LinkStop(Message):
     type: ClassVar[str] = "link_stop"
     reason: str

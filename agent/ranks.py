@@ -1,6 +1,6 @@
 """The node's processes: starting an attempt's ranks, stopping them (TERM, then KILL at the grace
 deadline, never blocking the loop), reaping and reporting each exit, and seeing a rank that hangs
-(state T, or silent for the hang timeout while detached). A mixin of ``main.Agent``.
+(state T, unasked; silent, when the policy's host asks: ``inspect``). A mixin of ``main.Agent``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
 from .layout import attempt_folder
-from .policy import HangRule, silent_too_long
+from .policy import HangRule
 from .streaming import Watched
 from .tail import LineMetrics, extract_traceback
 
@@ -54,7 +54,7 @@ class Ranks:
             target = cmd.procs[0].env.get("DEVICE_TARGET", "") if cmd.procs else ""
             self.devices = DeviceSampler(target)
         self.watched = []
-        self.hang = HangRule()  # each rank's pace this attempt (the detached hang check's limits)
+        self.hang = HangRule()  # each rank's pace this attempt (told to a detached coordinator)
         self.all_exited_sent = False
         self.failed = False
         log_dir = attempt_folder(cmd.run_dir, cmd.attempt)
@@ -242,8 +242,6 @@ class Ranks:
             self._last_state_check = now
             self._prepare_spares()
             self._check_stopped(now)
-            if self.detached is not None:
-                self._check_silent(self.detached.hang_timeout_s or None)
         if all(w.proc.reported and w.drained for w in self.watched):
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
@@ -261,19 +259,26 @@ class Ranks:
             else:
                 w.stopped_since = None
 
-    def _check_silent(self, fixed_s: float | None) -> None:
-        """Detached, nobody sends Inspect: a rank silent past its limit is reported here (the
-        inventory's hang.timeout_s, else the one its own pace gives: policy.HangRule)."""
-        now_ns = time.time_ns()
-        finishing = any(w.proc.returncode == 0 and not w.proc.spec.is_scheduler for w in self.watched)
+    def inspect(self, msg: P.Inspect) -> None:
+        """The policy saw these ranks silent on its host's clock (a console's, or a detached
+        coordinator's): a rank whose lines its host has not heard of yet (a console behind at
+        scale, a progress report on its way) is not hung; only a rank silent here too is reported."""
+        cutoff = time.time_ns() - int(msg.silent_s * 1e9)
         for w in self.watched:
-            if not w.proc.alive or w.hung_reported or w.proc.stop_sent or w.proc.spec.is_scheduler:
-                continue  # the scheduler is quiet by nature
-            limit, why = (
-                (fixed_s, "hang.timeout_s") if fixed_s else self.hang.limit(w.proc.spec.name, finishing)
-            )
-            if silent_too_long(w.progress_ns / 1e9, now_ns / 1e9, limit):
-                self._report_hung(w, "no progress for %g s (%s)" % (limit, why))
+            if w.proc.spec.name in msg.names and w.proc.alive and w.progress_ns <= cutoff:
+                self._report_hung(w, msg.reason or "no progress")
+
+    def progress_report(self) -> dict:
+        """The live workers' progress as read here, for a detached coordinator's hang rule (the
+        policy's): name -> [progress stamp, seconds since it, step pace] (``P.LinkProgress``)."""
+        now_ns = time.time_ns()
+        out = {}
+        for w in self.watched:
+            spec = w.proc.spec
+            if w.proc.alive and not spec.is_scheduler:  # the scheduler is quiet by nature
+                pace = self.hang.pace(spec.name)
+                out[spec.name] = [w.progress_ns, (now_ns - w.progress_ns) / 1e9, pace and list(pace)]
+        return out
 
     def _report_hung(self, w: Watched, why: str) -> None:
         """Report a rank that makes no progress, with its Python stack: py-spy takes up to 10 s,

@@ -5,9 +5,14 @@ followers' over ``coord.py`` links) and drives the run's policy (``policy.py``, 
 the console's supervisor drives) with them, carrying out what it decides: stop every node,
 restart the group, stop a lingering scheduler, wait for an operator, end the run. Followers report
 to the coordinator (``Message.reported``, without log tails or stacks) and obey its typed orders
-(``LinkStop``, ``LinkStart``, ``LinkEnd``); each got its own next Start with its Detach, so argv
-and env never cross the link. A follower that loses its coordinator for the watchdog period stops
-its ranks (the coordinator's node holds the scheduler: without it the collective cannot go on).
+(``LinkStop``, ``LinkStart``, ``LinkEnd``, ``Inspect``); each got its own next Start with its
+Detach, so argv and env never cross the link. The hang rule is the policy's, as on a console: each
+agent tells the coordinator how its ranks progress (``LinkProgress``, its own agent's read alike),
+and the coordinator has the ranks it decides to inspect inspected by their agents. A follower
+whose link ends dials again, and one that hears nothing from its coordinator for the watchdog
+period stops its ranks (the coordinator's node holds the scheduler: without it the collective
+cannot go on); the coordinator loses a follower it has not heard from for that long. Both rules
+are the policy's (``liveness.py``).
 
 What still needs a console: reconnecting a lost node (SSH is the console's), preflight, fetching
 logs to the operator's machine, and the replica checksums comparison.
@@ -16,17 +21,21 @@ logs to the operator's machine, and the replica checksums comparison.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from .. import exit_codes
 from .. import policy as pol
 from .. import protocol as P
 from ..journal import RunStatus
+from ..liveness import Liveness
 from .coord import CoordServer, PeerLink, dial
 from .daemon import Client, SocketServer, daemonize
 from .relay import hello, replay
 
 _PING_S = 1.0
+_COORDINATOR = "coordinator"  # a follower's one peer, as its Liveness names it
+_PROGRESS_S = 0.5  # a follower's progress report (also its sign of life): silence is seen this late
 _END_FLUSH_S = 3.0  # at the run's end, attached consoles get this long to take the last lines
 
 
@@ -46,7 +55,6 @@ class DetachedRun:
         self.agent = agent
         self.msg = msg
         self.role = msg.role
-        self.hang_timeout_s = msg.hang_timeout_s
         self.watchdog_s = max(pol.WATCHDOG_FLOOR_S, agent.start_cmd.watchdog_s if agent.start_cmd else 0.0)
         self.server = SocketServer(agent.run_dir, agent.inbox, node=agent.node)
         self.socket_path = self.server.path
@@ -56,7 +64,10 @@ class DetachedRun:
         self.coordinator_port = 0
         self.link: PeerLink | None = None  # a follower's link to the coordinator
         self.peers: dict = {}  # the coordinator's links, by follower name
-        self.heard: dict = {}  # node -> monotonic time of its last line
+        self.liveness: Liveness | None = None  # a follower's watch on its coordinator
+        self.backlog: list = []  # a follower's reports while its link is down, sent once it is back
+        self.dialling = False  # a follower's dial again is under way (a thread)
+        self.stamps: dict = {}  # rank -> its last progress stamp heard of (a new one: progress)
         self.lost: set = set()
         self.end_status = ""  # how the run ended here (RunStatus), once it has
         self.last_ping = 0.0
@@ -73,9 +84,11 @@ class DetachedRun:
                         max_restarts=msg.restarts_left,
                         backoff_s=msg.backoff_s,
                         grace_s=agent.grace(),
-                        inspects=False,  # each agent watches its own ranks (ranks.Ranks._check_silent)
+                        hang_timeout_s=msg.hang_timeout_s or None,  # None: from each rank's pace
                         can_reconnect=False,  # SSH is the console's
                         operator_wait_s=msg.operator_wait_s or None,
+                        watched=tuple(self.nodes[1:]),  # each follower, heard from over its link
+                        watchdog_s=self.watchdog_s,
                     )
                 )
                 self.policy.resume(agent.start_cmd.attempt, time.monotonic(), tuple(msg.standby_ready))
@@ -100,7 +113,7 @@ class DetachedRun:
                     cert=msg.tls_cert,
                     key=msg.tls_key,
                 )
-                self.heard["coordinator"] = time.monotonic()
+                self.liveness = Liveness((_COORDINATOR,), self.watchdog_s, time.monotonic(), redials=True)
                 # What the coordinator cannot have seen: how this node's attempt stands already.
                 self.link.send(self._status().to_dict())
         except Exception:
@@ -146,8 +159,8 @@ class DetachedRun:
             return
         if self.coordinator:
             self._apply(self.agent.node, msg)
-        elif self.link is not None:
-            self.link.send(for_link(msg))
+        elif not self._to_coordinator(for_link(msg)):
+            self.backlog.append(for_link(msg))  # the link is down: once it is back, in order
 
     def console_left(self) -> None:
         """The console closed its channel after our Detached: from now on we are a daemon."""
@@ -163,13 +176,18 @@ class DetachedRun:
         elif source == "client":
             self._client_line(obj, line)
         elif source == "peer_up":
+            if obj.node in self.lost:  # back too late: the run went on without it
+                obj.close()
+                return
             old = self.peers.get(obj.node)
             if old is not None:
                 old.close()
             self.peers[obj.node] = obj
-            self.heard[obj.node] = time.monotonic()
+            self._decide(pol.Heard(obj.node, time.monotonic()))
         elif source == "peer":
             self._peer_msg(obj, line)
+        elif source == "dialled":
+            self._dialled(obj)
 
     def _client_line(self, client: Client, line: str | None) -> None:
         if line is None:
@@ -263,15 +281,20 @@ class DetachedRun:
     # ------------------------------------------------------------ the links
 
     def _peer_msg(self, link: PeerLink, raw: dict | None) -> None:
-        if raw is None:
+        now = time.monotonic()
+        if raw is None:  # not lost yet: the follower dials again, within the watchdog
             if self.coordinator:
                 if self.peers.get(link.node) is link:
                     del self.peers[link.node]
-                    self._lost(link.node, "lost the link to its agent")
-            elif not self.ended:
-                self._orphaned("lost its coordinator (node 0)")
+                    self._decide(pol.LinkLost(link.node, now))
+            elif link is self.link and not self.ended:
+                self.link = None
+                self._live(pol.LinkLost(_COORDINATOR, now))
             return
-        self.heard[link.node if self.coordinator else "coordinator"] = time.monotonic()
+        if self.coordinator:
+            self._decide(pol.Heard(link.node, now))
+        else:
+            self._live(pol.Heard(_COORDINATOR, now))
         try:
             msg = from_link(raw)
         except (P.ProtocolError, TypeError, ValueError) as exc:
@@ -280,6 +303,8 @@ class DetachedRun:
         if self.coordinator:
             if isinstance(msg, P.LinkStatus):
                 self._seed(link.node, msg)
+            elif isinstance(msg, P.LinkProgress):
+                self._ranks_heard(msg.attempt, msg.ranks, time.monotonic())
             elif msg.reported:
                 self._apply(link.node, msg)
             return
@@ -290,6 +315,8 @@ class DetachedRun:
             self._start_own(msg.attempt, msg.warm)
         elif isinstance(msg, P.LinkEnd):
             self._end_here(msg.status, msg.reason)
+        elif isinstance(msg, P.Inspect):
+            self.agent.inspect(msg)
 
     def _start_own(self, attempt: int, warm: bool) -> None:
         start = P.from_dict(
@@ -311,13 +338,15 @@ class DetachedRun:
         if ev is not None:
             self._decide(ev)
 
-    def _lost(self, node: str, why: str) -> None:
-        if node in self.lost:
-            return
-        self.lost.add(node)
-        if not self.ended:
-            self._coord(P.CoordKind.NODE_LOST, reason=why, trigger=node)
-            self._decide(pol.NodeLost(node, why, time.monotonic()))
+    def _ranks_heard(self, attempt: int, ranks: dict, now: float) -> None:
+        """A node's progress report (``Ranks.progress_report``) as the policy's: a rank's progress
+        only when its stamp is new (a report's time on the way must not look like progress)."""
+        if self.policy is None or attempt != self.policy.attempt:
+            return  # a report from before a restart: those ranks are gone
+        for name, (stamp, silent_s, pace) in ranks.items():
+            new = self.stamps.get(name) != stamp
+            self.stamps[name] = stamp
+            self.policy.heard(name, now - float(silent_s) if new else None, tuple(pace) if pace else None)
 
     def _command(self, msg: P.RunCommand) -> None:
         now = time.monotonic()
@@ -354,6 +383,16 @@ class DetachedRun:
         elif isinstance(act, pol.Force):
             self._send_peers(P.LinkStop(reason="stop forced", grace_s=0.0))
             self.agent.stop("stop forced", 0.0)
+        elif isinstance(act, pol.Inspect):
+            ask = P.Inspect(names=act.names, reason=act.reason, silent_s=act.silent_s)
+            if act.node == self.agent.node:
+                self.agent.inspect(ask)
+            elif act.node in self.peers:
+                self.peers[act.node].send(ask.to_dict())
+        elif isinstance(act, pol.StopNode):
+            link = self.peers.get(act.node)
+            if link is not None:
+                link.send(P.LinkStop(reason=act.reason, grace_s=grace).to_dict())
         elif isinstance(act, pol.CutOff):
             for node in act.nodes:
                 link = self.peers.pop(node, None)
@@ -405,29 +444,75 @@ class DetachedRun:
             ):
                 self.agent.exit_now = True
             return
-        if now - self.last_ping >= _PING_S:
+        if now - self.last_ping >= (_PING_S if self.coordinator else _PROGRESS_S):
             self.last_ping = now
             if self.coordinator:
                 self._send_peers(P.LinkPing())
-            elif self.link is not None:
-                self.link.send(P.LinkPing().to_dict())
+            else:
+                attempt, ranks = self.agent.start_cmd.attempt, self.agent.progress_report()
+                self._to_coordinator(P.LinkProgress(attempt=attempt, ranks=ranks).to_dict())
         if not self.coordinator:
-            if now - self.heard.get("coordinator", now) > self.watchdog_s:
-                self._orphaned("no word from its coordinator (node 0) for %gs" % self.watchdog_s)
+            self._live(pol.Tick(now))
             return
-        # A follower that never dialled in, or went silent: lost.
-        for node in self.nodes[1:]:
-            if node in self.lost:
-                continue
-            last = self.heard.get(node)
-            if last is None:
-                self.heard[node] = now  # counts from the Detach
-            elif now - last > self.watchdog_s:
-                link = self.peers.pop(node, None)
-                if link is not None:
-                    link.close()
-                self._lost(node, "no word from its agent for %gs" % self.watchdog_s)
+        if self.policy is not None:
+            self._ranks_heard(self.agent.start_cmd.attempt, self.agent.progress_report(), now)
         self._decide(pol.Tick(now))
+
+    # ------------------------------------------------------------ a follower's link (liveness.py)
+
+    def _live(self, ev: pol.Input) -> None:
+        """Feed the follower's watch on its coordinator and carry out what it says."""
+        if self.liveness is None or self.ended:
+            return
+        for act in self.liveness.step(ev):
+            if isinstance(act, pol.PeerLost):
+                self._orphaned("lost its coordinator (node 0): %s" % act.why)
+            elif isinstance(act, pol.Redial) and not self.dialling:
+                self.dialling = True
+                threading.Thread(target=self._dial_again, name="redial", daemon=True).start()
+
+    def _to_coordinator(self, raw: dict) -> bool:
+        """Send on the follower's link; False when it is down (a failed write ends it: dial again)."""
+        link = self.link
+        if link is None:
+            return False
+        if link.send(raw):
+            return True
+        link.close()
+        self._peer_msg(link, None)
+        return False
+
+    def _dial_again(self) -> None:
+        """On a thread of its own (a dial can take seconds): the link, or None, to the loop."""
+        msg, link = self.msg, None
+        try:
+            link = dial(
+                msg.coordinator_host,
+                msg.coordinator_port,
+                msg.secret,
+                self.agent.node,
+                self.agent.inbox,
+                timeout_s=max(1.0, self.watchdog_s / 2),
+                cert=msg.tls_cert,
+                key=msg.tls_key,
+            )
+        except Exception:  # noqa: BLE001 - refused, reset, timed out: the watch says when to try again
+            pass
+        self.agent.inbox.put(("dialled", link, None))
+
+    def _dialled(self, link: PeerLink | None) -> None:
+        self.dialling = False
+        if link is None:
+            return
+        if self.ended or self.link is not None:
+            link.close()
+            return
+        self.link = link
+        backlog, self.backlog = self.backlog, []
+        for raw in backlog:  # what happened while it was down, in order
+            if not link.send(raw):
+                self.backlog.append(raw)
+        self._live(pol.Heard(_COORDINATOR, time.monotonic()))
 
     def _finish(self, status: str, reason: str = "") -> None:
         self._coord(P.CoordKind.RUN_ENDED, outcome=status, reason=reason)

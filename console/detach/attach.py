@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from mscon.agent.layout import LOGS_DIR
-from mscon.agent.policy import standby_complete
+from mscon.agent.policy import Status, Verdict, attempt_outcome, standby_complete
 from mscon.agent.protocol import (
     AgentError,
     Attach,
@@ -71,7 +71,7 @@ from mscon.console.engine.session import ClusterSession, TransportFactory
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.summary import run_result, summary_file, write_summary
-from mscon.console.engine.verdict import ALL_FINISHED, attempt_reason
+from mscon.console.engine.verdict import attempt_reason, final_verdict
 from mscon.console.transport import make_transport
 
 E = TypeVar("E", bound=enum.Enum)
@@ -341,7 +341,9 @@ class Attacher:
             self.emit(LinesShown(attempt, tuple(rec.log_seq.items())))
 
     def _end_attempt_from_state(self) -> None:
-        outcome = AttemptOutcome.SUCCEEDED if self.state.workers_succeeded() else AttemptOutcome.FAILED
+        workers = frozenset(r.name for r in self.state.workers())
+        ok = {r.name for r in self.state.workers() if r.exited is not None and r.exited.ok}
+        outcome = attempt_outcome(workers, ok)  # the policy's rule
         reason, root = attempt_reason(outcome, "", self.state)
         self.emit(AttemptEnded(self._attempt, outcome, reason, root, time.time_ns()))
 
@@ -437,15 +439,11 @@ class Attacher:
             write_record(self.logs_dir, record)
 
     def _verdict(self) -> tuple[JobState, int, str]:
-        status = self._ended or JobState.FAILED
-        if status is JobState.SUCCEEDED:
-            return status, exit_codes.OK, self._end_reason or ALL_FINISHED
-        if status is JobState.INTERRUPTED:
-            return status, exit_codes.INTERRUPTED, self._end_reason or "stopped"
-        root = self.state.root_cause()
-        if root is not None:
-            return JobState.FAILED, root.code, describe(root)
-        return JobState.FAILED, exit_codes.INTERNAL, self._end_reason or "the run failed"
+        """The coordinator's end of the run in the words a console's run ends with: one mapping
+        (``verdict.final_verdict``), whichever host's policy ended it."""
+        status = _known(Status, (self._ended or JobState.FAILED).value, Status.FAILED)
+        v = final_verdict(Verdict(status, self._end_reason or None), self.state)
+        return v.status, v.exit_code, v.reason
 
 
 def _decode(raw: dict) -> Message | None:

@@ -42,7 +42,7 @@ async def hand_over(
         stopping = policy.phase is policy_mod.Phase.STOPPING
         return "the run is stopping" if stopping else "no attempt is running"
     names = list(session.links)
-    down = [n for n, link in session.links.items() if not link.open or n in policy.att.done]
+    down = [n for n, link in session.links.items() if not link.open or n in policy.done_nodes]
     if down:
         return f"{down[0]} has no running agent"
     secret = secrets.token_hex(32)
@@ -59,7 +59,7 @@ async def hand_over(
             nodes=tuple(names),
             restarts_left=policy.restarts_left,
             backoff_s=policy.config.backoff_s,
-            hang_timeout_s=hang_timeout_s or 0.0,  # 0: each agent derives its ranks' limits
+            hang_timeout_s=hang_timeout_s or 0.0,  # 0: from each rank's pace (the coordinator's)
             next_start=next_starts[0].to_dict(),
             workers=dict(policy.config.workers),
             operator_wait_s=policy_mod.DETACHED_OPERATOR_WAIT_S,

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from mscon.agent import layout
 from mscon.agent import policy as policy_mod
-from mscon.agent.policy import Phase, RunPolicy, StopCause
+from mscon.agent.policy import RunPolicy
 from mscon.agent.protocol import (
     Inspect,
     LogBatch,
@@ -34,7 +34,7 @@ from mscon.console.config.inventory import Inventory
 from mscon.console.detach.handover import hand_over
 from mscon.console.detach.record import record_detach
 from mscon.console.engine import exit_codes, run_ids
-from mscon.console.engine.adopt import adopt_kept
+from mscon.console.engine.adopt import ask_to_adopt
 from mscon.console.engine.aio import cancel_and_wait
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.clock import Clock, MonotonicClock
@@ -302,10 +302,11 @@ class Supervisor:
         )
         policy = self.policy = RunPolicy(config)
         pending: deque[policy_mod.Action] = deque()
-        if self._keeps_warm():
-            pending.extend(await self._adopt_kept(session))
-            if self._stop_cmd is not None:  # stopped while the nodes answered: nothing was started
-                return self._interrupted()
+        if self._keeps_warm():  # the policy waits for their word before attempt 0
+            asked = await ask_to_adopt(
+                session, self.plans, lambda i: self._start_msg(session, i, 0, self._sched)
+            )
+            pending.extend(policy.step(policy_mod.AwaitAdoption(asked, self.clock.now())))
         pending.extend(policy.step(policy_mod.Begin(self.clock.now())))
         for cmd in self._later:
             self._inputs.put_nowait(cmd)
@@ -332,20 +333,6 @@ class Supervisor:
 
     def _keeps_warm(self) -> bool:
         return self.options.owns_nodes and self.inv.restart.keeps_warm(self.inv.device_target)
-
-    async def _adopt_kept(self, session: ClusterSession) -> list[policy_mod.Action]:
-        """Before attempt 0: the standby an earlier run of the job kept (adopt.py)."""
-        assert self._inputs is not None
-        return await adopt_kept(
-            session,
-            self.plans,
-            lambda index: self._start_msg(session, index, 0, self._sched),
-            self._inputs,
-            lambda item: self._take(session, item),
-            self._step,
-            lambda: self._stop_cmd is not None,
-            self.clock,
-        )
 
     def _step(self, ev: policy_mod.Input) -> list[policy_mod.Action]:
         """The policy takes one input; what it makes of a standby is an event (whether a restart
@@ -388,8 +375,6 @@ class Supervisor:
         if isinstance(item, StopJob):
             return [policy_mod.StopRequested(item.reason, item.exit_code, now)]
         if isinstance(item, RestartGroup):
-            if self.policy.phase is Phase.STOPPING and self.policy.att.stop_cause is not StopCause.FAILURE:
-                self.emit(Notice(self.attempt_no, "cannot restart now: the run is stopping"))
             return [policy_mod.RestartRequested(item.reason, now)]
         if isinstance(item, DetachRun):
             await self._detach_now(session)
@@ -440,6 +425,8 @@ class Supervisor:
             for name in act.nodes:
                 await session.cut(name)  # its agent stops its ranks on EOF; a restart reopens it
                 self.emit(NodeUpdate(number, name, NodeState.LOST, act.why, time.time_ns()))
+        elif isinstance(act, policy_mod.RestartRefused):
+            self.emit(Notice(number, f"cannot restart now: {act.reason}"))
         elif isinstance(act, policy_mod.Force):
             await session.abort()
         elif isinstance(act, policy_mod.AttemptOver):
@@ -480,9 +467,8 @@ class Supervisor:
         if number > 0:
             for name in [n for n, link in session.links.items() if not link.open]:
                 if self._stop_cmd is None:
-                    error = await self._unless_stopped(session.reopen(name))
-                    if error:
-                        return RunVerdict(JobState.FAILED, exit_codes.UNREACHABLE, f"cannot restart: {error}")
+                    # Failed (its link.error says why): a lost node, below, the policy's to weigh.
+                    await self._unless_stopped(session.reopen(name))
             if self._stop_cmd is not None:
                 return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
         self.replicas = ReplicaWatch(self.inv.world_size, number)

@@ -3,7 +3,10 @@
 The console's supervisor and a detached run's node-0 coordinator build the same ``RunPolicy``
 with the settings below (``HOSTS``); each row feeds a sequence of inputs and names the actions
 expected after each, the same for both hosts unless the row says otherwise (a lost node can be
-reconnected only by a console; a coordinator's agents watch their own ranks' silence).
+reconnected only by a console). Both hosts inspect silent ranks: the console hears progress in
+log lines and metrics (``RunPolicy.progress``, ``stepped``), a coordinator in its agents' progress
+reports (``RunPolicy.heard``, each agent's ``HangRule.pace``): ``run_row`` feeds a row's step
+reports the way each host does.
 
 Layout: node ``a`` runs r0, r1 (and the scheduler), node ``b`` runs r2, r3.
 """
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 from mscon.agent import policy as P
 from mscon.agent import protocol as wire
+from mscon.agent.liveness import REDIAL_S, Liveness
 
 WORKERS = {"r0": "a", "r1": "a", "r2": "b", "r3": "b"}
 NODES = ("a", "b")
@@ -24,7 +28,7 @@ HOSTS: dict[str, dict[str, Any]] = {
     # console/engine/supervisor.py (a live console: inf; headless: None, see the headless rows)
     "console": {"can_reconnect": True, "operator_wait_s": math.inf, "hang_timeout_s": 10.0},
     # agent/detached/run.py
-    "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "inspects": False},
+    "coordinator": {"can_reconnect": False, "operator_wait_s": 900.0, "hang_timeout_s": 10.0},
 }
 LINGER = P.SCHEDULER_LINGER_S
 CONFIRM = P.STOP_CONFIRM_S
@@ -41,6 +45,10 @@ def summary(act: P.Action) -> str:
     if isinstance(act, P.Inspect):
         shown = "x its" in act.reason or "finished" in act.reason  # the derived limits say why
         return f"inspect {act.node}: {','.join(act.names)}" + (f" ({act.reason})" if shown else "")
+    if isinstance(act, P.RestartRefused):
+        return f"refuse the restart: {act.reason}"
+    if isinstance(act, P.StopNode):
+        return f"stop {act.node} again: {act.reason}"
     if isinstance(act, P.CutOff):
         return f"cut {','.join(act.nodes)}"
     if isinstance(act, P.Force):
@@ -84,6 +92,7 @@ class Row:
     name: str
     steps: list[tuple[P.Input | list[P.Input], list[str] | dict[str, list[str]]]]
     settings: dict[str, Any] = field(default_factory=dict)  # PolicyConfig fields for this row
+    per_host: dict[str, dict[str, Any]] = field(default_factory=dict)  # and for one host only
 
 
 FAIL_R1 = "stop: r1 on a failed (exit code 7)"
@@ -341,6 +350,16 @@ TABLE = [
         {"max_restarts": 1, "backoff_s": 2.0},
     ),
     Row(
+        "restart pressed while the operator's stop or restart runs is refused, saying why",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (P.StopRequested("q", 130, 1.0), ["stop: q"]),
+            (P.RestartRequested("r", 1.1), ["refuse the restart: the run is stopping"]),
+            (done(1.5), ["attempt 0 interrupted", "end interrupted: q (130)"]),
+        ],
+    ),
+    Row(
         "restart pressed while a failure stops: once stopped, the group goes again (no budget used)",
         [
             (P.Begin(0.0), ["start 0"]),
@@ -394,12 +413,12 @@ TABLE = [
         {"max_restarts": 1, "grace_s": 3.0},
     ),
     Row(
-        "silent ranks are inspected once after the hang timeout (by the console; agents watch their own)",
+        "silent ranks are inspected once after the hang timeout",
         [
             (P.Begin(0.0), ["start 0"]),
             (started(0.0), []),
             (P.Tick(9.0), []),
-            (P.Tick(10.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+            (P.Tick(10.5), ["inspect a: r0,r1", "inspect b: r2,r3"]),
             (P.Tick(30.0), []),
         ],
     ),
@@ -435,12 +454,7 @@ TABLE += [
             (P.Tick(9.0), []),  # MindSpore's teardown after a last step is ~5 s of silence: not yet
             (
                 P.Tick(10.2),
-                {
-                    "console": [
-                        "inspect a: r1 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))"
-                    ],
-                    "coordinator": [],
-                },
+                ["inspect a: r1 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))"],
             ),
         ],
         DERIVED,
@@ -456,15 +470,12 @@ TABLE += [
             (P.Tick(30.0), []),
             (
                 P.Tick(121.2),
-                {
-                    "console": [
-                        "inspect a: r0,r1 (no progress for 120 s (the limit once a worker has finished "
-                        "(the others may be in teardown)))",
-                        "inspect b: r3 (no progress for 120 s (the limit once a worker has finished "
-                        "(the others may be in teardown)))",
-                    ],
-                    "coordinator": [],
-                },
+                [
+                    "inspect a: r0,r1 (no progress for 120 s (the limit once a worker has finished "
+                    "(the others may be in teardown)))",
+                    "inspect b: r3 (no progress for 120 s (the limit once a worker has finished "
+                    "(the others may be in teardown)))",
+                ],
             ),
         ],
         DERIVED,
@@ -487,7 +498,7 @@ TABLE += [
         [
             (P.Begin(0.0), ["start 0"]),
             (started(0.0), []),
-            (P.Tick(900.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+            (P.Tick(900.5), ["inspect a: r0,r1", "inspect b: r2,r3"]),
         ],
         DERIVED,
     ),
@@ -516,24 +527,150 @@ TABLE += [
         [
             (P.Begin(0.0), ["start 0"]),
             (started(0.0), []),
-            (P.Tick(10.5), {"console": ["inspect a: r0,r1", "inspect b: r2,r3"], "coordinator": []}),
+            (P.Tick(10.5), ["inspect a: r0,r1", "inspect b: r2,r3"]),
             ([P.Tick(11.0)], []),
             (stepped(12.0, 12.0, "r0"), []),
-            (P.Tick(22.5), {"console": ["inspect a: r0"], "coordinator": []}),
+            (P.Tick(22.5), ["inspect a: r0"]),
+        ],
+    ),
+]
+
+
+# A coordinator hears its followers over their links (agent/detached/run.py); a console's links
+# have keepalives of their own, and a link it loses is a NodeLost (the rows above).
+WATCHES_B = {"coordinator": {"watched": ("b",), "watchdog_s": 5.0}}
+LOST_B = "lost b: reconnecting a node needs the console (mscon attach)"
+
+TABLE += [
+    Row(
+        "liveness: a follower not heard from for the watchdog period is cut off and lost",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.Heard("b", 2.0), []),
+            (P.Tick(6.9), []),  # 4.9 s since its last word
+            (
+                P.Tick(7.1),
+                {"console": [], "coordinator": ["cut b", "stop: lost the node b: no word for 5s"]},
+            ),
+            (P.Tick(7.2), []),  # once
+            (done(8.0, "a"), {"console": [], "coordinator": ["attempt 0 failed", f"end failed: {LOST_B}"]}),
+        ],
+        per_host=WATCHES_B,
+    ),
+    Row(
+        "liveness: a follower whose link ended is not lost while it dials in again within the watchdog",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.LinkLost("b", 1.0), []),
+            (P.Tick(4.0), []),
+            (P.Heard("b", 4.5), []),  # back (a running attempt: nothing to catch up on)
+            (P.Tick(9.0), []),
+            (P.LinkLost("b", 9.2), []),
+            (P.Tick(9.4), []),  # 4.9 s since its last word
+            (
+                P.Tick(9.6),
+                {
+                    "console": [],
+                    "coordinator": [
+                        "cut b",
+                        "stop: lost the node b: its link ended and was not back within 5s",
+                    ],
+                },
+            ),
+        ],
+        per_host=WATCHES_B,
+    ),
+    Row(
+        "liveness: a follower whose link was down as the stop went out is told to stop again",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(0.0), []),
+            (P.LinkLost("b", 0.9), []),
+            (exited("r1", 1.0, code=7), [FAIL_R1]),
+            (
+                P.Heard("b", 1.5),
+                {"console": [], "coordinator": ["stop b again: r1 on a failed (exit code 7)"]},
+            ),
+            (P.Heard("b", 1.6), []),  # once
+            (done(2.0), ["attempt 0 failed", "end failed"]),
+        ],
+        {"operator_wait_s": None},
+        WATCHES_B,
+    ),
+]
+
+
+ADOPT = P.ADOPT_WAIT_S
+ASKED = P.AwaitAdoption(NODES, 0.0)  # the console asked both nodes to adopt their kept standby
+
+TABLE += [
+    Row(
+        "adopt wait: attempt 0 starts warm once every node adopted the standby it kept",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (standby(0, 1.0, "a"), []),
+            (P.Tick(2.0), []),
+            (standby(0, 2.5, "b"), ["start 0 warm"]),
+        ],
+    ),
+    Row(
+        "adopt wait: all or nothing, a node whose kept standby does not fit starts it cold at once",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (standby(0, 1.0, "a"), []),
+            (standby(0, 1.5, "b", ready=False), ["start 0"]),
+            (standby(0, 1.6, "b"), []),  # late: attempt 0 has started
+        ],
+    ),
+    Row(
+        "adopt wait: a node that never answers is waited for ADOPT_WAIT_S, not a moment less, then cold",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (standby(0, 1.0, "a"), []),
+            (P.Tick(ADOPT - 0.01), []),
+            (P.Tick(ADOPT), ["start 0"]),
+        ],
+    ),
+    Row(
+        "adopt wait: a node lost while it is waited for starts attempt 0 cold",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (standby(0, 1.0, "a"), []),
+            (P.NodeLost("b", "connection reset", 2.0), ["start 0"]),
+        ],
+    ),
+    Row(
+        "adopt wait: a stop while the nodes answer ends the run before anything starts",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (P.StopRequested("q", 130, 1.0), ["end interrupted: q (130)"]),
+            (standby(0, 1.5), []),
         ],
     ),
 ]
 
 
 def run_row(row: Row, host: str) -> None:
-    cfg = P.PolicyConfig(nodes=NODES, workers=dict(WORKERS), **{**HOSTS[host], **row.settings})
+    settings = {**HOSTS[host], **row.settings, **row.per_host.get(host, {})}
+    cfg = P.PolicyConfig(nodes=NODES, workers=dict(WORKERS), **settings)
     policy = P.RunPolicy(cfg)
+    agents = P.HangRule()  # a coordinator's agents' record of their ranks' steps (agent/ranks.py)
     for i, (inputs, expected) in enumerate(row.steps):
         want = expected[host] if isinstance(expected, dict) else expected
         got = []
         for ev in inputs if isinstance(inputs, list) else [inputs]:
-            if isinstance(ev, _Stepped):
-                policy.stepped(ev.name, ev.ts, ev.now)
+            if isinstance(ev, _Stepped) and host == "console":
+                policy.stepped(ev.name, ev.ts, ev.now)  # each metric it reads
+            elif isinstance(ev, _Stepped):  # the agent reads it, the coordinator hears its report
+                agents.stepped(ev.name, ev.ts)
+                policy.heard(ev.name, ev.now, agents.pace(ev.name))
             else:
                 got += [summary(a) for a in policy.step(ev)]
         assert got == want, f"{row.name!r}, {host}, step {i}"
@@ -645,3 +782,86 @@ def test_a_coordinator_takes_over_the_standby_the_console_heard_of() -> None:
     fresh = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["coordinator"]))
     fresh.resume(0, 2.0)
     assert fresh.standby_ready() == ()
+
+
+# ------------------------------------------------------------------ a link's two ends (liveness.py)
+
+# A follower watches its coordinator and dials it again; a coordinator watches its followers (its
+# RunPolicy holds one, the rows above) and never dials.
+ENDS = {"follower": True, "coordinator": False}
+LIVENESS = [
+    (
+        "a link that ends is dialled again at once, then every REDIAL_S, until word comes",
+        [
+            (P.LinkLost("c", 1.0), {"follower": ["redial c"], "coordinator": []}),
+            (P.LinkLost("c", 1.1), []),  # the same outage
+            (P.Tick(1.0 + REDIAL_S / 2), []),
+            (P.Tick(1.0 + REDIAL_S), {"follower": ["redial c"], "coordinator": []}),
+            (P.Heard("c", 1.7), []),
+            (P.Tick(3.0), []),  # back: no more dialling
+            (P.Tick(6.6), []),
+            (P.Tick(6.8), ["lost c: no word for 5s"]),
+            (P.Tick(9.0), []),  # once
+            (P.Heard("c", 9.1), []),  # too late: lost is lost
+            (P.LinkLost("c", 9.2), []),
+        ],
+    ),
+    (
+        "a peer never heard from is lost a watchdog period after the watch began",
+        [(P.Tick(4.9), []), (P.Tick(5.1), ["lost c: no word for 5s"])],
+    ),
+    (
+        "a link that ended and never came back is lost, saying so",
+        [
+            (P.Heard("c", 1.0), []),
+            (P.LinkLost("c", 2.0), {"follower": ["redial c"], "coordinator": []}),
+            (
+                P.Tick(6.1),
+                {
+                    "follower": ["lost c: its link ended and was not back within 5s"],
+                    "coordinator": ["lost c: its link ended and was not back within 5s"],
+                },
+            ),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("end", sorted(ENDS))
+@pytest.mark.parametrize("row", LIVENESS, ids=[name for name, _ in LIVENESS])
+def test_liveness_table(row: tuple, end: str) -> None:
+    name, steps = row
+    watch = Liveness(("c",), 5.0, 0.0, redials=ENDS[end])
+    for i, (ev, expected) in enumerate(steps):
+        want = expected[end] if isinstance(expected, dict) else expected
+        got = []
+        for act in watch.step(ev):
+            if isinstance(act, P.Redial):
+                got.append(f"redial {act.node}")
+            elif isinstance(act, P.PeerLost):
+                got.append(f"lost {act.node}: {act.why}")
+        assert got == want, f"{name!r}, {end}, step {i}"
+
+
+def test_a_coordinator_hears_progress_and_pace_as_its_agents_read_them() -> None:
+    """``heard``: a report that took longer on its way never moves a rank's last progress back (nor
+    makes an inspected rank look alive), and the pace merges the agent's record of every step."""
+    policy = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **{**HOSTS["coordinator"], **DERIVED}))
+    policy.step(P.Begin(0.0))
+    for ev in started(0.0):
+        policy.step(ev)
+    agent = P.HangRule()
+    for ts in (1.0, 1.05, 1.10):
+        agent.stepped("r1", ts)
+    assert agent.pace("r1") == (1.10, pytest.approx(0.05)) and agent.pace("r0") is None
+    for name in WORKERS:
+        policy.heard(name, 9.0, agent.pace("r1") if name == "r1" else (9.0, 0.05))
+    policy.heard("r1", 1.10, None)  # an older word, arriving late: ignored
+    got = policy.step(P.Tick(10.2))
+    assert [summary(a) for a in got] == []  # r1 silent since 9.0, not 1.1: not yet at its 9 s
+    assert [summary(a) for a in policy.step(P.Tick(18.2))] == [
+        "inspect a: r0,r1 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))",
+        "inspect b: r2,r3 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))",
+    ]
+    policy.heard("r1", 8.9, None)  # still no newer progress: inspected, not watched again
+    assert policy.step(P.Tick(30.0)) == []

@@ -47,7 +47,6 @@ from mscon.agent.protocol import (
     Stop,
 )
 from mscon.console.config.inventory import Inventory, load_inventory
-from mscon.console.engine import adopt as adopt_mod
 from mscon.console.engine import exit_codes
 from mscon.console.engine import session as session_mod
 from mscon.console.engine import supervisor as supervisor_mod
@@ -677,6 +676,33 @@ async def test_second_stop_job_forces_when_a_node_never_confirms(tmp_path: Path,
     assert ended_at - second[0] < 0.5  # not the grace period plus the 15 s confirmation wait
 
 
+async def test_restart_pressed_while_the_operators_stop_runs_is_refused_with_a_notice(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The policy refuses it (``RestartRefused``); the console says so and the stop goes on."""
+    cluster = make_cluster(tmp_path, b=NodeConfig(on_stop="ignore"))
+    events: list[Any] = []  # as the views see them, while the run goes on
+
+    async def operator(sup: Supervisor) -> None:
+        await until(started_everywhere(cluster))
+        sup.submit(StopJob())
+        await until(lambda: sup.state.job is JobState.STOPPING)
+        sup.submit(RestartGroup())
+        await until(lambda: any(isinstance(e, Notice) for e in events))
+        sup.submit(StopJob("again"))  # b never confirms: the second stop ends it
+
+    run = await run_job(
+        tmp_path,
+        cluster,
+        during=operator,
+        clock=clock,
+        setup=lambda sup: sup.bus.add_sink("notices", events.append),
+    )
+    assert (run.result.exit_code, run.result.status) == (130, JobState.INTERRUPTED)
+    assert [n.text for n in run.of(Notice)] == ["cannot restart now: the run is stopping"]
+    assert len(run.of(AttemptStarted)) == 1
+
+
 @pytest.mark.parametrize("code", [130, 141])
 async def test_stop_job_exit_code(tmp_path: Path, code: int) -> None:
     cluster = make_cluster(tmp_path)
@@ -758,6 +784,33 @@ async def test_lost_node_is_reopened_for_the_next_attempt(tmp_path: Path) -> Non
     assert first.root_cause is not None and first.root_cause.kind is FailureKind.NODE_LOST
     assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0, 1]  # type: ignore[attr-defined]
     assert len(cluster.transports["b"][-1].channel.sent) > 0  # type: ignore[union-attr]
+
+
+async def test_a_node_that_cannot_be_reopened_is_a_lost_node_to_the_policy(tmp_path: Path) -> None:
+    """A failed reopen on restart does not end the run in the supervisor (issue 34): the node is
+    lost for the attempt, the policy stops it, and the budget decides whether another follows."""
+    cluster: FakeCluster | None = None
+
+    def script(attempt: int) -> Script:
+        assert cluster is not None
+        if attempt > 0:
+            return all_exit(EVERYONE, 0.03)
+        cluster.nodes["b"] = NodeConfig(connect_error="connection refused")  # from now on
+        return {"r3": [Lose(0.05)]}
+
+    cluster = make_cluster(tmp_path, script)
+    run = await run_job(tmp_path, cluster, max_restarts=2)
+    r = run.result
+    assert (r.status, r.exit_code) == (JobState.FAILED, exit_codes.UNREACHABLE)
+    assert [a.outcome for a in r.attempts] == [AttemptOutcome.FAILED] * 3  # the budget, used up
+    for later in r.attempts[1:]:
+        root = later.root_cause
+        assert root is not None and (root.kind, root.node) == (FailureKind.NODE_LOST, "b")
+        assert "connection refused" in root.detail
+    assert cluster.factory_calls("b") == 3  # reopened for each restart
+    assert [s.msg.attempt for s in cluster.sent_of(Start, "b")] == [0]  # type: ignore[attr-defined]
+    assert {s.msg.attempt for s in cluster.sent_of(Start, "a")} == {0, 1, 2}  # type: ignore[attr-defined]
+    assert "connection refused" in r.reason
 
 
 # ------------------------------------------------------------------ 10. protocol and hello
@@ -1114,7 +1167,7 @@ async def test_attempt_0_starts_cold_once_the_adopt_wait_is_over(tmp_path: Path,
 
     async def time_passes(sup: Supervisor) -> None:
         await until(lambda: len(cluster.sent_of(Adopt)) == 2)  # the wait starts now
-        await clock.advance(adopt_mod.ADOPT_WAIT_S - 0.01)
+        await clock.advance(policy_mod.ADOPT_WAIT_S - 0.01)
         assert cluster.sent_of(Start) == [], "started before the adopt wait was over"
         await clock.advance(0.01)
         await until(lambda: len(cluster.sent_of(Start)) == 2)
