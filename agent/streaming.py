@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import collections
 import os
+import stat
 import time
 
+from . import layout
 from . import procs as procmod
 from . import protocol as P
 from .evidence import blame
@@ -48,6 +50,18 @@ class Watched:
         return self._parser
 
 
+def _private(path: str) -> None:
+    """A rank's MSCON_METRICS file, which the rank itself creates under its umask (mscon_resume's
+    writer makes it 0600, a trainer's own ``open`` 0644), made 0600 as every file mscon keeps for
+    a run (issue 33). Not made ahead of the rank: the file being there says it writes metrics."""
+    try:
+        st = os.stat(path)
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != layout.PRIVATE_FILE:
+            os.chmod(path, layout.PRIVATE_FILE)
+    except OSError:
+        pass  # gone again, or not this user's: the 0700 attempt folder still keeps others out
+
+
 class Streaming:
     """Logs, metrics, evidence and telemetry of the watched processes (``main.Agent``'s state)."""
 
@@ -59,6 +73,7 @@ class Streaming:
         # Structured metrics win over parsing the log: look for the file before parsing lines.
         if not w.has_metrics_file and os.path.exists(w.proc.metrics_path):
             w.has_metrics_file = True
+            _private(w.proc.metrics_path)
         lines = w.log.read_lines(final=final)
         read_ts = time.time()  # every line of this read was read now: its metrics' stamp
         if lines:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mscon.console.engine.state import ClusterState
+from mscon.console.transport.private_copy import private_file, private_folder
 
 RECORD = "detached.json"
 
@@ -31,9 +33,10 @@ class DetachRecord:
 
 
 def write_record(logs_dir: Path, record: DetachRecord) -> Path:
-    logs_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(logs_dir)  # the run folder: the operator's only, as everything in it
     path = logs_dir / RECORD
-    path.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
+    with os.fdopen(private_file(path), "w", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(record), indent=2) + "\n")
     return path
 
 

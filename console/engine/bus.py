@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from mscon.console.engine.events import AgentEvent, Event, Notice
+from mscon.console.transport.private_copy import private_text
 
 Handler = Callable[[Event], None | Awaitable[None]]
 CONSOLE_ERR = "console.err"  # in the run folder: the tracebacks of views (sinks) that raised
@@ -136,9 +137,7 @@ class EventBus:
         what = f"the {sub.name} view raised on a {type(event).__name__} event (attempt {self.attempt})"
         text = f"{stamp} {what}:\n" + "".join(traceback.format_exception(exc)) + "\n"
         try:
-            self.error_log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.error_log, "a", encoding="utf-8") as f:  # small, once per sink: not worth a thread
-                f.write(text)
+            private_text(self.error_log, text, append=True)  # small, once per sink: not worth a thread
         except OSError:
             return ""  # a full or read-only disk: the Notice still names the error
         return f" (traceback in {self.error_log})"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from mscon.console.engine.bus import EventBus
 from mscon.console.engine.events import JobState, RunResult
 from mscon.console.engine.state import ClusterState
+from mscon.console.transport.private_copy import private_text
 
 SUMMARY_JSON = "summary.json"
 # ``--json -``: the summary goes to stdout (and the rank output to stderr, so the JSON stays whole).
@@ -67,9 +67,9 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         sys.stdout.flush()
         return
-    # Written in place, not renamed over: --json may name a pipe or /dev/stdout.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    # Written in place, not renamed over: --json may name a pipe or /dev/stdout. 0600: it names
+    # the run's hosts, ranks and the root cause's log lines.
+    private_text(path, json.dumps(doc, indent=2) + "\n")
 
 
 def run_result(
@@ -105,5 +105,4 @@ def run_result(
 def save_traceback(logs_dir: Path) -> None:
     """The exception being handled, in the run folder's engine-error.txt (an internal error)."""
     with contextlib.suppress(OSError):
-        os.makedirs(logs_dir, exist_ok=True)
-        (logs_dir / "engine-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        private_text(logs_dir / "engine-error.txt", traceback.format_exc())

@@ -119,7 +119,7 @@ class EventRecorder:
     """The plain JSON lines of ``--events PATH``: one ``events.to_json`` a line, uncompressed."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        layout.private_dirs(str(path.parent))  # the missing folders 0700, those there left alone
         self._f = layout.private_open(str(path), "w", encoding="utf-8")  # 0600: it holds log lines
 
     def handle(self, event: Event) -> None:

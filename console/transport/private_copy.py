@@ -1,6 +1,8 @@
-"""The console's copies of what the nodes hold (logs, checkpoints, the journal): every folder
-mscon makes or fills for them 0700 and every file 0600, whatever the console's umask, and nothing
-written through a link. The node side of the same rule is ``agent/layout.py``."""
+"""What the console keeps of a run on the operator's machine: the copies of what the nodes hold
+(logs, checkpoints, the journal) and what it writes itself into the run folder (the recording,
+``summary.json``, ``console.err``, the detach record): every folder mscon makes or fills for them
+0700 and every file 0600, whatever the console's umask, and nothing written through a link. The
+node side of the same rule is ``agent/layout.py``."""
 
 from __future__ import annotations
 
@@ -49,6 +51,22 @@ def private_file(path: Path) -> int:
     if path.is_symlink():
         path.unlink()
     return layout.private_fd(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW)
+
+
+def private_text(path: Path, text: str, *, append: bool = False) -> None:
+    """``text`` written to (or appended to) ``path``, in place, 0600 whatever the umask; missing
+    folders above it are made 0700, those there left as they are. What is there is written through
+    (``--json`` may name a pipe or ``/dev/stdout``), but only a regular file of this user's is
+    made 0600: never a terminal or a pipe."""
+    layout.private_dirs(str(path.parent))
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, layout.PRIVATE_FILE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            if stat.S_IMODE(st.st_mode) != layout.PRIVATE_FILE:
+                os.fchmod(fd, layout.PRIVATE_FILE)  # made earlier, under another umask
+        f.write(text)
 
 
 def made_private(path: Path) -> None:

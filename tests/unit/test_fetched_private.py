@@ -5,20 +5,29 @@ tests/e2e/test_fetched_private_ssh.py."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import os
 import stat
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mscon.agent import layout
+from mscon.agent import protocol as P
 from mscon.console.config.inventory import NodeSpec
+from mscon.console.detach.record import RECORD, DetachRecord, write_record
+from mscon.console.engine.bus import CONSOLE_ERR, EventBus
+from mscon.console.engine.events import AgentEvent, Event, JobState, RunResult
+from mscon.console.engine.summary import save_traceback, summary_file, write_json, write_summary
 from mscon.console.history.recording import CompressedRecorder
 from mscon.console.transport import slurm
 from mscon.console.transport.local import LocalTransport
+from mscon.console.transport.private_copy import private_text
 
 
 @pytest.fixture
@@ -141,3 +150,70 @@ async def test_the_runs_recording_is_private_under_any_umask(tmp_path: Path, ope
     rec = CompressedRecorder(run_folder / "events.jsonl.gz")
     rec.close()
     assert _modes(tmp_path / "mscon-runs") == []
+
+
+def _raise(ev: Event) -> None:
+    raise ZeroDivisionError("a view's bug")
+
+
+async def test_what_the_console_writes_into_a_run_folder_is_private_under_any_umask(
+    tmp_path: Path, open_umask: None
+) -> None:
+    """summary.json, console.err, engine-error.txt and the detach record: 0600 in a 0700 run
+    folder, though umask 0 would leave them 0666/0777 (as before issue 33's console side)."""
+    run = tmp_path / "runs" / "r1"
+    bus = EventBus(run)
+    broken = bus.add_sink("broken", _raise)
+    bus.publish(AgentEvent(0, P.LogBatch("n1", "r0", 0, 0, ("line",), 0)))
+    deadline = time.monotonic() + 10
+    while broken.detached is None:
+        assert time.monotonic() < deadline, "the raising sink was never detached"
+        await asyncio.sleep(0.01)
+    await bus.close()
+    result = RunResult("r1", JobState.SUCCEEDED, 0, "every rank succeeded", None, (), 1.0, str(run))
+    write_summary(summary_file(run), result)
+    write_record(run, DetachRecord("r1", "inv.yaml", "train.py", (), 0))
+    try:
+        raise RuntimeError("an internal error")
+    except RuntimeError:
+        save_traceback(run)
+    names = sorted(p.name for p in run.iterdir())
+    assert names == sorted([CONSOLE_ERR, "engine-error.txt", RECORD, "summary.json"]), names
+    assert "ZeroDivisionError" in (run / CONSOLE_ERR).read_text()
+    assert not _modes(tmp_path / "runs"), _modes(tmp_path / "runs")
+
+
+def test_files_made_under_another_umask_are_tightened_when_rewritten(
+    tmp_path: Path, open_umask: None
+) -> None:
+    run = tmp_path / "r1"
+    run.mkdir(mode=0o777)
+    for name in ("summary.json", RECORD, CONSOLE_ERR):
+        (run / name).write_text("{}")
+        os.chmod(run / name, 0o666)
+    write_json(summary_file(run), {"status": "succeeded"})
+    write_record(run, DetachRecord("r1", "inv.yaml", "train.py", (), 0))
+    bus = EventBus(run)
+    assert bus.error_log is not None
+    private_text(bus.error_log, "a traceback\n", append=True)
+    assert (run / CONSOLE_ERR).read_text() == "{}a traceback\n"  # appended, not replaced
+    assert not _modes(run), _modes(run)
+
+
+def test_json_to_a_pipe_is_written_and_the_pipe_left_alone(tmp_path: Path, open_umask: None) -> None:
+    """--json may name a FIFO (or /dev/stdout): written through, its mode never changed; and a
+    folder of the operator's it lies in is not made 0700."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o755)
+    fifo = out / "summary.fifo"
+    os.mkfifo(fifo, 0o644)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_json(fifo, {"status": "succeeded"})
+    reader.join(10)
+    assert got and b'"succeeded"' in got[0]
+    assert stat.S_IMODE(fifo.stat().st_mode) == 0o644
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    write_json(out / "new" / "s.json", {"a": 1})  # a missing folder: made 0700, the file 0600
+    assert not _modes(out / "new"), _modes(out / "new")
