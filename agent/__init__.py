@@ -20,6 +20,7 @@ AGENT_FILES = (
     "checks/xid.py",
     "checks/hccn.py",
     "checks/visible.py",
+    "checks/device_count.py",
     "checks/gpu.py",
     "checks/npu.py",
     "checks/shm.py",

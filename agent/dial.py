@@ -42,9 +42,10 @@ import tarfile
 import threading
 
 try:
+    from .exit_codes import INTERRUPTED
     from .layout import cache_folder, fetched_entries, not_fetched, plain, private_dirs, private_fd
     from .tls import TlsSock, connect
-except ImportError:  # exec'd by the Slurm boot, not imported: tls.py's and layout.py's came first
+except ImportError:  # exec'd by the Slurm boot, not imported: their sources came first
     pass
 
 PROTOCOL = "MSCON-DIAL 1"
@@ -280,14 +281,7 @@ class Dial:
 
 def _carry_in(a, ours) -> None:  # noqa: ANN001
     """The console's bytes to the agent's stdin; at their end, the agent's stdin ends."""
-    try:
-        while True:
-            chunk = a.recv(1 << 16)
-            if not chunk:
-                break
-            ours.sendall(chunk)
-    except OSError:
-        pass
+    _copy(a, ours)
     try:
         ours.shutdown(socket.SHUT_WR)
     except OSError:
@@ -296,12 +290,17 @@ def _carry_in(a, ours) -> None:  # noqa: ANN001
 
 def _carry_out(ours, a) -> None:  # noqa: ANN001
     """The agent's stdout to the console, until the agent closes it (it exited)."""
+    _copy(ours, a)
+
+
+def _copy(src, dst) -> None:  # noqa: ANN001
+    """``src``'s bytes to ``dst`` until ``src`` ends or either socket fails."""
     try:
         while True:
-            chunk = ours.recv(1 << 16)
+            chunk = src.recv(1 << 16)
             if not chunk:
                 break
-            a.sendall(chunk)
+            dst.sendall(chunk)
     except OSError:
         pass
 
@@ -396,7 +395,7 @@ def serve(sock, rfile, key, cert="", tls_key=""):  # noqa: ANN001, ANN201
     try:
         code = Dial(link, Lines(link), key, cert, tls_key).serve()
     except KeyboardInterrupt:
-        code = 130
+        code = INTERRUPTED
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

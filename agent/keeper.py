@@ -16,7 +16,8 @@ crashed console's agent: no orphans hold devices). It serves one Unix socket in 
 takes connections only from its own user (SO_PEERCRED).
 
 Run as a file (``python keeper.py``) with its order as JSON on stdin, never imported by the agent
-(the agent's side is ``kept.py``). Stdlib only, Python 3.8 syntax (runs on the nodes).
+(the agent's side is ``kept.py``); of the agent it imports only ``streams.py``, from its own
+folder. Stdlib only, Python 3.8 syntax (runs on the nodes).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ import subprocess
 import sys
 import time
 
+try:
+    from .streams import LineSplitter
+except ImportError:  # run as a file (its purpose): its own folder is sys.path[0]
+    from streams import LineSplitter  # type: ignore[no-redef]
+
 SOCKET = "keeper.sock"  # bound relative to its folder (absolute paths may pass the 107-byte limit)
 PIDFILE = "keeper.pid"  # written once its spares are started, removed as it ends
 _TICK_S = 0.1
@@ -41,7 +47,7 @@ _BACKOFF_S = 0.1  # out of descriptors: accept again after this long, serving wh
 
 def _private(path: str, flags: int) -> int:
     """``path`` opened for writing, 0600 whatever the umask (layout.private_fd: this file runs
-    alone and imports nothing of the agent)."""
+    alone and imports nothing of the agent but streams.py)."""
     fd = os.open(path, flags | os.O_CREAT, 0o600)
     os.fchmod(fd, 0o600)
     return fd
@@ -73,7 +79,7 @@ class Keeper:
         self.ttl_s = float(order["ttl_s"])
         self.adopted = False
         self.client: socket.socket | None = None
-        self.buf = b""
+        self.split = LineSplitter()  # the adopter's requests, one JSON object a line
         self.why_lost = ""
         self.accept_after = 0.0  # accept() failed (out of descriptors): not before this
         self.accept_failing = False  # said so on stderr once, until an accept succeeds
@@ -158,7 +164,7 @@ class Keeper:
         if self.client is not None:
             self.client.close()
             self.client = None
-            self.buf = b""
+            self.split = LineSplitter()
 
     def command(self, msg: dict) -> bool:
         """One request of the adopter; False when the keeper should end."""
@@ -215,16 +221,16 @@ class Keeper:
                 if not data:
                     self.drop_client()
                     continue
-                self.buf += data
-                while b"\n" in self.buf:
-                    line, self.buf = self.buf.split(b"\n", 1)
+                for line in self.split.feed(data):
+                    if self.client is None:
+                        break  # dropped while answering: the rest of its lines go with it
                     try:
                         msg = json.loads(line.decode("utf-8"))
                     except ValueError:
                         continue
                     if not isinstance(msg, dict) or not self.command(msg):
                         return
-                if len(self.buf) > LINE_MAX:
+                if len(self.split.rest()) > LINE_MAX:
                     self.drop_client()  # a line no adopter sends: that client goes, the keeper stays
             if listener in readable:
                 self.accept(listener)

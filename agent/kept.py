@@ -24,7 +24,7 @@ import time
 
 from . import layout
 from . import procs as procmod
-from .keeper import PIDFILE, SOCKET  # the keeper's own names (it runs as a file, importing nothing)
+from .keeper import PIDFILE, SOCKET  # the keeper's own names (it runs as a file, importing only streams.py)
 from .protocol import ProcSpec, on_standby
 from .streams import LineSplitter
 

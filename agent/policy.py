@@ -87,6 +87,12 @@ STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the
 # at once, or once its spares have joined (seconds, never more than a cold launch would take).
 ADOPT_WAIT_S = 30.0
 FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
+ALL_FINISHED = "all ranks finished"  # the reason of a run or attempt whose every rank exited 0
+
+
+def after_restarts(n: int) -> str:
+    """What a verdict's reason ends with after ``n`` restarts ("" when there were none)."""
+    return " (after %d restart%s)" % (n, "s" if n != 1 else "") if n > 0 else ""
 
 
 def watchdog_s(keepalive_s: float) -> float:
@@ -464,9 +470,7 @@ class RunPolicy:
             self._restart(now, "restart requested", self.config.backoff_s, out)
         elif succeeded:
             out.append(AttemptOver(att.number, Outcome.SUCCEEDED))
-            n = att.number
-            after = " (after %d restart%s)" % (n, "s" if n != 1 else "") if n else ""
-            self._end(Verdict(Status.SUCCEEDED, "all ranks finished" + after, 0), out)
+            self._end(Verdict(Status.SUCCEEDED, ALL_FINISHED + after_restarts(att.number), 0), out)
         else:
             out.append(AttemptOver(att.number, Outcome.FAILED))
             if att.lost and not self.config.can_reconnect:

@@ -3,56 +3,36 @@
 
 from __future__ import annotations
 
+from .device_count import DeviceTool, counted, tool_failed, tool_missing
 from .params import Params
-from .results import FAIL, NA, OK, WARN, oneline, result
+from .results import FAIL, NA, OK, WARN, result
 from .smi import GPU_FORMAT, GPU_QUERY, num, parse_gpu_apps, parse_gpus
 from .tools import find_tool, proc_name, run_cmd
 from .visible import visible_entries, visible_result
 from .xid import parse_xids
 
+NVIDIA_SMI = DeviceTool(
+    check="gpu.count",
+    tool="nvidia-smi",
+    call="nvidia-smi",
+    driver="NVIDIA",
+    unit="GPUs",
+    install="install the NVIDIA driver on this node (or run on a node with GPUs)",
+    why_needed="device_target GPU needs the NVIDIA driver; nvidia-smi is not on PATH",
+    fix="free/fix its GPUs",
+)
+
 
 def check_gpu(p: Params) -> list:
     env = p.rank_env()
-    tool = find_tool("nvidia-smi", env)
+    tool = find_tool(NVIDIA_SMI.tool, env)
     if tool is None:
-        return [
-            result(
-                "gpu.count",
-                FAIL,
-                "nvidia-smi not found",
-                "install the NVIDIA driver on this node (or run on a node with GPUs)",
-                "device_target GPU needs the NVIDIA driver; nvidia-smi is not on PATH",
-            )
-        ]
+        return [tool_missing(NVIDIA_SMI)]
     ran = run_cmd([tool, GPU_QUERY, GPU_FORMAT], p.timeout_s, env=env)
-    gpus = parse_gpus(ran.out) if ran.rc == 0 else []
     if ran.rc != 0:
-        return [
-            result(
-                "gpu.count",
-                FAIL,
-                "nvidia-smi: %s" % ran.why(p.timeout_s),
-                "check the NVIDIA driver on this node (nvidia-smi must answer)",
-                oneline(ran.out + " " + ran.err, 1000),
-            )
-        ]
-    names = sorted({g.name for g in gpus})
-    value = "%d x %s" % (len(gpus), "/".join(names)) if gpus else "0 GPUs"
-    out = []
-    if p.devices is not None and len(gpus) < p.devices:
-        out.append(
-            result(
-                "gpu.count",
-                FAIL,
-                value,
-                "set devices: %d for this node, or free/fix its GPUs" % len(gpus),
-                "%d ranks on this node need %d GPUs; nvidia-smi lists %d" % (p.devices, p.devices, len(gpus)),
-            )
-        )
-    elif not gpus:
-        out.append(result("gpu.count", FAIL, value, "check the NVIDIA driver on this node", ran.out.strip()))
-    else:
-        out.append(result("gpu.count", OK, value))
+        return [tool_failed(NVIDIA_SMI, ran, p.timeout_s)]
+    gpus = parse_gpus(ran.out)
+    out = [counted(NVIDIA_SMI, p, [g.name for g in gpus], ran.out.strip())]
     raw, entries = visible_entries(p, "CUDA_VISIBLE_DEVICES")
     vis, use = visible_result("gpu.visible", "CUDA_VISIBLE_DEVICES", raw, entries, [g.uuid for g in gpus], p)
     out.append(vis)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, NamedTuple
 
+from .device_count import DeviceTool, counted, tool_failed, tool_missing
 from .hccn import NET_HEALTH_GOOD, parse_hccn_link, parse_hccn_net_health
 from .params import Params
 from .results import FAIL, NA, OK, WARN, oneline, result
@@ -15,53 +16,29 @@ from .smi import parse_npu_smi
 from .tools import find_tool, run_cmd
 from .visible import visible_entries, visible_result
 
+NPU_SMI = DeviceTool(
+    check="npu.count",
+    tool="npu-smi",
+    call="npu-smi info",
+    driver="Ascend",
+    unit="NPUs",
+    install="install the Ascend driver on this node (npu-smi comes with it)",
+    why_needed="device_target Ascend needs the Ascend driver; npu-smi is not on PATH",
+    fix="fix its NPUs",
+)
+
 
 def check_npu(p: Params) -> list:
     env = p.rank_env()
-    tool = find_tool("npu-smi", env)
+    tool = find_tool(NPU_SMI.tool, env)
     if tool is None:
-        return [
-            result(
-                "npu.count",
-                FAIL,
-                "npu-smi not found",
-                "install the Ascend driver on this node (npu-smi comes with it)",
-                "device_target Ascend needs the Ascend driver; npu-smi is not on PATH",
-            )
-        ]
+        return [tool_missing(NPU_SMI)]
     ran = run_cmd([tool, "info"], p.timeout_s, env=env)
     if ran.rc != 0:
-        return [
-            result(
-                "npu.count",
-                FAIL,
-                "npu-smi info: %s" % ran.why(p.timeout_s),
-                "check the Ascend driver on this node (npu-smi info must answer)",
-                oneline(ran.out + " " + ran.err, 1000),
-            )
-        ]
+        return [tool_failed(NPU_SMI, ran, p.timeout_s)]
     table = parse_npu_smi(ran.out)
     version, chips, procs = table.version, list(table.chips), table.procs
-    names = sorted({c.name for c in chips})
-    value = "%d x %s" % (len(chips), "/".join(names)) if chips else "0 NPUs"
-    out = []
-    if p.devices is not None and len(chips) < p.devices:
-        out.append(
-            result(
-                "npu.count",
-                FAIL,
-                value,
-                "set devices: %d for this node, or fix its NPUs" % len(chips),
-                "%d ranks on this node need %d NPUs; npu-smi info lists %d"
-                % (p.devices, p.devices, len(chips)),
-            )
-        )
-    elif not chips:
-        out.append(
-            result("npu.count", FAIL, value, "check the Ascend driver on this node", oneline(ran.out, 1000))
-        )
-    else:
-        out.append(result("npu.count", OK, value))
+    out = [counted(NPU_SMI, p, [c.name for c in chips], oneline(ran.out, 1000))]
     raw, entries = visible_entries(p, "ASCEND_RT_VISIBLE_DEVICES")
     ids = [str(i) for i in range(len(chips))]  # logical ids, in npu-smi's order
     vis, use = visible_result("npu.visible", "ASCEND_RT_VISIBLE_DEVICES", raw, entries, ids, p)

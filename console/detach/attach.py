@@ -61,11 +61,10 @@ from mscon.console.engine.events import (
     Restarting,
     RunFinished,
     RunResult,
-    RunStarted,
     StandbyUpdated,
     Stopping,
 )
-from mscon.console.engine.plan import build_plan
+from mscon.console.engine.plan import build_plan, run_started
 from mscon.console.engine.root_cause import describe
 from mscon.console.engine.session import ClusterSession, TransportFactory
 from mscon.console.engine.state import ClusterState
@@ -157,16 +156,7 @@ class Attacher:
     async def run(self) -> RunResult:
         t0 = time.monotonic()
         self.emit(
-            RunStarted(
-                attempt=0,
-                run_id=self.run_id,
-                inventory=str(self.inv.path),
-                nodes=tuple(p.node.name for p in self.plans),
-                world_size=self.inv.world_size,
-                hosts=tuple(p.node.host for p in self.plans),
-                logs_dir=str(self.logs_dir),
-                max_restarts=self.inv.restart.max_restarts,
-            )
+            run_started(self.inv, self.plans, self.run_id, str(self.logs_dir), self.inv.restart.max_restarts)
         )
         session = self.session = ClusterSession(
             self.inv,

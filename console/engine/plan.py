@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from mscon.agent.policy import PolicyConfig
 from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec, rank_name
 from mscon.console.config.inventory import Inventory, NodeSpec
+from mscon.console.engine.events import RunStarted
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,4 +101,20 @@ def policy_config(
         hang_timeout_s=hang_timeout_s,
         can_reconnect=True,
         operator_wait_s=operator_wait_s,
+    )
+
+
+def run_started(
+    inv: Inventory, plans: tuple[NodePlan, ...], run_id: str, logs_dir: str, max_restarts: int
+) -> RunStarted:
+    """The event that opens a run (started or attached to): what it runs where, and where its logs go."""
+    return RunStarted(
+        attempt=0,
+        run_id=run_id,
+        inventory=str(inv.path),
+        nodes=tuple(p.node.name for p in plans),
+        world_size=inv.world_size,
+        hosts=tuple(p.node.host for p in plans),
+        logs_dir=logs_dir,
+        max_restarts=max_restarts,
     )

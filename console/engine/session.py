@@ -386,42 +386,34 @@ class ClusterSession:
 
     async def list_runs(self) -> tuple[list[RunInfo], list[str]]:
         """Every run the nodes hold (``mscon ls``), and the one-line errors of unreachable nodes."""
-        found: list[RunInfo] = []
-
-        async def one(link: NodeLink) -> None:
-            self._state(link.name, NodeState.CONNECTING)
-            await link.transport.connect()
-            agent_dir = await link.transport.ensure_agent(self._bundle)
-            mode = {"mode": "ls", "cache": link.transport.cache_root}
-            channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
-            try:
-                while (msg := await asyncio.wait_for(channel.recv(), HELLO_TIMEOUT_S)) is not None:
-                    if isinstance(msg, RunInfo):
-                        found.append(msg)
-            finally:
-                await channel.close(wait_s=5.0)
-
-        errors = await self._each(list(self.links.values()), one)
-        return found, errors
+        return await self._ask_each("ls", {}, RunInfo, HELLO_TIMEOUT_S)
 
     async def prune_runs(
         self, keep: int, older_than_days: float | None, dry_run: bool
     ) -> tuple[list[PrunedRun], list[str]]:
         """``mscon prune`` on every node (agent/retention.py decides): the run folders each node
         removed (or, dry, would), and the one-line errors of unreachable nodes."""
-        found: list[PrunedRun] = []
         prune = {"keep": keep, "older_than_days": older_than_days, "dry_run": dry_run}
+        # Deleting one large run folder may take a while: the wait is per answer.
+        return await self._ask_each("prune", {"prune": prune}, PrunedRun, _PRUNE_WAIT_S)
+
+    async def _ask_each(
+        self, mode: str, extra: dict, answer: type[M], wait_s: float
+    ) -> tuple[list[M], list[str]]:
+        """Start each node's agent once in a one-shot ``mode`` (its header also carries ``extra``),
+        and gather its ``answer`` messages (each within ``wait_s`` of the last) until it ends; with
+        the unreachable nodes' one-line errors."""
+        found: list[M] = []
 
         async def one(link: NodeLink) -> None:
             self._state(link.name, NodeState.CONNECTING)
             await link.transport.connect()
             agent_dir = await link.transport.ensure_agent(self._bundle)
-            mode = {"mode": "prune", "cache": link.transport.cache_root, "prune": prune}
-            channel = await link.transport.start_agent(agent_dir, link.plan.python, mode)
+            header = {"mode": mode, "cache": link.transport.cache_root, **extra}
+            channel = await link.transport.start_agent(agent_dir, link.plan.python, header)
             try:
-                # Deleting one large run folder may take a while: the wait is per answer.
-                while (msg := await asyncio.wait_for(channel.recv(), _PRUNE_WAIT_S)) is not None:
-                    if isinstance(msg, PrunedRun):
+                while (msg := await asyncio.wait_for(channel.recv(), wait_s)) is not None:
+                    if isinstance(msg, answer):
                         found.append(msg)
             finally:
                 await channel.close(wait_s=5.0)

@@ -53,13 +53,12 @@ from mscon.console.engine.events import (
     Restarting,
     RunFinished,
     RunResult,
-    RunStarted,
     StandbyUpdated,
     Stopping,
 )
 from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
 from mscon.console.engine.job_kinds import attempt_argv, restart_note
-from mscon.console.engine.plan import build_plan, policy_config, with_scheduler
+from mscon.console.engine.plan import build_plan, policy_config, run_started, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
 from mscon.console.engine.run_options import RunOptions
 from mscon.console.engine.sched_address import scheduler_address
@@ -153,18 +152,7 @@ class Supervisor:
         self._inputs = Inputs(self.clock)
         for cmd in self._early:
             self._inputs.put_nowait(cmd)
-        self.emit(
-            RunStarted(
-                attempt=0,
-                run_id=self.run_id,
-                inventory=str(self.inv.path),
-                nodes=tuple(p.node.name for p in self.plans),
-                world_size=self.inv.world_size,
-                hosts=tuple(p.node.host for p in self.plans),
-                logs_dir=str(self.logs_dir),
-                max_restarts=self.max_restarts,
-            )
-        )
+        self.emit(run_started(self.inv, self.plans, self.run_id, str(self.logs_dir), self.max_restarts))
         session = self.session = ClusterSession(
             self.inv,
             self.plans,

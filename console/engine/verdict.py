@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mscon.agent.policy import Outcome, Status, Verdict
+from mscon.agent.policy import ALL_FINISHED, Outcome, Status, Verdict, after_restarts
 from mscon.console.engine import exit_codes
 from mscon.console.engine.events import Failure, JobState
 from mscon.console.engine.root_cause import describe
 from mscon.console.engine.state import ClusterState
-
-# What a run or attempt whose every rank exited 0 ended with (the policy says it too: agent/policy.py).
-ALL_FINISHED = "all ranks finished"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +27,7 @@ def final_verdict(v: Verdict, state: ClusterState) -> RunVerdict:
         return RunVerdict(JobState.INTERRUPTED, v.exit_code or exit_codes.INTERRUPTED, v.reason or "")
     if v.status is Status.SUCCEEDED:
         return RunVerdict(JobState.SUCCEEDED, exit_codes.OK, v.reason or ALL_FINISHED)
-    restarts = len(state.attempts) - 1
-    after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts > 0 else ""
+    after = after_restarts(len(state.attempts) - 1)
     root = state.root_cause()
     code = v.exit_code if v.exit_code is not None else root.code if root is not None else exit_codes.INTERNAL
     if v.reason is not None:

@@ -86,10 +86,10 @@ def mac(key: bytes, *parts: str) -> str:
 
 
 def dial_source() -> bytes:
-    """dial.py with layout.py's source ahead of it: the dial runs from source, with no package to
-    import the layout from."""
+    """dial.py with layout.py's and exit_codes.py's sources ahead of it: the dial runs from source,
+    with no package to import them from (layout.py first: its ``from __future__`` must open the source)."""
     agent = resources.files("mscon.agent")
-    return agent.joinpath("layout.py").read_bytes() + b"\n" + agent.joinpath("dial.py").read_bytes()
+    return b"\n".join(agent.joinpath(name).read_bytes() for name in ("layout.py", "exit_codes.py", "dial.py"))
 
 
 def set_keepalive(writer: asyncio.StreamWriter, interval_s: float) -> None:
