@@ -278,3 +278,83 @@ def pipe_bytes(fd: int) -> int:
 
 def cpu_env() -> dict[str, str]:
     return dict(os.environ)
+
+
+# Side by side (pytest-xdist, ``--dist loadgroup``, pyproject's addopts). The tests that start a
+# Slurm cluster share one worker (munged, slurmctld and slurmd are heavy to start twice at once).
+# Tests that launch MindSpore ranks run on two workers and hold rank slots while they run:
+# ``@pytest.mark.mindspore(ranks=N)`` (N MindSpore processes at most at once, kept spares counted;
+# 2 when unsaid), at most ``RANK_SLOTS`` at a time over all workers, so this 2-core machine never
+# runs more than 4 ranks. First: xdist reads the group markers in its own hook of this name.
+RANK_SLOTS = 4
+
+
+# The MindSpore tests go in two groups (two workers), so no more than two workers ever wait for rank
+# slots while the others run everything else; the heaviest modules are split between the groups by
+# their measured cost, the rest alternate.
+_MINDSPORE_GROUP = {
+    "tests/e2e/test_user_resume.py": "a",
+    "tests/e2e/test_standby.py": "a",
+    "tests/trainer/test_snapshot.py": "a",
+    "tests/e2e/test_hang_limits.py": "a",
+    "tests/e2e/test_kept_standby.py": "b",
+    "tests/trainer/test_training.py": "b",
+    "tests/e2e/test_ssh.py": "b",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    others: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if "slurm" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("mindspore") is not None:
+            group = _MINDSPORE_GROUP.get(module) or others.setdefault(module, "ab"[len(others) % 2])
+            item.add_marker(pytest.mark.xdist_group(f"mindspore-{group}"))
+
+
+@pytest.fixture(autouse=True)
+def _rank_slots(request: pytest.FixtureRequest) -> Iterator[None]:
+    mark = request.node.get_closest_marker("mindspore")
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+    if mark is None or not run.isalnum():
+        yield  # not a MindSpore test, or one worker: tests run one at a time anyway
+        return
+    need = min(RANK_SLOTS, int(mark.kwargs.get("ranks", 2)))
+    folder = Path("/tmp") / f"mscon-test-slots-{run}"
+    folder.mkdir(exist_ok=True)
+    held: list[int] = []
+    deadline = time.monotonic() + 1800
+    # A turnstile: the test waiting for slots holds it, so tests that come later queue behind it
+    # instead of taking the slots it waits for (a 4-rank test would wait for ever beside a worker
+    # that keeps taking 2).
+    gate = os.open(folder / "gate", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        # Slots are flock()ed files: a worker that dies releases its slots with its descriptors.
+        while len(held) < need:
+            for i in range(RANK_SLOTS):
+                if len(held) == need:
+                    break
+                fd = os.open(folder / f"slot{i}", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append(fd)
+                except OSError:
+                    os.close(fd)
+            if len(held) < need:
+                for fd in held:  # all or none: two tests each holding half never wait on each other
+                    os.close(fd)
+                held.clear()
+                assert time.monotonic() < deadline, f"no {need} MindSpore rank slots in 30 min"
+                time.sleep(0.2)  # a poll for free slots, not a synchronisation
+        os.close(gate)
+        gate = -1
+        yield
+    finally:
+        if gate >= 0:
+            os.close(gate)
+        for fd in held:
+            os.close(fd)

@@ -299,8 +299,16 @@ def find_free_port(hosts: list[str]) -> int:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    start, end = 10000, max(10001, low - 3)
+    # Side by side under xdist, each worker draws from its own slice: two tests' checks that a port
+    # is free, made before either binds it, cannot pick the same one.
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        size = (end - start) // int(count)
+        start += int(worker[2:]) * size
+        end = start + size
     for _ in range(500):
-        port = random.randrange(10000, max(10001, low - 3))
+        port = random.randrange(start, end)
         if all(_can_bind(h, p) for h in hosts for p in range(port, port + 3)):
             return port
     raise SshdError(f"no free run of three ports found on all of {hosts}")

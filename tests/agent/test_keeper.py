@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -257,6 +258,18 @@ def test_run_specific_keys_do_not_make_another_job() -> None:
 # ------------------------------------------------------------------ its socket under pressure
 
 
+def _sockets(pid: int) -> int:
+    """The sockets a process holds (a keeper: its listener, and its client's if it has one)."""
+    fds = f"/proc/{pid}/fd"
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            count += os.readlink(f"{fds}/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            continue  # closed since the listing
+    return count
+
+
 def _lowest_free_fd(pid: int) -> int:
     used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
     return next(n for n in range(len(used) + 1) if n not in used)
@@ -270,10 +283,15 @@ def test_it_survives_running_out_of_descriptors_and_serves_again(home: Path) -> 
     held = _held(keeper)
     proc = psutil.Process(keeper.pid)
     soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+    # _ready's client closed its end: the keeper closes its own once it reads that. Until then that
+    # descriptor is not to spare, and would take the next client in once closed.
+    wait_for(lambda: _sockets(keeper.pid) == 1, 10, "the keeper to drop _ready's client")
     proc.rlimit(psutil.RLIMIT_NOFILE, (_lowest_free_fd(keeper.pid), hard))  # no descriptor to spare
     client = kept.connect(folder)  # queued in the backlog: the keeper cannot take it
     assert client is not None
     assert keeper.stderr is not None
+    readable, _, _ = select.select([keeper.stderr], [], [], 30)  # a keeper that took it says nothing
+    assert readable, "the keeper did not say it cannot accept"
     said = keeper.stderr.readline().decode()
     assert "cannot accept (Too many open files)" in said, said
     assert keeper.poll() is None and all(p.is_running() for p in held)

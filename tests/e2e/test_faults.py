@@ -688,7 +688,7 @@ def dns_name() -> Iterable[str]:
         hosts.write_text("".join(x for x in text.splitlines(keepends=True) if x != line))
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=4)
 @needs_mindspore
 def test_real_mindspore_via_dns_name_and_ssh_config_alias(
     tmp_path: Path, sshd_cluster: SshdCluster, dns_name: str

@@ -52,7 +52,7 @@ def _wait_for_line(proc, needle: str, timeout: float = 180) -> list[str]:  # noq
     raise AssertionError(f"output ended before {needle!r}; stderr: {proc.stderr.read()[-3000:]}")
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=4)
 @needs_mindspore
 def test_two_nodes_train_real_mindspore(tmp_path: Path, sshd_cluster: SshdCluster) -> None:
     args = ["--parallel-mode", "data_parallel", "--epochs", "2", "--steps-per-epoch", "10"]
@@ -79,7 +79,7 @@ def test_two_nodes_train_real_mindspore(tmp_path: Path, sshd_cluster: SshdCluste
     assert sum(line.startswith('{"step"') for line in records) == 20
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=4)
 @needs_mindspore
 def test_kill9_one_rank_stops_every_rank_within_5s(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest

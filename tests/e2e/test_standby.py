@@ -33,7 +33,7 @@ from test_faults import (
     _under_sshd_eventually_empty,
 )
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore]
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=4)]  # ranks and their spares
 
 # Long enough to still be training when each case has done its part (the case then stops the run):
 # the standby joins while attempt 0 trains, which takes seconds on a loaded machine.

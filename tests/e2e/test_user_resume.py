@@ -35,7 +35,7 @@ from mscon_resume import store
 sys.path.insert(0, str(REPO / "bench"))
 from fake_mnist import write_fake_mnist  # noqa: E402
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore]
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=4)]  # 2 nodes x 2
 
 SAMPLES = 2560  # 4 ranks x batch 32: 20 steps an epoch, 200 in net.py's 10 epochs
 KILL_AT = 150

@@ -35,7 +35,10 @@ def _run_alone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize(("ranks", "runner"), [(2, "functional"), (4, "functional"), (2, "cell")])
+@pytest.mark.parametrize(
+    ("ranks", "runner"),
+    [(2, "functional"), pytest.param(4, "functional", marks=pytest.mark.mindspore(ranks=4)), (2, "cell")],
+)
 def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int, runner: str) -> None:
     args = [
         "--runner",
