@@ -57,6 +57,12 @@ def sshd_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
 
 
 @pytest.fixture
+def sshd_node(tmp_path: Path) -> Iterator[SshdCluster]:
+    """One sshd node."""
+    yield from _sshd_nodes(tmp_path, 1)
+
+
+@pytest.fixture
 def cluster3(tmp_path: Path) -> Iterator[SshdCluster]:
     """Three sshd nodes: a bastion and two nodes behind it (test_ssh_known_hosts.behind_bastion)."""
     yield from _sshd_nodes(tmp_path, 3)
@@ -168,10 +174,11 @@ def mscon(*args: str | Path, cwd: Path, timeout: float = 240, env: dict[str, str
     return Done(p.returncode, p.stdout, p.stderr)
 
 
-def mscon_popen(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
+def mscon_popen(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
         cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

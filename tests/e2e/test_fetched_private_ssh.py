@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,19 +16,14 @@ from mscon.agent import layout
 from mscon.console.config.inventory import NodeSpec, SshSpec
 from mscon.console.transport import SshOptions
 from mscon.console.transport.ssh import SshTransport
-from sshd_nodes import SshdCluster, require_sshd, start_sshd_cluster
+from sshd_nodes import SshdCluster
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SshdCluster]:
-    require_sshd()
-    c = start_sshd_cluster(tmp_path / "sshd", n=1)
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(sshd_node: SshdCluster) -> SshdCluster:
+    return sshd_node
 
 
 def _transport(cluster: SshdCluster) -> SshTransport:

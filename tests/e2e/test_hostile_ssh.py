@@ -29,7 +29,7 @@ from mscon.console.config.inventory import NodeSpec, SshSpec
 from mscon.console.transport import NodeUnreachable, SshOptions
 from mscon.console.transport.bundle import AGENT_PACKAGE, agent_bundle, agent_command
 from mscon.console.transport.ssh import SshTransport
-from sshd_nodes import SshdCluster, require_sshd, start_sshd_cluster
+from sshd_nodes import SshdCluster
 
 pytestmark = pytest.mark.ssh
 
@@ -48,13 +48,8 @@ NODE_PYTHON = "/usr/bin/python3"  # readable by any user (the console's may live
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SshdCluster]:
-    require_sshd()
-    c = start_sshd_cluster(tmp_path / "sshd", n=1)
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(sshd_node: SshdCluster) -> SshdCluster:
+    return sshd_node
 
 
 def _transport(

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, agent_processes, kill_run, mscon, run_processes, ssh_inventory
+from conftest import REPO, agent_processes, kill_run, mscon, mscon_popen, run_processes, ssh_inventory
 from link_capture import Capture, flood, leaks, on_port, tcpdump_unavailable_reason
 from mscon.agent import layout
 from mscon.console.transport.slurm_launcher import ENV_CONSOLE_ADDRESS
@@ -119,8 +117,8 @@ def test_a_slurm_run_is_private_on_its_link_and_a_flood_leaves_it_untouched(
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = {**alloc.env, ENV_CONSOLE_ADDRESS: CONSOLE_ADDRESS}
     with Capture(tmp_path / "slurm.pcap", f"tcp and host {CONSOLE_ADDRESS}") as cap:
-        proc = mscon_popen_env(
-            ["run", "--no-tui", "--no-check", inv, "--json", tmp_path / "s.json"], tmp_path, env
+        proc = mscon_popen(
+            "run", "--no-tui", "--no-check", inv, "--json", tmp_path / "s.json", cwd=tmp_path, env=env
         )
         try:
             port = _wait_port(lambda: _listening([proc.pid], CONSOLE_ADDRESS), "console port")
@@ -140,17 +138,6 @@ def test_a_slurm_run_is_private_on_its_link_and_a_flood_leaves_it_untouched(
     # Every flow of the nodes' connections begins with a TLS handshake record.
     assert all(v[:1] == b"\x16" for k, v in link.items() if k[3] == port and len(v) > 1000)
     print(f"slurm link: {sum(map(len, link.values()))} bytes captured, flood {result}")
-
-
-def mscon_popen_env(args: list, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 @pytest.fixture

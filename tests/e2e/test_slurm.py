@@ -22,7 +22,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, free_port, mscon, needs_mindspore, run_processes, wait_gone, write_inventory
+from conftest import (
+    REPO,
+    free_port,
+    mscon,
+    mscon_popen,
+    needs_mindspore,
+    run_processes,
+    wait_gone,
+    write_inventory,
+)
 from mscon.agent import layout
 from mscon.console.transport.slurm_dial import DIAL_BOOT
 from mscon.console.transport.slurm_launcher import ENV_CONSOLE_ADDRESS
@@ -97,18 +106,6 @@ def _inventory(path: Path, script: str, args: list[str], **extra: object) -> Pat
             "job": {"workdir": str(REPO), "script": script, "args": args},
             "stop": {"grace_s": 2},
         },
-    )
-
-
-def _popen(*args: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mscon.console.cli", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
     )
 
 
@@ -205,7 +202,7 @@ def test_inventory_devices_win_and_check_runs(tmp_path: Path, alloc: Alloc) -> N
 def test_secret_and_inventory_values_stay_off_command_lines(tmp_path: Path, alloc: Alloc) -> None:
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "100000", "--rate", "20"])
     run_id = f"sec-{secrets.token_hex(3)}"
-    proc = _popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=alloc.env)
+    proc = mscon_popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=alloc.env)
     try:
         _wait_for_line(proc, "r1] epoch: 1 step: 3,")
         srun = _srun_of(proc)
@@ -245,7 +242,7 @@ def lose_a_node(tmp_path: Path, alloc: Alloc, node: str) -> None:
     """The node's dial killed: its agent and ranks die with it, the node is lost, and the restart
     reaches it through a new step of its own; at the end no step is left."""
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "60", "--rate", "20"])
-    proc = _popen(
+    proc = mscon_popen(
         "run", "--no-tui", "--no-check", inv, "--max-restarts", "1", "--json", tmp_path / "s.json",
         cwd=tmp_path, env=alloc.env,
     )  # fmt: skip
@@ -272,7 +269,7 @@ def test_a_lost_node_comes_back_in_a_step_of_its_own(tmp_path: Path, alloc: Allo
 def test_killed_console_ends_the_step_and_its_ranks(tmp_path: Path, alloc: Alloc) -> None:
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "100000", "--rate", "20"])
     run_id = f"kill-{secrets.token_hex(3)}"
-    proc = _popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=alloc.env)
+    proc = mscon_popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=alloc.env)
     try:
         _wait_for_line(proc, "r1] epoch: 1 step: 3,")
         ranks = run_processes(run_id)
@@ -395,7 +392,7 @@ def test_killed_rank_stops_the_job_and_leaves_no_step(tmp_path: Path, alloc: All
     ]
     inv = _inventory(tmp_path / "inv.yaml", TRAIN, args)
     run_id = f"kill9-{secrets.token_hex(3)}"
-    proc = _popen(
+    proc = mscon_popen(
         "run", "--no-tui", inv, "--run-id", run_id, "--json", tmp_path / "s.json", cwd=tmp_path, env=alloc.env
     )
     try:

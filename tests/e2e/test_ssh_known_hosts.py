@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
@@ -27,7 +26,7 @@ from mscon.console.transport.host_keys import (
     host_key_files,
 )
 from mscon.console.transport.ssh import SshTransport
-from sshd_nodes import SshdCluster, SshdNode, require_sshd, start_sshd_cluster, write_known_hosts
+from sshd_nodes import SshdCluster, SshdNode, write_known_hosts
 
 pytestmark = pytest.mark.ssh
 FAKE = str(FAKE_RANK.relative_to(REPO))
@@ -196,13 +195,8 @@ def test_node_behind_a_proxyjump_bastion_learns_keys_through_it(
 
 
 @pytest.fixture
-def cluster1(tmp_path: Path) -> Iterator[SshdCluster]:
-    require_sshd()
-    c = start_sshd_cluster(tmp_path / "sshd", n=1)
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster1(sshd_node: SshdCluster) -> SshdCluster:
+    return sshd_node
 
 
 def _transport(cluster: SshdCluster, config: Path, accept_new: bool = False) -> SshTransport:
