@@ -38,6 +38,18 @@ def loose(root: Path) -> list[str]:
     return sorted(found)
 
 
+def not_private(root: Path) -> list[str]:
+    """``loose`` for a copy on the console: ``"<mode> <path>"`` of each folder not 0700 and each
+    file not 0600 under ``root`` (``root`` too), the job's own files included."""
+    found = []
+    for path in [root, *root.rglob("*")]:
+        want = FOLDER_MODE if path.is_dir() else FILE_MODE
+        got = stat.S_IMODE(path.lstat().st_mode)
+        if got != want:
+            found.append(f"{got:04o} {path}")
+    return found
+
+
 def listing(root: Path) -> str:
     """``ls -l``-like lines of everything under ``root``: for failure messages and reports."""
     lines = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import stat
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +15,7 @@ from mscon.agent import layout
 from mscon.console.config.inventory import NodeSpec, SshSpec
 from mscon.console.transport import SshOptions
 from mscon.console.transport.ssh import SshTransport
+from node_files import not_private
 from sshd_nodes import SshdCluster
 
 pytestmark = pytest.mark.ssh
@@ -33,16 +33,6 @@ def _transport(cluster: SshdCluster) -> SshTransport:
     )
     inv = SimpleNamespace(ssh=SshSpec(known_hosts=str(cluster.known_hosts), connect_timeout_s=5))
     return SshTransport(node, inv, SshOptions())  # type: ignore[arg-type]
-
-
-def _modes(root: Path) -> list[str]:
-    found = []
-    for path in [root, *root.rglob("*")]:
-        want = 0o700 if path.is_dir() else 0o600
-        got = stat.S_IMODE(path.lstat().st_mode)
-        if got != want:
-            found.append(f"{got:04o} {path}")
-    return found
 
 
 async def test_an_ssh_fetch_is_private_under_any_umask(tmp_path: Path, cluster: SshdCluster) -> None:
@@ -71,7 +61,7 @@ async def test_an_ssh_fetch_is_private_under_any_umask(tmp_path: Path, cluster: 
         assert victim.read_text() == "not the node's\n"
         assert (logs / "node1" / layout.JOURNAL).read_text() == "node bytes\n"
         assert (logs / "node1" / layout.CHECKPOINT_DIR / "rank_0" / "step_3.ckpt").is_file()
-        assert _modes(logs) == []
+        assert not_private(logs) == []
     finally:
         os.umask(old)
         await t.close()

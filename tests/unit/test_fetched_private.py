@@ -28,6 +28,7 @@ from mscon.console.history.recording import CompressedRecorder
 from mscon.console.transport import slurm
 from mscon.console.transport.local import LocalTransport
 from mscon.console.transport.private_copy import private_text
+from node_files import not_private
 
 
 @pytest.fixture
@@ -38,17 +39,6 @@ def open_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
-
-
-def _modes(root: Path) -> list[str]:
-    """``loose`` for a copy on the console: every folder 0700 and file 0600, the job's own too."""
-    found = []
-    for path in [root, *root.rglob("*")]:
-        want = 0o700 if path.is_dir() else 0o600
-        got = stat.S_IMODE(path.lstat().st_mode)
-        if got != want:
-            found.append(f"{got:04o} {path}")
-    return found
 
 
 def _node_run(home: Path, name: str = "node1") -> tuple[LocalTransport, Path]:
@@ -81,11 +71,11 @@ async def test_a_local_fetch_is_private_under_any_umask(tmp_path: Path, open_uma
     copied = logs / "node1"
     assert (copied / layout.JOURNAL).read_text() == '{"attempt": 0}\n'
     assert (copied / layout.CHECKPOINT_DIR / "rank_0" / "step_3.ckpt").read_text() == "the weights"
-    assert _modes(logs) == []
+    assert not_private(logs) == []
     # The folders it made above the run folder are 0700 as well (none existed but the run's).
     fresh = tmp_path / "elsewhere" / "runs"
     await t.fetch_run_dir(str(run), str(fresh / "r1" / "node1"))
-    assert _modes(tmp_path / "elsewhere") == []
+    assert not_private(tmp_path / "elsewhere") == []
 
 
 async def test_a_fetch_again_tightens_and_never_writes_through_a_link(
@@ -104,7 +94,7 @@ async def test_a_fetch_again_tightens_and_never_writes_through_a_link(
     assert victim.read_text() == "not the node's\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
     log = Path(layout.log_file(old_attempt, "r0"))
     assert not log.is_symlink() and log.read_text() == "step 1\n"
-    assert _modes(logs) == []
+    assert not_private(logs) == []
 
 
 def _tar(entries: list[tuple[str, int, bytes | None]]) -> io.BytesIO:
@@ -142,14 +132,14 @@ def test_a_slurm_fetch_unpacks_private_under_any_umask(tmp_path: Path, open_umas
     assert total == len(b"step 1\n") + len(b"the weights") + len(b"{}\n")
     assert (dest / "checkpoints" / "rank_0" / "step_3.ckpt").read_bytes() == b"the weights"
     assert victim.read_text() == "not the node's\n" and not (dest / "journal.jsonl").is_symlink()
-    assert _modes(dest) == []
+    assert not_private(dest) == []
 
 
 async def test_the_runs_recording_is_private_under_any_umask(tmp_path: Path, open_umask: None) -> None:
     run_folder = tmp_path / "mscon-runs" / "r1"
     rec = CompressedRecorder(run_folder / "events.jsonl.gz")
     rec.close()
-    assert _modes(tmp_path / "mscon-runs") == []
+    assert not_private(tmp_path / "mscon-runs") == []
 
 
 def _raise(ev: Event) -> None:
@@ -180,7 +170,7 @@ async def test_what_the_console_writes_into_a_run_folder_is_private_under_any_um
     names = sorted(p.name for p in run.iterdir())
     assert names == sorted([CONSOLE_ERR, "engine-error.txt", RECORD, "summary.json"]), names
     assert "ZeroDivisionError" in (run / CONSOLE_ERR).read_text()
-    assert not _modes(tmp_path / "runs"), _modes(tmp_path / "runs")
+    assert not not_private(tmp_path / "runs"), not_private(tmp_path / "runs")
 
 
 def test_files_made_under_another_umask_are_tightened_when_rewritten(
@@ -197,7 +187,7 @@ def test_files_made_under_another_umask_are_tightened_when_rewritten(
     assert bus.error_log is not None
     private_text(bus.error_log, "a traceback\n", append=True)
     assert (run / CONSOLE_ERR).read_text() == "{}a traceback\n"  # appended, not replaced
-    assert not _modes(run), _modes(run)
+    assert not not_private(run), not_private(run)
 
 
 def test_json_to_a_pipe_is_written_and_the_pipe_left_alone(tmp_path: Path, open_umask: None) -> None:
@@ -216,4 +206,4 @@ def test_json_to_a_pipe_is_written_and_the_pipe_left_alone(tmp_path: Path, open_
     assert stat.S_IMODE(fifo.stat().st_mode) == 0o644
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     write_json(out / "new" / "s.json", {"a": 1})  # a missing folder: made 0700, the file 0600
-    assert not _modes(out / "new"), _modes(out / "new")
+    assert not not_private(out / "new"), not_private(out / "new")
