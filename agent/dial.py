@@ -44,7 +44,7 @@ import threading
 try:
     from .exit_codes import INTERRUPTED
     from .layout import cache_folder, fetched_entries, not_fetched, plain, private_dirs, private_fd
-    from .tls import TlsSock, connect
+    from .tls import TlsSock, dial
 except ImportError:  # exec'd by the Slurm boot, not imported: their sources came first
     pass
 
@@ -64,6 +64,8 @@ def dial_handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
     nonce = os.urandom(16).hex()
     sock.sendall(("%s %s %s\n" % (PROTOCOL, role, nonce)).encode())
     words = rfile.readline(512).decode("ascii", "replace").split()
+    if not words:
+        raise EOFError("the console closed the connection before its proof")  # tls.dial tries again
     if len(words) != 2 or not hmac.compare_digest(words[1], mac(key, "console", nonce, words[0])):
         raise OSError("the console did not authenticate")
     sock.sendall((mac(key, "node", words[0], nonce) + "\n").encode())
@@ -215,10 +217,15 @@ class Dial:
         if self.agent is not None and self.agent.poll() is None:
             raise RuntimeError("an agent is running already")
         peer = self.sock.getpeername()
-        a = TlsSock(connect(peer[0], peer[1], self.cert, self.tls_key, 30))
+
+        def prove(raw):  # noqa: ANN001, ANN202
+            sock = TlsSock(raw)
+            dial_handshake(sock, Lines(sock), self.key, "agent")
+            return sock
+
+        _, a = dial(peer[0], peer[1], self.cert, self.tls_key, 30, prove)
         ours = theirs = None
         try:
-            dial_handshake(a, Lines(a), self.key, "agent")
             a.sendall((token + "\n").encode())
             _keepalive(a)
             # The agent's stdin and stdout: a socket pair, its other end carried over TLS here.

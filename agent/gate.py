@@ -17,7 +17,10 @@ HANDSHAKE_S = 10.0
 # has (its ranks' logs and pipes need theirs), well above the nodes that dial at once. Over the cap
 # one is closed at once: the oldest of the address that holds the most, so a flood of connections
 # that never authenticate cannot hold the port or the descriptors, and pushes out its own
-# connections rather than a node's (one handshake from its address).
+# connections rather than a node's (one handshake from its address). A connection whose peer has
+# shown the run's certificate (TLS done) is pushed out by none: a flood from a node's own address
+# (another user on it) can only close a node's connection before that, and the node dials again
+# (tls.dial).
 PENDING_MAX = 64
 HELLO_MAX = 4096  # bytes in a line before the peer has authenticated (a hello is about 200)
 
@@ -28,6 +31,7 @@ class Pending:
 
     def __init__(self) -> None:
         self._hosts: dict = {}  # key -> host, in arrival order
+        self._trusted: set = set()  # keys whose peer holds the run's certificate
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -40,21 +44,35 @@ class Pending:
 
     def add(self, key: object, host: str, cap: int = PENDING_MAX) -> list:
         """Count ``key`` in; the keys pushed out to keep at most ``cap`` (no longer counted: the
-        caller closes them)."""
+        caller closes them). ``key`` itself when every counted one is trusted: it is refused."""
         victims = []
         while self._hosts and len(self._hosts) >= cap:
             victim = self._victim()
+            if victim is None:
+                return victims + [key]
             del self._hosts[victim]
             victims.append(victim)
         self._hosts[key] = host
         return victims
 
+    def trust(self, key: object) -> bool:
+        """``key``'s peer showed the run's certificate: still counted until it authenticates, never
+        pushed out. False: it was pushed out already."""
+        if key not in self._hosts:
+            return False
+        self._trusted.add(key)
+        return True
+
     def discard(self, key: object) -> bool:
         """Count ``key`` out (it authenticated, failed or ended); False: it was not counted."""
+        self._trusted.discard(key)
         return self._hosts.pop(key, None) is not None
 
     def _victim(self) -> object:
-        """The oldest handshake of the address that holds the most."""
-        counts = collections.Counter(self._hosts.values())
+        """The oldest untrusted handshake of the address that holds the most untrusted; None: all
+        are trusted."""
+        counts = collections.Counter(h for k, h in self._hosts.items() if k not in self._trusted)
+        if not counts:
+            return None
         most = max(counts.values())
-        return next(k for k, host in self._hosts.items() if counts[host] == most)
+        return next(k for k, host in self._hosts.items() if k not in self._trusted and counts[host] == most)

@@ -133,6 +133,36 @@ def connect(host, port, cert, key, timeout_s, source=None):  # noqa: ANN001, ANN
     return sock
 
 
+# What a listener does to a connection it pushes out before the handshake is done (agent/gate.py:
+# a flood from the dialler's own address): the dialler tries again rather than giving up.
+_CLOSED = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError, EOFError)
+
+
+def dial(host, port, cert, key, timeout_s, first=None, source=None):  # noqa: ANN001, ANN201
+    """:func:`connect`, then ``first(sock)`` (the first exchange, up to the listener's first
+    answer; it raises ConnectionError or EOFError if the connection closed), tried again while the
+    listener closes the connection before that answer, all within ``timeout_s``. ``(sock,
+    first's result)``, or the SSLSocket alone without ``first``. The last error past the deadline;
+    any other error at once (a peer that is not the run's is not tried again)."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.05
+    while True:
+        try:
+            sock = connect(host, port, cert, key, max(0.1, deadline - time.monotonic()), source)
+            if first is None:
+                return sock
+            try:
+                return sock, first(sock)
+            except BaseException:
+                sock.close()
+                raise
+        except _CLOSED:
+            if time.monotonic() + pause >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+
 class TlsSock:
     """An SSLSocket whose handshake is done, for one reading thread and any writing threads:
     ``recv``, ``sendall``, ``close`` as a socket's (a closed or broken link reads b"")."""

@@ -269,8 +269,11 @@ class CoordServer:
                 conn.close()
                 continue
             h = _Handshake(wrapped, str(addr[0]), os.urandom(16).hex(), time.monotonic() + HANDSHAKE_S)
-            for victim in self._pending.add(h, h.host, PENDING_MAX):
+            victims = self._pending.add(h, h.host, PENDING_MAX)
+            for victim in victims:
                 self._close(sel, victim)
+            if h in victims:
+                continue  # every handshake in progress holds the run's certificate
             try:
                 sel.register(wrapped, selectors.EVENT_READ, h)
             except (OSError, ValueError):
@@ -304,6 +307,7 @@ class CoordServer:
         if not h.tls_done:
             h.conn.do_handshake()
             tls.check_peer(h.conn, self.cert)  # NotPinned: an SSLError, refused like the rest
+            self._pending.trust(h)  # a holder of the run's certificate: no flood pushes it out
             h.tls_done = True
             h.out = _line({"nonce": h.nonce})
         while h.out:
@@ -390,7 +394,7 @@ def dial(
     _no_material(cert, key)
     deadline = time.monotonic() + timeout_s
     key_secret = secret.encode()
-    conn = tls.TlsSock(tls.connect(host, port, cert, key, timeout_s))
+    conn = tls.TlsSock(tls.dial(host, port, cert, key, timeout_s))
     split = LineSplitter(HELLO_MAX)
     lines: list = []
     try:

@@ -41,8 +41,10 @@ PUT_CHUNK = 4 << 20
 # The task srun starts on each node. Fixed text: srun execs it without a shell, and /bin/sh only
 # expands the python from the environment. The boot takes its values out of its environment, runs
 # tls.py's source (carried in the boot itself: nothing else may cross before TLS), connects with
-# the run's certificate and checks the console's, checks the console's proof before it sends its
-# own, then runs the source the console sends (agent/dial.py) with the authenticated connection.
+# the run's certificate and checks the console's (again, for up to 60 s, while the console's port
+# closes it before its proof: a flood of connections from the node's address pushes out the
+# oldest), checks the console's proof before it sends its own, then runs the source the console
+# sends (agent/dial.py) with the authenticated connection.
 DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -c "$0"'
 _BOOT = (
     "import os,sys,hmac,hashlib\n"
@@ -52,9 +54,12 @@ _BOOT = (
     "k and C and Q or sys.exit('mscon dial: no key or certificate in the environment')\n"
     "g={'__name__':'mscon_dial'};exec(compile(T,'mscon_tls','exec'),g)\n"
     "M=lambda*p:hmac.new(k,'|'.join(p).encode(),hashlib.sha256).hexdigest()\n"
-    "h,_,p=a.rpartition(':');s=g['connect'](h,int(p),C,Q,30);s.settimeout(30);f=s.makefile('rb')\n"
-    "n=os.urandom(16).hex();s.sendall(('MSCON-DIAL 1 boot %s\\n'%n).encode())\n"
-    "w=f.readline(512).decode('ascii','replace').split()\n"
+    "def B(s):\n"
+    " s.settimeout(30);f=s.makefile('rb');n=os.urandom(16).hex()\n"
+    " s.sendall(('MSCON-DIAL 1 boot %s\\n'%n).encode());w=f.readline(512).decode('ascii','replace').split()\n"
+    " if not w:raise EOFError('closed before the proof')\n"
+    " return f,n,w\n"
+    "h,_,p=a.rpartition(':');s,(f,n,w)=g['dial'](h,int(p),C,Q,60,B)\n"
     "len(w)==2 and hmac.compare_digest(w[1],M('console',n,w[0])) or "
     "sys.exit('mscon dial: the console did not authenticate')\n"
     "s.sendall((M('node',w[0],n)+'\\n').encode());L=int(f.readline(32))\n"

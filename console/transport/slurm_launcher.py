@@ -125,8 +125,11 @@ class SlurmLauncher:
         """A new TCP connection (nothing read from it yet): counted as pending, its handshake
         started at once."""
         peer = raw.get_extra_info("peername")
-        for victim in self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX):
+        victims = self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX)
+        for victim in victims:
             victim.abort()  # over the cap: the oldest of the busiest address
+        if raw in victims:
+            return  # every handshake in progress holds the run's certificate
         task = asyncio.get_running_loop().create_task(self._accept(raw), name="dial-accept")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -149,6 +152,8 @@ class SlurmLauncher:
                 protocol.connection_made(secure)
                 writer = asyncio.StreamWriter(secure, protocol, reader, loop)
                 tls.check_peer(secure.get_extra_info("ssl_object"), self.tls.cert)
+                if not self._pending.trust(raw):  # from here on no flood pushes it out
+                    raise ValueError("pushed out")
                 role = await authenticate(reader, writer, self.key)
             if not self._pending.discard(raw):
                 raise ValueError("pushed out")

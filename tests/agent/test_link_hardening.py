@@ -160,11 +160,8 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     monkeypatch.setattr(coord, "PENDING_MAX", 4)
     srv, inbox = server
     threads = threading.active_count()
-    silent = []
-    for _ in range(10):
-        sock = _connect(srv.port)
-        _read_obj(sock)  # taken by the coordinator, in this order
-        silent.append(sock)
+    silent = [_raw(srv.port) for _ in range(10)]  # taken in this order; never a TLS byte
+    wait_until(lambda: len(srv._pending) == 4, 5, "four handshakes in progress")
     assert threading.active_count() == threads, "a thread per connection that has not authenticated"
     wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
     assert not any(_closed_by_peer(s) for s in silent[6:]), "the four newest wait for their deadline"
@@ -179,18 +176,19 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
         sock.close()
 
 
-def test_a_flood_from_one_address_pushes_out_its_own_connections_not_a_followers(
-    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "flood_from", ["127.0.0.2", "127.0.0.1"], ids=["another-address", "the-followers-address"]
+)
+def test_a_flood_pushes_out_its_own_connections_never_a_follower_past_tls(
+    server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch, flood_from: str
 ) -> None:
+    """Even from the follower's own address (another user on its node): a connection that showed
+    the run's certificate is never pushed out, however old."""
     monkeypatch.setattr(coord, "PENDING_MAX", 4)
     srv, inbox = server
     follower = _connect(srv.port)  # a slow follower: the oldest handshake of all
     nonce = _read_obj(follower)["nonce"]
-    flood = []
-    for _ in range(20):
-        sock = _connect(srv.port, source="127.0.0.2")
-        _read_obj(sock)
-        flood.append(sock)
+    flood = [_raw(srv.port, source=flood_from) for _ in range(20)]  # no certificate: never past TLS
     wait_until(lambda: all(_closed_by_peer(s) for s in flood[:17]), 5, "the flood's oldest closed")
     assert not _closed_by_peer(follower)
     mac = coord._mac(SECRET.encode(), "f", nonce, "node2")

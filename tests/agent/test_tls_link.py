@@ -223,3 +223,77 @@ def test_pending_pushes_out_the_oldest_of_the_busiest_address() -> None:
     assert p.keys() == ["f1", "x3", "x4"]
     assert p.discard("f1") and not p.discard("f1")
     assert len(p) == 2 and "x3" in p
+
+
+def test_a_peer_that_showed_the_run_certificate_is_never_pushed_out() -> None:
+    """A flood from a node's own address (another user on it) cannot close a connection past TLS."""
+    p = gate.Pending()
+    assert p.add("node", "10.0.0.1", 3) == []
+    assert p.trust("node")
+    assert p.add("x1", "10.0.0.1", 3) == []
+    assert p.add("x2", "10.0.0.1", 3) == []
+    assert p.add("x3", "10.0.0.1", 3) == ["x1"]  # the same address, yet the node's stays
+    assert p.add("x4", "10.0.0.1", 3) == ["x2"]
+    assert "node" in p and p.discard("node")
+    assert not p.trust("x1")  # pushed out already: the caller closes it
+
+
+def test_when_every_handshake_holds_the_certificate_the_newcomer_is_refused() -> None:
+    p = gate.Pending()
+    for i in range(3):
+        assert p.add(i, "10.0.0.%d" % i, 3) == [] and p.trust(i)
+    assert p.add("x", "10.0.0.9", 3) == ["x"]
+    assert "x" not in p and len(p) == 3
+
+
+def test_dial_tries_again_while_the_listener_closes_it_before_its_answer(listener: socket.socket) -> None:
+    """What a node sees when a flood pushes its connection out: closed before TLS, then closed
+    after TLS before the first answer; the third connection is served."""
+    port = listener.getsockname()[1]
+    served: list = []
+
+    def run() -> None:
+        raw, _ = listener.accept()
+        raw.close()  # pushed out before the handshake
+        raw, _ = listener.accept()
+        sock = tls.server_context(RUN.cert, RUN.key).wrap_socket(
+            raw, server_side=True, do_handshake_on_connect=False
+        )
+        tls.handshake(sock, time.monotonic() + 5)
+        sock.close()  # pushed out after it, before the answer
+        raw, _ = listener.accept()
+        sock = tls.server_context(RUN.cert, RUN.key).wrap_socket(
+            raw, server_side=True, do_handshake_on_connect=False
+        )
+        tls.handshake(sock, time.monotonic() + 5)
+        link = tls.TlsSock(sock)
+        link.sendall(b"answer\n")
+        served.append(link.recv(100, time.monotonic() + 5))
+        link.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def first(sock: ssl.SSLSocket) -> bytes:
+        link = tls.TlsSock(sock)
+        got = link.recv(100, time.monotonic() + 5)
+        if not got:
+            raise EOFError("closed before the answer")
+        link.sendall(b"thanks")
+        return got
+
+    sock, got = tls.dial("127.0.0.1", port, RUN.cert, RUN.key, 10, first)
+    t.join(10)
+    sock.close()
+    assert got == b"answer\n" and served == [b"thanks"]
+
+
+def test_dial_does_not_try_again_a_peer_without_the_run_certificate(listener: socket.socket) -> None:
+    other = make_run_tls()
+    got: list = []
+    t = _serve_once(listener, other, got)
+    t0 = time.monotonic()
+    with pytest.raises(ssl.SSLError):
+        tls.dial("127.0.0.1", listener.getsockname()[1], RUN.cert, RUN.key, 10)
+    t.join(10)
+    assert time.monotonic() - t0 < 5 and len(got) == 1  # one try, refused at once
