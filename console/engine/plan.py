@@ -23,6 +23,14 @@ class NodePlan:
     procs: tuple[ProcSpec, ...]
 
 
+# MindSpore's cluster timers, in whole seconds: a worker that registered before the last one learns
+# that the cluster is complete at its next heartbeat, and the scheduler retries its finalize, each
+# every 3 to 5 s by default. Measured on the local default job: 12.6 s from launch to the end, 7.5 s
+# with 1 s (cluster joined +7.1 s -> +3.9 s). A restart is quicker by as much. The job's or a node's
+# env may set its own.
+MINDSPORE_TIMERS = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+
+
 def node_python(node: NodeSpec) -> str:
     if node.python:
         return node.python
@@ -44,6 +52,7 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
         argv = (python, script, *args)
         path_dir = posixpath.dirname(python)
         common = {
+            **MINDSPORE_TIMERS,
             **node.env,
             **inv.job.env,
             "MS_SCHED_PORT": str(inv.scheduler.port),
