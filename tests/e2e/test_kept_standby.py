@@ -182,6 +182,7 @@ def test_a_console_that_dies_takes_the_adopted_ranks_with_it(
     assert _keepers() == {}  # and it kept none for a next run
 
 
+@pytest.mark.mindspore(ranks=2)  # interrupted: it keeps no spares
 def test_an_interrupted_run_keeps_nothing(
     tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
 ) -> None:

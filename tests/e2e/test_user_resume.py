@@ -27,6 +27,7 @@ import pytest
 import yaml
 from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_processes, ssh_inventory
 from mscon.agent import layout
+from mscon.console.engine.plan import MINDSPORE_TIMERS
 from second_user import intruder_uid, run_as
 from sshd_nodes import SshdCluster
 
@@ -35,10 +36,8 @@ from mscon_resume import store
 sys.path.insert(0, str(REPO / "bench"))
 from fake_mnist import write_fake_mnist  # noqa: E402
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=4)]  # 2 nodes x 2
-
-SAMPLES = 2560  # 4 ranks x batch 32: 20 steps an epoch, 200 in net.py's 10 epochs
-KILL_AT = 150
+SAMPLES = 1280  # 4 ranks x batch 32: 10 steps an epoch, 100 in net.py's 10 epochs
+KILL_AT = 45  # past the snapshot interval's 5 timed steps, mid-epoch, with 5 epochs to go
 LOSS_LINE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$", re.M)
 
 
@@ -208,6 +207,8 @@ def _check_resume(
         assert layout.own_shm_snapshot_folders(run_dir) == [], node.name
 
 
+@pytest.mark.ssh
+@pytest.mark.mindspore(ranks=4)  # 2 nodes x 2
 @needs_mindspore
 def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
@@ -217,11 +218,13 @@ def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
     _check_resume(tmp_path, sshd_cluster, "net.py", {}, intruder=True)
 
 
+@pytest.mark.ssh
+@pytest.mark.mindspore(ranks=4)
 @needs_mindspore
 def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
-    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 160 steps
+    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 80 steps
 
 
 def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
@@ -240,6 +243,7 @@ def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
 def _msrun(work: Path, data: Path, log_dir: str, port: int, resume: bool) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "RANK_", "MSCON_"))}
     env.update(DATA_PATH=str(data), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    env.update(MINDSPORE_TIMERS)  # MindSpore's cluster timers at 1 s, as mscon sets them
     if resume:
         env["MSCON_RESUME"] = "1"
     return subprocess.Popen(
@@ -262,6 +266,7 @@ def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
     return {(int(e), int(s)): x.strip() for e, s, x in LOSS_LINE.findall(log.read_text(errors="replace"))}
 
 
+@pytest.mark.mindspore  # 2 ranks
 @needs_mindspore
 def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: Path) -> None:
     if shutil.which("msrun", path=str(Path(sys.executable).parent)) is None:
