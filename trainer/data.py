@@ -92,10 +92,13 @@ class SyntheticSource:
     from a small fixed bank. Only z is stored, so 224x224 ImageNet-shaped data costs no more memory
     than 32x32. Class frequencies follow p_k ~ 1/(k+1)**imbalance (uniform at 0, Zipf-like skew above)
     through a calibrated per-class teacher bias; a skew reproduces seed 000's uneven shard mixes.
+    Past ``DISTINCT`` samples the data repeats (sample i is sample i % DISTINCT): a long synthetic
+    epoch (100,000 steps x 32) built 3.2 M samples, 9 s and 410 MB on every rank before its first step.
     """
 
     GRID = 8  # latent / pattern resolution for images
     TEXTURES = 64  # full-resolution noise images shared by all samples
+    DISTINCT = 65536  # samples made; more than a short job passes over, 0.2 s to make
 
     def __init__(
         self,
@@ -117,6 +120,7 @@ class SyntheticSource:
         self.sample_shape = shape
         self.num_classes = int(num_classes)
         rng = np.random.default_rng(seed)
+        total, n = n, min(n, self.DISTINCT)
         if len(shape) == 1:
             latent_shape: tuple[int, ...] = shape
         else:
@@ -130,7 +134,7 @@ class SyntheticSource:
         logits = self.latent.reshape(n, -1).astype(np.float64) @ teacher.astype(np.float64)
         # Calibrated even at imbalance 0: a raw random teacher is itself up to 2x uneven across classes.
         logits = logits + _calibrate_bias(logits, zipf_probs(num_classes, imbalance))
-        self.labels = np.argmax(logits, axis=1).astype(np.int32)
+        self.labels = np.resize(np.argmax(logits, axis=1).astype(np.int32), total)  # repeated past n
         self.patterns: np.ndarray | None = None
         if len(shape) == 3:
             self.patterns = rng.standard_normal((num_classes, *latent_shape), dtype=np.float32)
@@ -144,10 +148,11 @@ class SyntheticSource:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         i = _check_index(i, len(self))
         y = self.labels[i]
+        j = i % len(self.latent)  # the sample it repeats
         if self.patterns is None:
-            return self.latent[i], y
-        low = self.latent[i] + self.patterns[y]
-        x = low[:, self._rows][:, :, self._cols] + self.textures[i % len(self.textures)]
+            return self.latent[j], y
+        low = self.latent[j] + self.patterns[y]
+        x = low[:, self._rows][:, :, self._cols] + self.textures[j % len(self.textures)]
         return x, y
 
 
