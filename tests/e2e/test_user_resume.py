@@ -36,8 +36,8 @@ from mscon_resume import store
 sys.path.insert(0, str(REPO / "bench"))
 from fake_mnist import write_fake_mnist  # noqa: E402
 
-SAMPLES = 1280  # 4 ranks x batch 32: 10 steps an epoch, 100 in net.py's 10 epochs
-KILL_AT = 45  # past the snapshot interval's 5 timed steps, mid-epoch, with 5 epochs to go
+SAMPLES = 640  # 4 ranks x batch 32: 5 steps an epoch, 50 in net.py's 10 epochs
+KILL_AT = 22  # past the snapshot interval's 5 timed steps, mid-epoch, with 5 epochs to go
 LOSS_LINE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$", re.M)
 
 
@@ -224,7 +224,7 @@ def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
 def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
-    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 80 steps
+    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 40 steps
 
 
 def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
