@@ -25,9 +25,9 @@ class NodePlan:
 
 # MindSpore's cluster timers, in whole seconds: a worker that registered before the last one learns
 # that the cluster is complete at its next heartbeat, and the scheduler retries its finalize, each
-# every 3 to 5 s by default. Measured on the local default job: 12.6 s from launch to the end, 7.5 s
-# with 1 s (cluster joined +7.1 s -> +3.9 s). A restart is quicker by as much. The job's or a node's
-# env may set its own.
+# every few seconds by default. The local default job, launch to exit: 12.7-18.2 s with MindSpore's
+# defaults, 7.3-8.3 s with 1 s (3 runs each; the cluster join alone, bench/warm_start.py: 4.68 ->
+# 3.92 s median). The job's or a node's env may set its own.
 MINDSPORE_TIMERS = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
 
 
