@@ -148,16 +148,37 @@ def test_the_next_run_starts_warm_and_another_job_ends_the_standby(
     assert wait_gone([p for procs in held.values() for p in procs], 30) == []
 
 
-def test_a_console_that_dies_takes_the_adopted_ranks_with_it(
+@pytest.mark.mindspore(ranks=2)  # interrupted: it keeps no spares
+def test_an_interrupted_run_keeps_nothing(
     tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
 ) -> None:
+    args = [*ARGS[:-1], "100000", "--step-sleep", "0.05"]
+    inv = _inventory(tmp_path, sshd_cluster, 1, args, script=TRAIN, restart={"keep_warm_s": 600})
+    con = _start(tmp_path, inv, _run_id("interrupted"))
+    try:
+        for node, name in NODES.items():
+            con.wait_line("out", f"[{node} {name}] epoch: 1 step: 3, loss", 120)
+        con.proc.send_signal(signal.SIGINT)
+        assert con.finish(60) == 130
+    finally:
+        con.kill()
+    assert _keepers() == {}
+
+
+def test_a_detached_run_keeps_one_as_it_ends_and_an_attached_run_takes_it_and_dies_with_its_console(
+    tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
+) -> None:
+    """Detached, the nodes end the run themselves: each keeps its standby then, as an attached
+    run's agents do on the console's Shutdown. The attached run that takes it (the same job with
+    other arguments: the order gives them, the spares only imported and joined) is training when
+    its console dies: the adopted ranks die with it, and nothing is kept for a next run."""
     inv = _inventory(tmp_path, sshd_cluster, 1, ARGS, script=TRAIN, restart={"keep_warm_s": 600})
-    rc, err = _run(tmp_path, inv, "keep")
-    assert rc == 0, err[-3000:]
-    held = _kept_ready()
+    done = mscon(
+        "run", "--no-tui", "--detach", inv, "--run-id", _run_id("detached"), cwd=tmp_path, timeout=120
+    )
+    assert done.code == 0, done.err[-3000:]
+    held = _kept_ready()  # the run ended on the nodes (10 steps), and each node's keeper has joined
     keepers = list(_keepers().values())
-    # The same job with other arguments (the order gives them: the spares only imported and
-    # joined), training when the console dies.
     long_run = [*ARGS[:-1], "100000", "--step-sleep", "0.05"]
     port = yaml.safe_load(inv.read_text())["scheduler"]["port"]
     inv = _inventory(
@@ -180,37 +201,3 @@ def test_a_console_that_dies_takes_the_adopted_ranks_with_it(
     # The ranks were the kept spares, the keepers their parents: nothing holds a device on.
     assert wait_gone([p for procs in held.values() for p in procs] + keepers, 30) == []
     assert _keepers() == {}  # and it kept none for a next run
-
-
-@pytest.mark.mindspore(ranks=2)  # interrupted: it keeps no spares
-def test_an_interrupted_run_keeps_nothing(
-    tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
-) -> None:
-    args = [*ARGS[:-1], "100000", "--step-sleep", "0.05"]
-    inv = _inventory(tmp_path, sshd_cluster, 1, args, script=TRAIN, restart={"keep_warm_s": 600})
-    con = _start(tmp_path, inv, _run_id("interrupted"))
-    try:
-        for node, name in NODES.items():
-            con.wait_line("out", f"[{node} {name}] epoch: 1 step: 3, loss", 120)
-        con.proc.send_signal(signal.SIGINT)
-        assert con.finish(60) == 130
-    finally:
-        con.kill()
-    assert _keepers() == {}
-
-
-def test_a_detached_run_keeps_one_as_it_ends_and_an_attached_run_takes_it(
-    tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
-) -> None:
-    """Detached, the nodes end the run themselves: each keeps its standby then, as an attached
-    run's agents do on the console's Shutdown."""
-    inv = _inventory(tmp_path, sshd_cluster, 1, ARGS, script=TRAIN, restart={"keep_warm_s": 600})
-    done = mscon(
-        "run", "--no-tui", "--detach", inv, "--run-id", _run_id("detached"), cwd=tmp_path, timeout=120
-    )
-    assert done.code == 0, done.err[-3000:]
-    _kept_ready()  # the run ended on the nodes (10 steps), and each node's keeper has joined
-    rc, err = _run(tmp_path, inv, "after-detached")
-    assert rc == 0, err[-3000:]
-    assert "attempt 0 starts warm" in err, err[-3000:]
-    assert _summary(tmp_path)["attempts"][0]["phases"]["warm"] is True
