@@ -81,21 +81,29 @@ def _steps(metrics: Path) -> list[int]:
 
 
 def _kill_r1_after(run_id: str, step: int, timeout: float = 240) -> None:
-    """SIGKILL rank 1 once its metrics file says it completed ``step``."""
+    """SIGKILL rank 1 once its metrics file says it completed ``step``. The process is found
+    first: a scan of every process's environment takes steps' worth of time on a loaded machine."""
     metrics = Path(layout.metrics_path(node_run_dir(run_id, "node1"), 0, "r1"))
+    attempt0_r1 = os.sep + f"{layout.ATTEMPT_PREFIX}0" + os.sep + "r1" + layout.METRICS_SUFFIX
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if max(_steps(metrics), default=0) >= step:
-            for p in run_processes(run_id):
-                try:
-                    env = p.environ()
-                except psutil.Error:
-                    continue
-                if env.get("RANK_ID") == "1" and env.get("MS_ROLE") == "MS_WORKER":
-                    p.send_signal(signal.SIGKILL)
-                    return
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, "r1 never started"
+        for p in run_processes(run_id):
+            try:
+                env = p.environ()
+            except psutil.Error:
+                continue
+            if env.get("MSCON_METRICS", "").endswith(attempt0_r1) and env.get("MS_ROLE") == "MS_WORKER":
+                victim = p  # attempt 0's r1, not a spare waiting for attempt 1
+                break
+        else:
+            time.sleep(0.05)
+    while max(_steps(metrics), default=0) < step:
+        assert time.monotonic() < deadline, f"r1 never reached step {step}"
+        assert victim.is_running(), "r1 ended before the kill"
         time.sleep(0.02)
-    raise AssertionError(f"r1 never reached step {step}")
+    victim.send_signal(signal.SIGKILL)
 
 
 def _losses(run_dir: Path, attempt: int) -> dict[str, dict[tuple[int, int], str]]:
