@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sshd_nodes import find_free_port
+
 __all__ = [
     "NetnsNode",
     "SlurmCluster",
@@ -214,10 +216,11 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports() -> tuple[int, int]:
+    """slurmctld's and slurmd's: below the ephemeral range, where no other test's outgoing
+    connection takes one between this choice and the daemon's bind (sshd_nodes.find_free_port)."""
+    port = find_free_port(["127.0.0.1"])
+    return port, port + 1
 
 
 def _conf(
@@ -310,7 +313,7 @@ def start_slurm_cluster(workdir: Path, netns_nodes: int = 0) -> SlurmCluster:
                 _ip("-n", ns.ns, "route", "add", f"{cluster.console_address}/32", "via", ns.host_ip)
         for d in cluster.nodes:
             (workdir / f"spool-{d}").mkdir(exist_ok=True)
-        conf.write_text(_conf(workdir, node, cpus, munge_socket, (_free_port(), _free_port()), cluster.netns))
+        conf.write_text(_conf(workdir, node, cpus, munge_socket, _free_ports(), cluster.netns))
         env = cluster.env()
         cluster.procs["munged"] = subprocess.Popen(
             [MUNGED, "-F", "-f", f"--socket={munge_socket}", f"--key-file={key}",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port  # free with the two above it, below the ephemeral range
 from mscon.agent import checks as C
 from mscon.agent.checks import env as env_checks
 from mscon.agent.checks import ifname as ifname_checks
@@ -198,7 +199,7 @@ def test_quick_checks_take_well_under_a_second(tmp_path: Path) -> None:
         "devices": 1,
         "python": sys.executable,
         "workdir": str(tmp_path),
-        "sched_port": _free_port(),
+        "sched_port": free_port(),
         "is_first": True,
         "sched_host": "127.0.0.1",
         "env": {"NCCL_SOCKET_IFNAME": "lo"},
@@ -622,12 +623,6 @@ def test_disk_free_in_workdir_and_checkpoint_dir(tmp_path: Path, small_tmpfs: Pa
 # ------------------------------------------------------------------ port
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def held_port() -> Iterator[int]:
     s = socket.socket()
@@ -640,7 +635,7 @@ def held_port() -> Iterator[int]:
 
 
 def test_port_free_busy_and_other_nodes(held_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    free = _free_port()
+    free = free_port()
     got = run("port", sched_port=free, is_first=True, sched_host="127.0.0.1")["port"]
     assert (got["status"], got["value"]) == ("ok", f"{free} free")
     assert run("port", sched_port=held_port, is_first=False)["port"]["status"] == "n/a"
@@ -658,7 +653,7 @@ def test_port_free_busy_and_other_nodes(held_port: int, monkeypatch: pytest.Monk
 
 
 def test_standby_ports_free_or_held(held_port: int) -> None:
-    free = _free_port()
+    free = free_port()
     got = run("port", sched_port=free, is_first=True, standby_ports=[free + 1, free + 2])
     assert got["port"]["status"] == "ok"
     assert (got["standby port"]["status"], got["standby port"]["value"]) == (
@@ -690,7 +685,7 @@ def test_a_standby_port_held_by_mscons_kept_spare_is_ok(tmp_path: Path) -> None:
         assert spare.stdout is not None
         port = int(spare.stdout.readline())
         assert "spare_boot.py" not in port_checks.port_holder(port)  # the description is cut before it
-        got = run("port", sched_port=_free_port(), is_first=True, standby_ports=[port])["standby port"]
+        got = run("port", sched_port=free_port(), is_first=True, standby_ports=[port])["standby port"]
         assert got["status"] == "ok" and got["value"].startswith(f"{port} held by mscon's standby")
     finally:
         spare.kill()
@@ -698,9 +693,9 @@ def test_a_standby_port_held_by_mscons_kept_spare_is_ok(tmp_path: Path) -> None:
 
 
 def test_port_sched_host_that_is_not_this_node() -> None:
-    got = run("port", sched_port=_free_port(), is_first=True, sched_host="192.0.2.1")["port"]  # TEST-NET-1
+    got = run("port", sched_port=free_port(), is_first=True, sched_host="192.0.2.1")["port"]  # TEST-NET-1
     assert got["status"] == "warn" and "not an address of this node" in got["value"]
-    got = run("port", sched_port=_free_port(), is_first=True, sched_host="no-such-host.invalid")["port"]
+    got = run("port", sched_port=free_port(), is_first=True, sched_host="no-such-host.invalid")["port"]
     assert got["status"] == "fail" and "does not resolve" in got["value"]
 
 
