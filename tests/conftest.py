@@ -202,6 +202,19 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def run_process(run_id: str, attempt: int, name: str) -> psutil.Process | None:
+    """A process of the run by attempt and name, spare-born or not (its MSCON_METRICS says)."""
+    want = os.sep + f"{layout.ATTEMPT_PREFIX}{attempt}" + os.sep + name + layout.METRICS_SUFFIX
+    for p in psutil.process_iter():
+        try:
+            metrics = p.environ().get("MSCON_METRICS", "")
+            if run_id in metrics and metrics.endswith(want) and p.status() != psutil.STATUS_ZOMBIE:
+                return p
+        except (psutil.Error, OSError):
+            continue
+    return None
+
+
 def agent_processes(node_names: list[str], roots: list[int] | None = None) -> list[psutil.Process]:
     """Live agents. Node names travel on the agent's stdin, not its command line, so a test scopes
     them by ancestry instead: ``roots`` are the pids (sshd nodes, the mscon process) they descend

@@ -241,7 +241,7 @@ def test_a_peer_that_showed_the_run_certificate_is_never_pushed_out() -> None:
 def test_when_every_handshake_holds_the_certificate_the_newcomer_is_refused() -> None:
     p = gate.Pending()
     for i in range(3):
-        assert p.add(i, "10.0.0.%d" % i, 3) == [] and p.trust(i)
+        assert p.add(i, f"10.0.0.{i}", 3) == [] and p.trust(i)
     assert p.add("x", "10.0.0.9", 3) == ["x"]
     assert "x" not in p and len(p) == 3
 

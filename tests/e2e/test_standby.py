@@ -12,14 +12,13 @@ nothing is left behind. No time is asserted: ``bench/failstop.py`` and ``bench/c
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import needs_mindspore, run_processes, wait_gone
+from conftest import needs_mindspore, run_process, run_processes, wait_gone
 from mscon.agent import layout
 from sshd_nodes import SshdCluster
 from test_faults import (
@@ -118,19 +117,6 @@ def _spares_of(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def _process_of(run_id: str, attempt: int, name: str) -> psutil.Process | None:
-    """A process of the run by attempt and name, spare-born or not (its MSCON_METRICS says)."""
-    want = os.sep + f"{layout.ATTEMPT_PREFIX}{attempt}" + os.sep + name + layout.METRICS_SUFFIX
-    for p in psutil.process_iter():
-        try:
-            metrics = p.environ().get("MSCON_METRICS", "")
-            if run_id in metrics and metrics.endswith(want) and p.status() != psutil.STATUS_ZOMBIE:
-                return p
-        except (psutil.Error, OSError):
-            continue
-    return None
-
-
 def _check_one_step_resume(tmp_path: Path, run_id: str, victim_last: int) -> int:
     """Every rank of attempt 1 resumed at the same step, at most one before the victim's last,
     with the parameters attempt 0 had after that step, and went on from the step after it."""
@@ -179,7 +165,7 @@ def test_kill9_of_a_standby_makes_the_restart_cold(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
     con, run_id = _launch(tmp_path, sshd_cluster, request, "standby-lost", 1)
-    spare = _process_of(run_id, 1, "r1")
+    spare = run_process(run_id, 1, "r1")
     assert spare is not None and spare.name() == "mscon-spare"
     spare.kill()
     con.wait_line("err", "mscon: node2: standby for attempt 1 lost: the spare for r1 exited (SIGKILL)", 30)
@@ -201,7 +187,7 @@ def test_kill9_of_the_scheduler_during_a_warm_restart(
     con, run_id = _launch(tmp_path, sshd_cluster, request, "sched-in-restart", 2)
     _ranks(run_id, 2)["r1"].kill()
     con.wait_line("err", "mscon: attempt 1 starts warm", 60)
-    sched = _process_of(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
+    sched = run_process(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
     assert sched is not None  # named mscon-spare still: see agent/spare_boot.py
     sched.kill()
     con.wait_line(

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_processes, ssh_inventory
+from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_process, run_processes, ssh_inventory
 from mscon.agent import layout
 from mscon.console.engine.plan import MINDSPORE_TIMERS
 from second_user import intruder_uid, run_as
@@ -84,21 +84,12 @@ def _kill_r1_after(run_id: str, step: int, timeout: float = 240) -> None:
     """SIGKILL rank 1 once its metrics file says it completed ``step``. The process is found
     first: a scan of every process's environment takes steps' worth of time on a loaded machine."""
     metrics = Path(layout.metrics_path(node_run_dir(run_id, "node1"), 0, "r1"))
-    attempt0_r1 = os.sep + f"{layout.ATTEMPT_PREFIX}0" + os.sep + "r1" + layout.METRICS_SUFFIX
     deadline = time.monotonic() + timeout
-    victim = None
+    victim = run_process(run_id, 0, "r1")  # attempt 0's, not a spare waiting for attempt 1
     while victim is None:
         assert time.monotonic() < deadline, "r1 never started"
-        for p in run_processes(run_id):
-            try:
-                env = p.environ()
-            except psutil.Error:
-                continue
-            if env.get("MSCON_METRICS", "").endswith(attempt0_r1) and env.get("MS_ROLE") == "MS_WORKER":
-                victim = p  # attempt 0's r1, not a spare waiting for attempt 1
-                break
-        else:
-            time.sleep(0.05)
+        time.sleep(0.05)
+        victim = run_process(run_id, 0, "r1")
     while max(_steps(metrics), default=0) < step:
         assert time.monotonic() < deadline, f"r1 never reached step {step}"
         assert victim.is_running(), "r1 ended before the kill"
