@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.mindspore
+pytestmark = pytest.mark.mindspore(ranks=1)  # one probe process a test
 
 PROBE = """
 import json, sys, types

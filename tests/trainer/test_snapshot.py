@@ -33,7 +33,7 @@ def _last_loss(out: str) -> str:
     return [line for line in out.splitlines() if line.startswith("epoch:")][-1]
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @needs_mindspore
 def test_resumes_at_the_step_after_the_kill_and_ends_like_an_uninterrupted_run(tmp_path: Path) -> None:
     common = ["--epochs", "2", "--steps-per-epoch", "6", "--snapshot-every", "1"]
@@ -53,7 +53,7 @@ def test_resumes_at_the_step_after_the_kill_and_ends_like_an_uninterrupted_run(t
     assert not (tmp_path / "snap" / "rank_0").exists()  # finished: the memory is given back
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @needs_mindspore
 def test_damaged_snapshots_fall_back_to_the_checkpoint(tmp_path: Path) -> None:
     args = ["--epochs", "1", "--steps-per-epoch", "14", "--snapshot-every", "1", "--checkpoint-every", "10"]
@@ -110,7 +110,7 @@ def test_the_agent_removes_the_folder_the_trainer_writes_by_default(tmp_path: Pa
     assert layout._SHM_ALTERNATES == store._ALTERNATES  # and the names it may take instead
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @needs_mindspore
 def test_auto_interval_in_the_trainer(tmp_path: Path) -> None:
     args = [

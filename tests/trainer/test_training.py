@@ -80,6 +80,7 @@ def _params(ckpt: Path, moments: bool = False) -> dict[str, np.ndarray]:
     return {k: v.asnumpy() for k, v in loaded if moments or not k.startswith("moment")}
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
     common = [
         "--epochs",
@@ -109,6 +110,7 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
         np.testing.assert_allclose(four[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @pytest.mark.parametrize("scale", [["--loss-scale", "none"], ["--loss-scale", "dynamic"]])
 def test_cell_runner_takes_the_same_steps_as_the_functional_one(tmp_path: Path, scale: list[str]) -> None:
     """The cell runner is the one semi/auto/hybrid parallel use (GPU/Ascend); on CPU it must update
@@ -196,6 +198,7 @@ def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path,
 _ = REPO
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @pytest.mark.parametrize("runner", ["functional", "cell"])
 def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path, runner: str) -> None:
     metrics = tmp_path / "m.jsonl"
@@ -220,6 +223,7 @@ def test_amp_o3_dynamic_loss_scale_counts_overflows_and_backs_off(tmp_path: Path
     assert "4 overflow(s)" in out.stdout
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 @pytest.mark.parametrize("model", ["lenet", "mlp"])
 def test_mnist_idx_files_train(tmp_path: Path, model: str) -> None:
     from test_models_data import write_idx
@@ -250,12 +254,14 @@ def test_mnist_idx_files_train(tmp_path: Path, model: str) -> None:
     assert f"model {model}" in out.stdout and "training finished: 8 steps" in out.stdout
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 def test_wrong_data_path_is_one_line(tmp_path: Path) -> None:
     out = _run_alone(["--dataset", "mnist", "--data-path", str(tmp_path / "nope")], tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip().startswith("train.py: error: mnist data path") and "Traceback" not in out.stderr
 
 
+@pytest.mark.mindspore(ranks=1)  # one MindSpore process at a time
 def test_profiler_window_is_reported_to_the_console(tmp_path: Path) -> None:
     prof = tmp_path / "prof"
     args = ["--epochs", "1", "--steps-per-epoch", "4", "--profile-steps", "2:3", "--profile-dir", str(prof)]
