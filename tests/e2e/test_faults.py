@@ -688,7 +688,7 @@ def dns_name() -> Iterable[str]:
         hosts.write_text("".join(x for x in text.splitlines(keepends=True) if x != line))
 
 
-@pytest.mark.mindspore(ranks=4)
+@pytest.mark.mindspore  # 2 nodes x 1: the names, not the topology, are the point
 @needs_mindspore
 def test_real_mindspore_via_dns_name_and_ssh_config_alias(
     tmp_path: Path, sshd_cluster: SshdCluster, dns_name: str
@@ -709,18 +709,18 @@ def test_real_mindspore_via_dns_name_and_ssh_config_alias(
     nodes = [
         {
             "host": dns_name,
-            "devices": 2,
+            "devices": 1,
             "port": node1.port,
             "user": "root",
             "identity_file": str(sshd_cluster.client_key),
         },
-        {"host": "node-b", "devices": 2},  # port, user and key from the ssh config
+        {"host": "node-b", "devices": 1},  # port, user and key from the ssh config
     ]
     args = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", "10"]
     inv = _inventory(
         tmp_path,
         sshd_cluster,
-        2,
+        1,
         args,
         script=TRAIN,
         nodes=nodes,
@@ -734,18 +734,13 @@ def test_real_mindspore_via_dns_name_and_ssh_config_alias(
     done = mscon(
         "run", "--no-tui", inv, "--run-id", run_id, "--json", tmp_path / "s.json", cwd=tmp_path, timeout=300
     )
-    _report("2x2 MindSpore, DNS name + ssh-config alias", whole_run=time.monotonic() - t0)
+    _report("2x1 MindSpore, DNS name + ssh-config alias", whole_run=time.monotonic() - t0)
     assert done.code == 0, done.err[-4000:]
-    for node, rank in ((dns_name, 0), (dns_name, 1), ("node-b", 2), ("node-b", 3)):
+    for node, rank in ((dns_name, 0), ("node-b", 1)):
         steps = re.findall(rf"^\[{re.escape(node)} r{rank}\] epoch: 1 step: (\d+), loss is", done.out, re.M)
         assert [int(s) for s in steps] == list(range(1, 11)), (node, rank, steps)
     workers = [r for r in _summary(tmp_path)["ranks"] if r["rank"] >= 0]
-    assert sorted((r["node"], r["rank"]) for r in workers) == [
-        (dns_name, 0),
-        (dns_name, 1),
-        ("node-b", 2),
-        ("node-b", 3),
-    ]
+    assert sorted((r["node"], r["rank"]) for r in workers) == [(dns_name, 0), ("node-b", 1)]
     assert all(r["status"] == "ok" and r["last_step"] == 10 for r in workers), workers
     assert run_processes(run_id) == []
     assert _under_sshd_eventually_empty(sshd_cluster)
