@@ -303,9 +303,12 @@ def cpu_env() -> dict[str, str]:
 # Side by side (pytest-xdist, ``--dist loadgroup``, pyproject's addopts). The tests that start a
 # Slurm cluster share one worker (munged, slurmctld and slurmd are heavy to start twice at once).
 # Tests that launch MindSpore ranks run on two workers and hold rank slots while they run:
-# ``@pytest.mark.mindspore(ranks=N)`` (N MindSpore processes at most at once, kept spares counted;
-# 2 when unsaid), at most ``RANK_SLOTS`` at a time over all workers, so this 2-core machine never
-# runs more than 4 ranks. First: xdist reads the group markers in its own hook of this name.
+# ``@pytest.mark.mindspore(ranks=N)`` (N: the MindSpore processes that compute at once, 2 when
+# unsaid), at most ``RANK_SLOTS`` at a time over all workers, so this 2-core machine never runs more
+# than 4 ranks. A test's spares (standby or kept) take one slot together: each uses about a second of
+# CPU to import MindSpore and join, then waits idle (0.05 % of a core, 400 MB) until it becomes a
+# rank, which it does only once the rank it replaces is gone. First: xdist reads the group markers
+# in its own hook of this name.
 RANK_SLOTS = 4
 
 

@@ -26,7 +26,7 @@ from sshd_nodes import SshdCluster
 from test_faults import TRAIN, _run_id, _start, _summary
 from test_faults import _inventory as _fault_inventory
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=4)]  # ranks and kept spares
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=3)]  # 2 ranks, and one slot for the kept spares
 
 ARGS = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", "10"]
 # Node names of this module's own: a node's kept standby is found by its name, and other tests'
