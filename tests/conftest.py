@@ -322,7 +322,6 @@ _MINDSPORE_GROUP = {
     "tests/e2e/test_standby.py": "a",  # 132
     "tests/e2e/test_hang_limits.py": "a",  # 83
     "tests/trainer/test_snapshot.py": "a",  # 47
-    "tests/trainer/test_straggler_trainer.py": "a",  # 43
     "tests/e2e/test_resume_summary.py": "a",  # 29
     "tests/e2e/test_operator_restart.py": "a",  # 28
     "tests/trainer/test_training.py": "b",  # 210
@@ -332,6 +331,7 @@ _MINDSPORE_GROUP = {
     "tests/trainer/test_sharding.py": "b",  # 55
     "tests/trainer/test_phases_trainer.py": "b",  # 44
     "tests/e2e/test_faults.py": "b",  # 36
+    "tests/trainer/test_straggler_trainer.py": "b",  # 43
     "tests/trainer/test_resume_shapes.py": "b",  # 27
     "tests/tui/test_tui_terminal.py": "b",  # 11
 }
