@@ -1,5 +1,7 @@
 """Users' own scripts resume at their last step: the docs' ``net.py`` (a hand-written loop) and a
-``Model.train`` LeNet, each with mscon_resume's lines, on 2 sshd nodes x 1 real MindSpore rank.
+``Model.train`` LeNet, each with mscon_resume's lines, on 2 sshd nodes with real MindSpore ranks:
+``net.py`` with 2 ranks a node (two ranks of a node share its snapshot folder, which another user
+planted first), the LeNet with one (its point is the callback's resume, agreed across nodes).
 
 A rank is killed with SIGKILL in attempt 0 once it has passed step ``KILL_AT``; ``--max-restarts
 1`` restarts the group. The next attempt's ranks must start right after the last step every rank
@@ -36,23 +38,29 @@ from mscon_resume import store
 sys.path.insert(0, str(REPO / "bench"))
 from fake_mnist import write_fake_mnist  # noqa: E402
 
-SAMPLES = 192  # 2 ranks x batch 32: 3 steps an epoch, 30 in net.py's 10 epochs
+SAMPLES_A_RANK = 96  # batch 32: 3 steps an epoch, 30 in net.py's 10 epochs
 KILL_AT = 13  # past the snapshot interval's 5 timed steps, mid-epoch, with 5 epochs to go
 MSRUN_EPOCH = 5  # steps an epoch of the plain msrun case (2 ranks): 50 in all
-NODES = {"r0": "node1", "r1": "node2"}  # one rank a node: the resume agreed across nodes
 LOSS_LINE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$", re.M)
 
 
-def _job(tmp_path: Path, script: str) -> tuple[Path, Path]:
+def _nodes(per_node: int) -> dict[str, str]:
+    """Rank name -> node, as mscon numbers them: node1's ranks first."""
+    return {f"r{i}": f"node{i // per_node + 1}" for i in range(2 * per_node)}
+
+
+def _job(tmp_path: Path, script: str, ranks: int) -> tuple[Path, Path]:
     """(workdir holding the example, the data folder)."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(REPO / "examples" / script, work / script)
-    return work, write_fake_mnist(tmp_path / "mnist", SAMPLES)
+    return work, write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * ranks)
 
 
-def _inventory(tmp_path: Path, cluster: SshdCluster, work: Path, data: Path, script: str, env: dict) -> Path:
-    inv = ssh_inventory(tmp_path / "inv.yaml", cluster, 1, script, [], workdir=work)
+def _inventory(
+    tmp_path: Path, cluster: SshdCluster, per_node: int, work: Path, data: Path, script: str, env: dict
+) -> Path:
+    inv = ssh_inventory(tmp_path / "inv.yaml", cluster, per_node, script, [], workdir=work)
     doc = yaml.safe_load(inv.read_text())
     doc["job"]["env"] = {"DATA_PATH": str(data), **env}
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -81,10 +89,10 @@ def _steps(metrics: Path) -> list[int]:
     return out
 
 
-def _kill_r1_after(run_id: str, step: int, timeout: float = 240) -> None:
+def _kill_r1_after(run_id: str, node: str, step: int, timeout: float = 240) -> None:
     """SIGKILL rank 1 once its metrics file says it completed ``step``. The process is found
     first: a scan of every process's environment takes steps' worth of time on a loaded machine."""
-    metrics = Path(layout.metrics_path(node_run_dir(run_id, NODES["r1"]), 0, "r1"))
+    metrics = Path(layout.metrics_path(node_run_dir(run_id, node), 0, "r1"))
     deadline = time.monotonic() + timeout
     victim = run_process(run_id, 0, "r1")  # attempt 0's, not a spare waiting for attempt 1
     while victim is None:
@@ -98,18 +106,18 @@ def _kill_r1_after(run_id: str, step: int, timeout: float = 240) -> None:
     victim.send_signal(signal.SIGKILL)
 
 
-def _losses(run_dir: Path, attempt: int) -> dict[str, dict[tuple[int, int], str]]:
+def _losses(run_dir: Path, nodes: dict[str, str], attempt: int) -> dict[str, dict[tuple[int, int], str]]:
     """Per rank: (epoch, step) -> the loss it printed in ``attempt``."""
     out = {}
-    for name, node in NODES.items():
+    for name, node in nodes.items():
         text = Path(layout.log_path(run_dir / node, attempt, name)).read_text(errors="replace")
         out[name] = {(int(e), int(s)): loss.strip() for e, s, loss in LOSS_LINE.findall(text)}
     return out
 
 
-def _resume_records(run_dir: Path, attempt: int) -> dict[str, dict]:
+def _resume_records(run_dir: Path, nodes: dict[str, str], attempt: int) -> dict[str, dict]:
     found = {}
-    for name, node in NODES.items():
+    for name, node in nodes.items():
         for line in Path(layout.metrics_path(run_dir / node, attempt, name)).read_text().splitlines():
             rec = json.loads(line)
             if "resume" in rec:
@@ -117,7 +125,7 @@ def _resume_records(run_dir: Path, attempt: int) -> dict[str, dict]:
     return found
 
 
-def _plant(uid: int, folder: Path, tmp_path: Path) -> None:
+def _plant(uid: int, folder: Path, ranks: int, tmp_path: Path) -> None:
     """What another user does first: the run's snapshot folder in /dev/shm, made before the run,
     open to all, with a snapshot of a late step for every rank (a valid npz of nonsense)."""
     bait = tmp_path / "bait.npz"
@@ -129,21 +137,22 @@ def _plant(uid: int, folder: Path, tmp_path: Path) -> None:
         **{"fc.weight": np.zeros((10, 784), np.float32), "__mscon_meta__": np.frombuffer(meta, np.uint8)},
     )
     assert run_as(uid, "mkdir", "-m", "777", str(folder)).returncode == 0
-    for rank in range(len(NODES)):
+    for rank in range(ranks):
         assert run_as(uid, "mkdir", "-m", "777", str(folder / f"rank_{rank}")).returncode == 0
         dest = str(folder / f"rank_{rank}" / "snap_9999.npz")
         assert run_as(uid, "sh", "-c", 'cat > "$0"', dest, data=bait.read_bytes()).returncode == 0
 
 
 def _check_resume(
-    tmp_path: Path, cluster: SshdCluster, script: str, env: dict, intruder: bool = False
+    tmp_path: Path, cluster: SshdCluster, per_node: int, script: str, env: dict, intruder: bool = False
 ) -> None:
-    work, data = _job(tmp_path, script)
-    inv = _inventory(tmp_path, cluster, work, data, script, env)
+    nodes = _nodes(per_node)
+    work, data = _job(tmp_path, script, len(nodes))
+    inv = _inventory(tmp_path, cluster, per_node, work, data, script, env)
     reference = f"resume-ref-{secrets.token_hex(3)}"
     done = mscon("run", "--no-tui", inv, "--run-id", reference, "--logs-dir", tmp_path / "runs", cwd=tmp_path)
     assert done.code == 0, done.err[-3000:]
-    want = _losses(tmp_path / "runs" / reference, 0)
+    want = _losses(tmp_path / "runs" / reference, nodes, 0)
 
     run_id = f"resume-{secrets.token_hex(3)}"
     planted = Path(layout.shm_snapshot_folder(str(node_run_dir(run_id, "node1"))))
@@ -151,10 +160,10 @@ def _check_resume(
     if intruder and uid is None:
         pytest.skip("no second local user: useradd failed and there is no 'nobody'")
     if uid is not None:
-        _plant(uid, planted, tmp_path)
+        _plant(uid, planted, len(nodes), tmp_path)
     proc = _popen(tmp_path, inv, run_id, "--max-restarts", "1")
     try:
-        _kill_r1_after(run_id, KILL_AT)
+        _kill_r1_after(run_id, nodes["r1"], KILL_AT)
         if uid is not None:  # while the run is live: the ranks' real folder is none of its business
             real = Path(f"{planted}.1")
             assert real.is_dir() and (real / "rank_0").is_dir()
@@ -175,25 +184,25 @@ def _check_resume(
     # The last step every rank completed in attempt 0, from their metrics files.
     last_common = min(
         max(_steps(Path(layout.metrics_path(runs / node, 0, name))), default=0)
-        for name, node in NODES.items()
+        for name, node in nodes.items()
     )
     assert last_common >= KILL_AT, last_common
-    records = _resume_records(runs, 1)
-    assert set(records) == set(NODES), records
+    records = _resume_records(runs, nodes, 1)
+    assert set(records) == set(nodes), records
     resumed = {r["step"] for r in records.values()}
     assert len(resumed) == 1 and {r["source"] for r in records.values()} == {"snapshot"}, records
     (step,) = resumed
     assert last_common - 1 <= step <= last_common, (step, last_common)  # at most one step lost
-    for name, node in NODES.items():
+    for name, node in nodes.items():
         first = min(_steps(Path(layout.metrics_path(runs / node, 1, name))))
         assert first == step + 1, (name, first, step)
-    got = _losses(runs, 1)
+    got = _losses(runs, nodes, 1)
     for name, lines in got.items():
         assert len(lines) >= 3, (name, lines)
         for key, loss in lines.items():
             assert want[name].get(key) == loss, (name, key, loss, want[name].get(key))
     if uid is not None:  # the planted folder was passed over, and said once in each rank's log
-        for name, node in NODES.items():
+        for name, node in nodes.items():
             if node != "node1":
                 continue  # the folder was planted on node1's run directory only
             log = Path(layout.log_path(runs / node, 0, name)).read_text(errors="replace")
@@ -207,23 +216,23 @@ def _check_resume(
 
 
 @pytest.mark.ssh
-@pytest.mark.mindspore(ranks=2)  # 2 nodes x 1
+@pytest.mark.mindspore(ranks=4)  # 2 nodes x 2
 @needs_mindspore
 def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
     """Also: another local user made the run's /dev/shm folder first and planted a late snapshot
     for every rank; during the run it can list and read none of the ranks' snapshots."""
-    _check_resume(tmp_path, sshd_cluster, "net.py", {}, intruder=True)
+    _check_resume(tmp_path, sshd_cluster, 2, "net.py", {}, intruder=True)
 
 
 @pytest.mark.ssh
-@pytest.mark.mindspore(ranks=2)
+@pytest.mark.mindspore(ranks=2)  # 2 nodes x 1
 @needs_mindspore
 def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
-    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 24 steps
+    _check_resume(tmp_path, sshd_cluster, 1, "lenet_model_train.py", {"EPOCHS": "8"})  # 24 steps
 
 
 def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
