@@ -330,8 +330,8 @@ _MINDSPORE_GROUP = {
     "tests/e2e/test_preflight.py": "b",  # 66
     "tests/trainer/test_sharding.py": "b",  # 55
     "tests/trainer/test_phases_trainer.py": "b",  # 44
-    "tests/e2e/test_faults.py": "b",  # 36
     "tests/trainer/test_straggler_trainer.py": "b",  # 43
+    "tests/e2e/test_faults.py": "b",  # 36
     "tests/trainer/test_resume_shapes.py": "b",  # 27
     "tests/tui/test_tui_terminal.py": "b",  # 11
 }

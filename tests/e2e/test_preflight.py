@@ -130,7 +130,7 @@ def test_check_two_ssh_nodes_passes_with_a_real_allreduce(tmp_path: Path, cluste
     print(f"\nmscon check, 2 sshd nodes x 1 rank, with the AllReduce: {wall:.1f} s")
 
 
-@pytest.mark.mindspore
+@pytest.mark.mindspore(ranks=4)
 @needs_mindspore
 def test_collective_smoke_test_on_four_local_ranks(tmp_path: Path) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 4, FAKE, FAKE_ARGS)
