@@ -273,6 +273,31 @@ def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
     return {(int(e), int(s)): x.strip() for e, s, x in LOSS_LINE.findall(log.read_text(errors="replace"))}
 
 
+def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Path) -> None:
+    """msrun launches net.py, every process of it is killed once rank 1 has a snapshot of the
+    middle step in ``snapshots``, then msrun launches it again with ``MSCON_RESUME=1``."""
+    from conftest import free_port
+
+    first = _msrun(work, data, "first", free_port(), resume=False)
+    try:
+        deadline = time.monotonic() + 240
+        middle = 5 * MSRUN_EPOCH
+        while time.monotonic() < deadline and max(store.steps(str(snapshots), 1), default=0) < middle:
+            time.sleep(0.02)  # rank 1 has a snapshot of the middle step or later
+    finally:
+        # Every process of the launch, as a lost node would: msrun's workers run in sessions of
+        # their own, so they are found by what they run and where.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        _kill_everything_in(work)
+        first.wait(timeout=30)
+    relaunch = _msrun(work, data, "second", free_port(), resume=True)
+    try:
+        assert relaunch.wait(timeout=240) == 0
+    finally:
+        _kill_everything_in(work)  # msrun's `tail -f` of its logs, if it left one
+
+
 @pytest.mark.mindspore  # 2 ranks
 @needs_mindspore
 def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: Path) -> None:
@@ -293,24 +318,9 @@ def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: 
     if uid is not None:
         _plant(uid, shm, 2, tmp_path)
     snapshots = Path(f"{shm}.1") if uid is not None else shm
-    first = _msrun(work, data, "first", free_port(), resume=False)
     try:
-        deadline = time.monotonic() + 240
-        middle = 5 * MSRUN_EPOCH
-        while time.monotonic() < deadline and max(store.steps(str(snapshots), 1), default=0) < middle:
-            time.sleep(0.02)  # rank 1 has a snapshot of the middle step or later
+        _killed_in_the_middle_then_relaunched(work, data, snapshots)
     finally:
-        # Every process of the launch, as a lost node would: msrun's workers run in sessions of
-        # their own, so they are found by what they run and where.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.pid, signal.SIGKILL)
-        _kill_everything_in(work)
-        first.wait(timeout=30)
-    relaunch = _msrun(work, data, "second", free_port(), resume=True)
-    try:
-        assert relaunch.wait(timeout=240) == 0
-    finally:
-        _kill_everything_in(work)  # msrun's `tail -f` of its logs, if it left one
         if uid is not None:
             shutil.rmtree(shm, ignore_errors=True)
     if uid is not None:
