@@ -305,10 +305,12 @@ def cpu_env() -> dict[str, str]:
 # Tests that launch MindSpore ranks run on two workers and hold rank slots while they run:
 # ``@pytest.mark.mindspore(ranks=N)`` (N: the MindSpore processes that compute at once, 2 when
 # unsaid), at most ``RANK_SLOTS`` at a time over all workers, so this 2-core machine never runs more
-# than 4 ranks. A test's spares (standby or kept) take one slot together: each uses about a second of
-# CPU to import MindSpore and join, then waits idle (0.05 % of a core, 400 MB) until it becomes a
-# rank, which it does only once the rank it replaces is gone. First: xdist reads the group markers
-# in its own hook of this name.
+# than 4 ranks. Spares (standby or kept) and schedulers take no slot: a spare uses about a second
+# of CPU to import MindSpore and join, as any process start does, then waits idle (0.05 % of a core,
+# 400 MB) until it becomes a rank, which it does only once the rank it replaces is gone; a slot held
+# for them stalled the other group (a 3-slot test beside a 2-slot one) for about 140 s of each
+# group's 640 s beside two busy loops. First: xdist reads the group markers in its own hook of this
+# name.
 RANK_SLOTS = 4
 
 

@@ -26,7 +26,7 @@ from sshd_nodes import SshdCluster
 from test_faults import TRAIN, _run_id, _start, _summary
 from test_faults import _inventory as _fault_inventory
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=3)]  # 2 ranks, and one slot for the kept spares
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=2)]  # 2 ranks; the kept spares wait idle (no slot)
 
 ARGS = ["--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", "10"]
 # Node names of this module's own: a node's kept standby is found by its name, and other tests'
@@ -148,7 +148,6 @@ def test_the_next_run_starts_warm_and_another_job_ends_the_standby(
     assert wait_gone([p for procs in held.values() for p in procs], 30) == []
 
 
-@pytest.mark.mindspore(ranks=2)  # interrupted: it keeps no spares
 def test_an_interrupted_run_keeps_nothing(
     tmp_path: Path, sshd_cluster: SshdCluster, no_keepers: None
 ) -> None:

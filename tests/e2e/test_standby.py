@@ -32,7 +32,7 @@ from test_faults import (
     _under_sshd_eventually_empty,
 )
 
-pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=3)]  # 2 ranks, and one slot for their spares
+pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=2)]  # 2 ranks; their spares wait idle (no slot)
 
 # Long enough to still be training when each case has done its part (the case then stops the run):
 # the standby joins while attempt 0 trains, which takes seconds on a loaded machine.
