@@ -1,7 +1,10 @@
 """The supervisor's one input queue: commands first, then clock ticks, then the agents' messages.
 
 A failure an agent reports also jumps the queue as an ``Alarm``, so the stop goes out at once and
-not after the log batches queued ahead of it; the message itself still follows in order.
+not after the log batches queued ahead of it; the message itself still follows in order. MindSpore's
+own word on which rank failed (``Evidence``) jumps the queue too, in its place among the alarms: an
+agent sends a process's last lines before its exit, so the scheduler's blame line that came before a
+rank's failure is weighed before the stop, not dropped as something said while stopping.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mscon.agent.protocol import Message, ProcExited, ProcHung
+from mscon.agent.protocol import Evidence, Message, ProcExited, ProcHung
 from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelled_since
 from mscon.console.engine.clock import Clock, MonotonicClock
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
@@ -62,7 +65,7 @@ class Inputs:
             if alarming(msg):
                 assert isinstance(msg, ProcExited | ProcHung)
                 self._q.put_nowait((0, next(self._seq), Alarm(node, msg)))
-            self._q.put_nowait((2, next(self._seq), item))
+            self._q.put_nowait((0 if isinstance(msg, Evidence) else 2, next(self._seq), item))
             return
         prio = 0 if isinstance(item, StopJob | RestartGroup | DetachRun | Alarm) else 1
         self._q.put_nowait((prio, next(self._seq), item))
