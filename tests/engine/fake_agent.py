@@ -161,6 +161,7 @@ class NodeConfig:
     ssh_addr: str | None = None  # default: the node's host when it is an IP
     on_stop: Literal["term", "ignore"] = "term"  # "ignore": never confirms a Stop
     stop_delay_s: float = 0.0  # a Stop takes effect this long after it arrives
+    stall_after_start_s: float = 0.0  # the console's loop is held this long after a Start (a loaded machine)
     connect_error: str | None = None  # connect() raises NodeUnreachable with this
     resolve_delay_s: float = 0.0  # a Resolve is answered this long after it arrives
     stderr: str = ""
@@ -422,6 +423,8 @@ class FakeChannel(AgentChannel):
                 self._spawn(self._play(proc, actions), name)
         if cmd.join_standby and self.cfg.standby is not None:
             self._spawn(self._standby(cmd.attempt + 1, self.cfg.standby == "ready"), "standby")
+        if self.cfg.stall_after_start_s > 0:
+            time.sleep(self.cfg.stall_after_start_s)  # blocks the loop on purpose: a console too busy to read
 
     async def _standby(self, attempt: int, ready: bool) -> None:
         await self._sleep_until(self.cfg.standby_after_s)
@@ -432,9 +435,14 @@ class FakeChannel(AgentChannel):
         return self._start_ns + int(seconds * 1e9)
 
     async def _sleep_until(self, at: float) -> None:
-        delay = self._start_mono + at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        # A timer even when ``at`` is past: the loop wakes due timers in time order, so after a
+        # stall (a loaded machine) the processes' actions still come in their scripted order. A
+        # bare "already due?" test let whichever task ran first go first: r1's exit at 0.1 s before
+        # the scheduler's blame line at 0.03 s.
+        loop = asyncio.get_running_loop()
+        due: asyncio.Future[None] = loop.create_future()
+        loop.call_at(self._start_mono + at, lambda: due.done() or due.set_result(None))
+        await due
 
     async def _play(self, proc: _Proc, actions: list[Action]) -> None:
         spec = proc.spec

@@ -307,6 +307,19 @@ async def test_named_rank_that_also_failed_is_the_cause_with_its_own_code(tmp_pa
     assert run.result.exit_code == 6
 
 
+async def test_the_schedulers_blame_before_a_failure_counts_when_both_come_at_once(tmp_path: Path) -> None:
+    """The console is too busy to read until every message of the script is in: the failure's alarm
+    jumps the queue, and the blame line sent before it must still be weighed before the stop."""
+    script = {"sched": [Blame(0.03, ranks=(1,)), Exit(0.06, code=1)], "r1": [Exit(0.1, code=6)]}
+    cluster = make_cluster(tmp_path, script, a=NodeConfig(stop_delay_s=0.2, stall_after_start_s=0.15))
+    run = await run_job(tmp_path, cluster)
+    sent = [(type(m).__name__, getattr(m, "name", "")) for _, node, m in cluster.received if node == "a"]
+    assert sent.index(("Evidence", "sched")) < sent.index(("ProcExited", "r1"))  # as an agent sends them
+    root = run.result.root_cause
+    assert root is not None and (root.name, root.detail) == ("r1", "exit code 6")
+    assert root.evidence is not None and root.evidence.startswith("sched on a:")
+
+
 async def test_scheduler_failing_alone_is_the_root_cause(tmp_path: Path) -> None:
     cluster = make_cluster(tmp_path, {"sched": [Exit(0.05, code=3)], "r2": [LogEvery(0.0)]})
     run = await run_job(tmp_path, cluster)
