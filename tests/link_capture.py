@@ -38,8 +38,11 @@ class Capture:
     def __init__(self, path: Path, bpf: str) -> None:
         self.path = path
         host, port = _SENTINEL
+        self.partial: set[Flow] = set()  # flows whose first bytes the capture missed (stop())
         self.proc = subprocess.Popen(
-            ["tcpdump", "-i", "lo", "--immediate-mode", "-U", "-s", "0", "-n", "-w", str(path)]
+            # -B: a 32 MiB kernel buffer (2 MiB by default), so a tcpdump starved of CPU (a flood on a
+            # loaded machine) drops no packet as long as it can
+            ["tcpdump", "-i", "lo", "--immediate-mode", "-U", "-B", "32768", "-s", "0", "-n", "-w", str(path)]
             + [f"({bpf}) or (udp and dst host {host} and dst port {port})"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -61,7 +64,9 @@ class Capture:
                 assert time.monotonic() < deadline, f"tcpdump never wrote its {what} mark"
 
     def stop(self) -> dict[Flow, bytes]:
-        """End the capture (every packet before the last mark written) and read it back."""
+        """End the capture (every packet before the last mark written) and read it back. The flows
+        whose start it missed (the kernel dropped packets for a starved tcpdump) are in ``partial``:
+        their bytes begin mid-stream, so what a flow begins with is asked only of the others."""
         if self.proc.poll() is None:
             self._mark("stopping")
             self.proc.send_signal(signal.SIGINT)
@@ -70,7 +75,8 @@ class Capture:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        return read_flows(self.path)
+        flows, self.partial = read_flows_and_partial(self.path)
+        return flows
 
     def __enter__(self) -> Capture:
         return self
@@ -83,12 +89,20 @@ class Capture:
 
 def read_flows(path: Path) -> dict[Flow, bytes]:
     """Each TCP flow's payload in capture order (IPv4 over Ethernet, as ``-i lo`` writes it)."""
+    return read_flows_and_partial(path)[0]
+
+
+def read_flows_and_partial(path: Path) -> tuple[dict[Flow, bytes], set[Flow]]:
+    """Each TCP flow's payload in capture order, and the flows whose first payload is not the byte
+    after their SYN's sequence number (no SYN captured, or the first segments dropped)."""
     data = path.read_bytes()
     magic = struct.unpack("<I", data[:4])[0]
     endian = "<" if magic in (0xA1B2C3D4, 0xA1B23C4D) else ">"
     linktype = struct.unpack(endian + "I", data[20:24])[0]
     assert linktype == 1, f"link type {linktype}: expected Ethernet (tcpdump -i lo)"
     flows: dict[Flow, bytearray] = defaultdict(bytearray)
+    isn: dict[Flow, int] = {}
+    partial: set[Flow] = set()
     at = 24
     while at + 16 <= len(data):
         _, _, caplen, _ = struct.unpack(endian + "IIII", data[at : at + 16])
@@ -102,9 +116,16 @@ def read_flows(path: Path) -> dict[Flow, bytes]:
         tcp = ip[ihl:total]
         offset = (tcp[12] >> 4) * 4
         src, dst = socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
-        sport, dport = struct.unpack("!HH", tcp[:4])
-        flows[(src, sport, dst, dport)] += tcp[offset:]
-    return {k: bytes(v) for k, v in flows.items()}
+        sport, dport, seq = struct.unpack("!HHI", tcp[:8])
+        flow = (src, sport, dst, dport)
+        if tcp[13] & 0x02:  # SYN (or SYN-ACK): the sequence number the flow's payload follows
+            isn[flow] = seq
+        payload = tcp[offset:]
+        if payload and flow not in flows and (flow not in isn or seq != (isn[flow] + 1) % 2**32):
+            partial.add(flow)
+        if payload:
+            flows[flow] += payload
+    return {k: bytes(v) for k, v in flows.items()}, partial
 
 
 def on_port(flows: dict[Flow, bytes], port: int) -> dict[Flow, bytes]:

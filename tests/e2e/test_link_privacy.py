@@ -135,8 +135,10 @@ def test_a_slurm_run_is_private_on_its_link_and_a_flood_leaves_it_untouched(
     link = on_port(flows, port)
     assert sum(map(len, link.values())) > 100_000, "the link's traffic was not captured"
     assert leaks(flows, probe.needles()) == []
-    # Every flow of the nodes' connections begins with a TLS handshake record.
-    assert all(v[:1] == b"\x16" for k, v in link.items() if k[3] == port and len(v) > 1000)
+    # Every flow of the nodes' connections begins with a TLS handshake record (asked of the flows
+    # captured from their start: a starved tcpdump may have dropped the first packets of one).
+    whole = [v for k, v in link.items() if k[3] == port and len(v) > 1000 and k not in cap.partial]
+    assert whole and all(v[:1] == b"\x16" for v in whole), [v[:8] for v in whole]
     print(f"slurm link: {sum(map(len, link.values()))} bytes captured, flood {result}")
 
 
@@ -191,7 +193,8 @@ def test_a_detached_run_is_private_on_its_link_and_a_flood_leaves_it_untouched(
     old_clear = [b"node1", b"node2", b'"nonce"', b'"type"', b'"mac"']
     assert leaks(flows, probe.needles()) == []
     assert leaks(link, old_clear) == []
-    assert all(v[:1] == b"\x16" for k, v in link.items() if k[3] == port)
+    whole = [v for k, v in link.items() if k[3] == port and k not in cap.partial]  # see the Slurm case
+    assert whole and all(v[:1] == b"\x16" for v in whole), [v[:8] for v in whole]
     print(f"coordinator link: {sum(map(len, link.values()))} bytes captured, flood {result}")
 
 
