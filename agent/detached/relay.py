@@ -50,10 +50,17 @@ def relay_main(node: str, run_id: str, cache: str | None = None) -> int:
     except OSError:  # no socket, or nobody listening: the run is over (or its agent is gone)
         sock.close()
         return offline(node, run_dir)
-    return _pump(sock)
+    try:
+        first = sock.recv(65536)  # the agent's Hello: the console says nothing before it
+    except OSError:
+        first = b""
+    if not first:  # it took the connection and closed it unanswered: it is on its way out
+        sock.close()
+        return offline(node, run_dir)
+    return _pump(sock, first)
 
 
-def _pump(sock: socket.socket) -> int:
+def _pump(sock: socket.socket, first: bytes) -> int:
     def upstream() -> None:
         while True:
             try:
@@ -72,11 +79,8 @@ def _pump(sock: socket.socket) -> int:
             pass
 
     threading.Thread(target=upstream, daemon=True).start()
+    chunk = first
     while True:
-        try:
-            chunk = sock.recv(65536)
-        except OSError:
-            chunk = b""
         if not chunk:
             return 0
         view = memoryview(chunk)
@@ -86,6 +90,10 @@ def _pump(sock: socket.socket) -> int:
             except OSError:
                 return 0  # the console is gone
             view = view[n:]
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            chunk = b""
 
 
 def hello(node: str, ssh_addr: str | None = None) -> P.Hello:

@@ -206,7 +206,7 @@ class Attacher:
         )
         await session.broadcast(request)
         try:
-            buffered = await self._rebuild(names)
+            buffered = await self._rebuild(names, request)
         except AttachRefused as exc:
             return JobState.ERROR, exit_codes.USAGE, str(exc)
         # Live from here: first what arrived while the journals were merged, in order per node.
@@ -259,7 +259,7 @@ class Attacher:
             return JobState.DETACHED, exit_codes.OK, "logs printed; the run goes on"
         return JobState.FAILED, exit_codes.UNREACHABLE, "the run's agents went away before it ended"
 
-    async def _rebuild(self, names: list[str]) -> dict[str, list[Message | None]]:
+    async def _rebuild(self, names: list[str], request: Attach) -> dict[str, list[Message | None]]:
         """Collect every node's journal, then replay them merged: attempt by attempt, each
         attempt's messages in the order of the agents' clocks. Returns what came after each
         node's journal (log replay, live messages; None: the node's channel ended), to be applied
@@ -267,6 +267,7 @@ class Attacher:
         journals: dict[str, list[tuple[int, Message]]] = {n: [] for n in names}
         done: dict[str, JournalDone] = {}
         after: dict[str, list[Message | None]] = defaultdict(list)
+        retried: set[str] = set()
         while len(done) < len(names):
             item = await self._inbox.get()
             if not isinstance(item, tuple):
@@ -275,8 +276,18 @@ class Attacher:
             node, msg = item
             if msg is None:
                 if node not in done:
-                    link = self.session.links[node] if self.session else None
-                    raise AttachRefused(f"{node}: the relay ended early: {link.error if link else ''}")
+                    assert self.session is not None
+                    link = self.session.links[node]
+                    if node in retried:
+                        raise AttachRefused(f"{node}: the relay ended early: {link.error}")
+                    # A run that ends as we attach: its agent took our connection and closed it on
+                    # its way out. Once more, on a new relay: it finds the run's files, or its agent.
+                    retried.add(node)
+                    journals[node] = []  # nothing of it is applied before every journal is in
+                    error = await self.session.reopen(node)
+                    if error is not None or not await self.session.send(node, request):
+                        raise AttachRefused(f"{node}: the relay ended early: {error or link.error}")
+                    continue
                 after[node].append(None)
                 continue
             if node in done:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import subprocess
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import kill_run, local_inventory, mscon, run_processes, wait_gone
+from conftest import kill_run, local_inventory, mscon, node_run_dir, run_processes, wait_for, wait_gone
 from mscon.agent import layout
 
 FAKE = "bench/fake_rank.py"
@@ -43,6 +44,57 @@ def test_detach_then_attach_prints_every_line_once(tmp_path: Path, run_id: str) 
     assert listed.code == 0
     row = next(line for line in listed.out.splitlines() if line.startswith(run_id))
     assert row.split()[1:3] == ["succeeded", "0"]
+
+
+# An agent on its way out: its socket still takes a connection, which it closes unanswered, or after
+# its Hello and the console's Attach. Bound relative to the run folder (an absolute path may pass the
+# 107-byte limit of a socket's name).
+_LAST_BREATH = """
+import os, socket, sys
+from mscon.agent import protocol
+from mscon.agent.detached.relay import hello
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+if sys.argv[2] == "after-hello":
+    conn.sendall(protocol.encode(hello("local")).encode())
+    got = b""
+    while b"\\n" not in got:
+        got += conn.recv(4096) or b"\\n"
+conn.close()
+s.close()
+os.unlink(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("closes", ["unanswered", "after-hello"])
+def test_attach_as_the_run_ends_reads_its_files(tmp_path: Path, run_id: str, closes: str) -> None:
+    """The relay reaches the run's agent as it exits: the agent takes the connection and closes it,
+    unanswered (the relay reads the run's files instead) or once it has said Hello (the console
+    opens one more relay, which finds no agent and reads the files)."""
+    inv = local_inventory(tmp_path / "inv.yaml", 2, FAKE, ["--steps", "5", "--rate", "50"])
+    first = mscon("run", "--no-tui", "--detach", "--no-check", inv, "--run-id", run_id, cwd=tmp_path)
+    assert first.code == 0, first.err
+    run_dir = node_run_dir(run_id, "local", user=None)
+    sock = Path(layout.socket_file(str(run_dir)))
+    wait_for(lambda: not sock.exists() and not run_processes(run_id), 60, "the detached run to end")
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _LAST_BREATH, layout.SOCKET, closes],
+        cwd=run_dir,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline() == "listening\n"
+        done = mscon("attach", run_id, "--no-tui", "--json", "-", cwd=tmp_path, timeout=60)
+        assert agent.wait(timeout=30) == 0, "the relay never reached the socket"
+    finally:
+        agent.kill()
+    assert done.code == 0, done.err
+    assert json.loads(done.out)["status"] == "succeeded"
+    assert "[local r1] training finished" in done.err
 
 
 def test_attach_to_an_unknown_run_is_one_line(tmp_path: Path) -> None:
