@@ -109,17 +109,21 @@ def _inventory(path: Path, script: str, args: list[str], **extra: object) -> Pat
     )
 
 
-def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 180) -> None:
+def _wait_for_line(proc: subprocess.Popen[str], *needles: str, timeout: float = 180) -> None:
+    """Read the console's output until every needle has been in a line, in any order (two ranks'
+    lines interleave: a second wait would miss a line the first one read past)."""
     seen: list[str] = []
+    missing = set(needles)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     for line in proc.stdout:
         seen.append(line)
-        if needle in line:
+        missing -= {n for n in missing if n in line}
+        if not missing:
             return
-        assert time.monotonic() < deadline, f"{needle!r} not seen in time; last lines: {seen[-20:]}"
+        assert time.monotonic() < deadline, f"{sorted(missing)} not seen in time; last lines: {seen[-20:]}"
     raise AssertionError(
-        f"output ended before {needle!r}; stderr: {proc.stderr.read()[-3000:] if proc.stderr else ''}"
+        f"output ended before {sorted(missing)}; stderr: {proc.stderr.read()[-3000:] if proc.stderr else ''}"
     )
 
 
@@ -247,8 +251,7 @@ def lose_a_node(tmp_path: Path, alloc: Alloc, node: str) -> None:
         cwd=tmp_path, env=alloc.env,
     )  # fmt: skip
     try:
-        _wait_for_line(proc, f"[{node} r")
-        _wait_for_line(proc, "r0] epoch: 1 step: 3,")
+        _wait_for_line(proc, f"[{node} r", "r0] epoch: 1 step: 3,")
         steps, dials = alloc.our_steps(), _dials(alloc, node)
         assert len(dials) == 1 and len(steps) == 1, (dials, steps)
         dials[0].kill()
