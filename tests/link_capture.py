@@ -75,7 +75,7 @@ class Capture:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        flows, self.partial = read_flows_and_partial(self.path)
+        flows, self.partial = read_flows(self.path)
         return flows
 
     def __enter__(self) -> Capture:
@@ -87,14 +87,10 @@ class Capture:
             self.proc.wait()
 
 
-def read_flows(path: Path) -> dict[Flow, bytes]:
-    """Each TCP flow's payload in capture order (IPv4 over Ethernet, as ``-i lo`` writes it)."""
-    return read_flows_and_partial(path)[0]
-
-
-def read_flows_and_partial(path: Path) -> tuple[dict[Flow, bytes], set[Flow]]:
-    """Each TCP flow's payload in capture order, and the flows whose first payload is not the byte
-    after their SYN's sequence number (no SYN captured, or the first segments dropped)."""
+def read_flows(path: Path) -> tuple[dict[Flow, bytes], set[Flow]]:
+    """Each TCP flow's payload in capture order (IPv4 over Ethernet, as ``-i lo`` writes it), and
+    the flows whose first payload is not the byte after their SYN's sequence number (no SYN
+    captured, or the first segments dropped)."""
     data = path.read_bytes()
     magic = struct.unpack("<I", data[:4])[0]
     endian = "<" if magic in (0xA1B2C3D4, 0xA1B23C4D) else ">"
