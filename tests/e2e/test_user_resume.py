@@ -43,9 +43,7 @@ MSRUN_EPOCH = 5  # steps an epoch of the plain msrun case (2 ranks): 50 in all
 LOSS_LINE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$", re.M)
 
 
-def _nodes(per_node: int) -> dict[str, str]:
-    """Rank name -> node, as mscon numbers them: node1's ranks first."""
-    return {f"r{i}": f"node{i // per_node + 1}" for i in range(2 * per_node)}
+NODES = {"r0": "node1", "r1": "node2"}  # one rank a node: the resume agreed across nodes
 
 
 def _job(tmp_path: Path, script: str, ranks: int) -> tuple[Path, Path]:
@@ -56,10 +54,8 @@ def _job(tmp_path: Path, script: str, ranks: int) -> tuple[Path, Path]:
     return work, write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * ranks)
 
 
-def _inventory(
-    tmp_path: Path, cluster: SshdCluster, per_node: int, work: Path, data: Path, script: str, env: dict
-) -> Path:
-    inv = ssh_inventory(tmp_path / "inv.yaml", cluster, per_node, script, [], workdir=work)
+def _inventory(tmp_path: Path, cluster: SshdCluster, work: Path, data: Path, script: str, env: dict) -> Path:
+    inv = ssh_inventory(tmp_path / "inv.yaml", cluster, 1, script, [], workdir=work)
     doc = yaml.safe_load(inv.read_text())
     doc["job"]["env"] = {"DATA_PATH": str(data), **env}
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -143,11 +139,11 @@ def _plant(uid: int, folder: Path, ranks: int, tmp_path: Path) -> None:
 
 
 def _check_resume(
-    tmp_path: Path, cluster: SshdCluster, per_node: int, script: str, env: dict, intruder: bool = False
+    tmp_path: Path, cluster: SshdCluster, script: str, env: dict, intruder: bool = False
 ) -> None:
-    nodes = _nodes(per_node)
+    nodes = NODES
     work, data = _job(tmp_path, script, len(nodes))
-    inv = _inventory(tmp_path, cluster, per_node, work, data, script, env)
+    inv = _inventory(tmp_path, cluster, work, data, script, env)
     reference = f"resume-ref-{secrets.token_hex(3)}"
     done = mscon("run", "--no-tui", inv, "--run-id", reference, "--logs-dir", tmp_path / "runs", cwd=tmp_path)
     assert done.code == 0, done.err[-3000:]
@@ -222,7 +218,7 @@ def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
 ) -> None:
     """Also: another local user made the run's /dev/shm folder first and planted a late snapshot
     for every rank; during the run it can list and read none of the ranks' snapshots."""
-    _check_resume(tmp_path, sshd_cluster, 1, "net.py", {}, intruder=True)
+    _check_resume(tmp_path, sshd_cluster, "net.py", {}, intruder=True)
 
 
 @pytest.mark.ssh
@@ -231,7 +227,7 @@ def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
 def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
-    _check_resume(tmp_path, sshd_cluster, 1, "lenet_model_train.py", {"EPOCHS": "8"})  # 24 steps
+    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 24 steps
 
 
 def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:
