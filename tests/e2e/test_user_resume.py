@@ -269,8 +269,14 @@ def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
     return {(int(e), int(s)): x.strip() for e, s, x in LOSS_LINE.findall(log.read_text(errors="replace"))}
 
 
+def _snapshot_step(snapshots: Path) -> int:
+    """The last step both ranks have a snapshot of: the step a relaunch resumes after (rank 0 can
+    be a step behind rank 1 when the kill comes)."""
+    return min(max(store.steps(str(snapshots), r), default=0) for r in (0, 1))
+
+
 def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Path) -> None:
-    """msrun launches net.py, every process of it is killed once rank 1 has a snapshot of the
+    """msrun launches net.py, every process of it is killed once both ranks have a snapshot of the
     middle step in ``snapshots``, then msrun launches it again with ``MSCON_RESUME=1``."""
     from conftest import free_port
 
@@ -278,8 +284,8 @@ def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Pat
     try:
         deadline = time.monotonic() + 240
         middle = 5 * MSRUN_EPOCH
-        while time.monotonic() < deadline and max(store.steps(str(snapshots), 1), default=0) < middle:
-            time.sleep(0.02)  # rank 1 has a snapshot of the middle step or later
+        while time.monotonic() < deadline and _snapshot_step(snapshots) < middle:
+            time.sleep(0.02)  # both ranks have a snapshot of the middle step or later
     finally:
         # Every process of the launch, as a lost node would: msrun's workers run in sessions of
         # their own, so they are found by what they run and where.
