@@ -583,7 +583,11 @@ def test_blocked_stdout_does_not_hold_up_sigterm(
     agents = _agents(ranks.values())
     assert con.proc.stdout is not None
     out = con.proc.stdout.fileno()  # 48 of 64 KiB: the rest is a torn page
-    wait_for(lambda: pipe_bytes(out) >= 48 * 1024, 30, "the console's stdout pipe to fill")
+    wait_for(
+        lambda: pipe_bytes(out) >= 48 * 1024 or (pipe_bytes(out) > 0 and _in_pipe_write(con.proc.pid)),
+        30,
+        "the console's stdout pipe to fill",
+    )
     # Rank output keeps arriving behind the full pipe: every rank writes 4 KiB more (a dozen steps).
     logs = [
         Path(layout.log_file(os.path.dirname(p.environ()["MSCON_METRICS"]), name))
@@ -608,6 +612,19 @@ def test_blocked_stdout_does_not_hold_up_sigterm(
     assert exited < 3.0, (
         f"mscon took {exited:.1f} s to exit after SIGTERM; stderr:\n{con.text('err')[-1500:]}"
     )
+
+
+def _in_pipe_write(pid: int) -> bool:
+    """A thread of ``pid`` waits in the kernel to write to a full pipe (the console's stdout
+    writer). A pipe is full by its 16 pages, not its bytes: writes that do not fit a page's rest
+    fill it with less than 48 KiB."""
+    for wchan in Path(f"/proc/{pid}/task").glob("*/wchan"):
+        try:
+            if "pipe_write" in wchan.read_text():
+                return True
+        except OSError:
+            continue  # a thread that ended
+    return False
 
 
 # ------------------------------------------------------------------ 9. stdout closed (| head -1)
