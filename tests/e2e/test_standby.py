@@ -18,8 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import needs_mindspore, run_process, run_processes, wait_gone
+from conftest import needs_mindspore, node_run_dir, run_process, run_processes, wait_for, wait_gone
 from mscon.agent import layout
+from mscon.agent.journal import read_state
 from sshd_nodes import SshdCluster
 from test_faults import (
     TRAIN,
@@ -105,6 +106,13 @@ def _stop_and_check_clean(con: Console, run_id: str, cluster: SshdCluster) -> No
     assert _under_sshd_eventually_empty(cluster)
 
 
+def _taken(run_dir: Path, attempt: int, name: str, pid: int) -> bool:
+    """The node's agent has made ``pid`` its process ``name`` of ``attempt`` (its state.json)."""
+    state = read_state(str(run_dir)) or {}
+    procs = state.get("procs", []) if state.get("attempt") == attempt else []
+    return any(p.get("name") == name and p.get("pid") == pid for p in procs)
+
+
 def _spares_of(run_id: str) -> list[psutil.Process]:
     """The run's processes still waiting as spares (process name mscon-spare)."""
     found = []
@@ -187,8 +195,16 @@ def test_kill9_of_the_scheduler_during_a_warm_restart(
     con, run_id = _launch(tmp_path, sshd_cluster, request, "sched-in-restart", 2)
     _ranks(run_id, 2)["r1"].kill()
     con.wait_line("err", "mscon: attempt 1 starts warm", 60)
-    sched = run_process(run_id, 1, "sched")  # the standby's scheduler, now attempt 1's
+    sched = run_process(run_id, 1, "sched")  # the standby's scheduler, about to be attempt 1's
     assert sched is not None  # named mscon-spare still: see agent/spare_boot.py
+    # "starts warm" is the console's word; node1's agent takes the spare a moment later. Killed
+    # before that, the attempt fails to start ("the standby's process for sched is gone"), which
+    # is another case: wait until node1's state.json names it as attempt 1's scheduler.
+    wait_for(
+        lambda: _taken(node_run_dir(run_id, "node1"), 1, "sched", sched.pid),
+        60,
+        "node1 taking its spare scheduler",
+    )
     sched.kill()
     con.wait_line(
         "err", "mscon: attempt 1 failed: the scheduler on node1 failed first (killed by SIGKILL)", 60
