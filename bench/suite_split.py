@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-RANK_SLOTS = 4
 GROUPS = ("mindspore-a", "mindspore-b")
 
 
@@ -36,8 +35,14 @@ class Test:
     seconds: float  # holding its slots
 
 
-def load(path: Path) -> list[Test]:
+def load(path: Path) -> tuple[list[Test], int]:
+    """The slot-holding tests, and how many slots the suite had (tests/conftest.py said, per test)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    limits = {r["slot_limit"] for r in rows if "slot_limit" in r}
+    if len(limits) != 1:
+        raise SystemExit(
+            f"{path}: no one rank-slot limit in it ({sorted(limits)}): rerun with suite_timeline"
+        )
     t0 = min(r["start"] for r in rows)
     tests = []
     for r in sorted(rows, key=lambda r: r["start"]):
@@ -46,14 +51,14 @@ def load(path: Path) -> list[Test]:
         group = r["id"].rsplit("@", 1)[1] if "@" in r["id"] else ""
         held = r["end"] - r["start"] - r.get("setup", 0.0)
         tests.append(Test(r["id"], r["id"].split("::")[0], group, r["slots"], r["start"] - t0, held))
-    return tests
+    return tests, limits.pop()
 
 
 def simulate(
-    chains: Sequence[Sequence[tuple[int, float]]], fixed: Sequence[tuple[float, float, int]]
+    chains: Sequence[Sequence[tuple[int, float]]], fixed: Sequence[tuple[float, float, int]], limit: int
 ) -> float:
     """The span of ``chains`` (each a list of (slots, seconds), run in order) beside ``fixed`` slot
-    use ((start, end, slots)), with a first-come, first-served gate."""
+    use ((start, end, slots)) on ``limit`` slots, with a first-come, first-served gate."""
     now, pos, running = 0.0, [0] * len(chains), []  # running: heap of (end, chain, slots)
     queue = [c for c in range(len(chains)) if chains[c]]
     marks = sorted({t for s, e, _ in fixed for t in (s, e)})
@@ -65,11 +70,11 @@ def simulate(
         while queue:
             c = queue[0]
             slots, seconds = chains[c][pos[c]]
-            if sum(n for _, _, n in running) + fixed_use(now) + min(slots, RANK_SLOTS) > RANK_SLOTS:
+            if sum(n for _, _, n in running) + fixed_use(now) + min(slots, limit) > limit:
                 break
             queue.pop(0)
             pos[c] += 1
-            heapq.heappush(running, (now + seconds, c, min(slots, RANK_SLOTS)))
+            heapq.heappush(running, (now + seconds, c, min(slots, limit)))
         later = [m for m in marks if m > now]
         if running and (not later or running[0][0] <= later[0]):
             now, c, _ = heapq.heappop(running)
@@ -89,14 +94,18 @@ def split_chains(tests: Sequence[Test], first: frozenset[str]) -> list[list[Test
 
 
 def score(
-    tests: Sequence[Test], first: frozenset[str], fixed: Sequence[tuple[float, float, int]], trials: int
+    tests: Sequence[Test],
+    first: frozenset[str],
+    fixed: Sequence[tuple[float, float, int]],
+    limit: int,
+    trials: int,
 ) -> tuple[float, float, float]:
     """(span with the measured durations, mean and worst span with varied ones)."""
     chains = split_chains(tests, first)
-    exact = simulate([[(t.slots, t.seconds) for t in c] for c in chains], fixed)
+    exact = simulate([[(t.slots, t.seconds) for t in c] for c in chains], fixed, limit)
     rng = random.Random(1)
     varied = [
-        simulate([[(t.slots, t.seconds * rng.uniform(0.8, 1.25)) for t in c] for c in chains], fixed)
+        simulate([[(t.slots, t.seconds * rng.uniform(0.8, 1.25)) for t in c] for c in chains], fixed, limit)
         for _ in range(trials)
     ]
     return exact, sum(varied) / trials, max(varied)
@@ -112,14 +121,14 @@ def main() -> None:
     ap.add_argument("--show", type=int, default=3, help="this many best splits")
     args = ap.parse_args()
 
-    everything = load(args.timeline)
+    everything, limit = load(args.timeline)
     tests = [t for t in everything if t.group in GROUPS]
     fixed = [(t.start, t.start + t.seconds, t.slots) for t in everything if t.group not in GROUPS]
     modules = sorted({t.module for t in tests})
     cost = {m: sum(t.seconds for t in tests if t.module == m) for m in modules}
     own = frozenset(t.module for t in tests if t.group == GROUPS[0])
-    exact, mean, worst = score(tests, own, fixed, args.trials)
-    bound = sum(t.slots * t.seconds for t in everything) / RANK_SLOTS
+    exact, mean, worst = score(tests, own, fixed, limit, args.trials)
+    bound = sum(t.slots * t.seconds for t in everything) / limit
     print(
         f"{len(tests)} MindSpore tests in {len(modules)} modules, {sum(cost.values()):.0f} s; "
         f"slot bound {bound:.0f} s"
@@ -132,10 +141,12 @@ def main() -> None:
         a = sum(cost[m] for m in first)
         if abs(a - (sum(cost.values()) - a)) <= args.balance:
             chains = split_chains(tests, first)
-            candidates.append((simulate([[(t.slots, t.seconds) for t in c] for c in chains], fixed), first))
+            candidates.append(
+                (simulate([[(t.slots, t.seconds) for t in c] for c in chains], fixed, limit), first)
+            )
     candidates.sort(key=lambda c: c[0])
     ranked = sorted(
-        ((score(tests, first, fixed, args.trials), first) for _, first in candidates[: 8 * args.show]),
+        ((score(tests, first, fixed, limit, args.trials), first) for _, first in candidates[: 8 * args.show]),
         key=lambda c: c[0][1],
     )
     for (exact, mean, worst), first in ranked[: args.show]:
