@@ -1,0 +1,141 @@
+"""One run of the resume check's script: started as a process group (a fresh interpreter, msrun,
+or a fork of the check), its metrics followed, killed whole."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Callable
+
+
+class StepWatch:
+    """The highest step in any of the metrics files, read as they grow (whole lines only)."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.read = {p: 0 for p in paths}
+        self.rest = {p: b"" for p in paths}
+        self.top = 0
+
+    def poll(self) -> int:
+        for path, offset in self.read.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            self.read[path] = offset + len(chunk)
+            *lines, self.rest[path] = (self.rest[path] + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(step, int) and not isinstance(step, bool):
+                    self.top = max(self.top, step)
+        return self.top
+
+
+class Child:
+    """A started run: a process group to poll and to kill whole."""
+
+    def __init__(self, pid: int, reap: Callable[[bool], int | None]) -> None:
+        self.pid = pid
+        self._reap = reap  # (block) -> exit code, or None while running
+
+    def poll(self) -> int | None:
+        return self._reap(False)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:  # a forked child killed before its setpgid
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap(True)
+
+
+def spawn(cmd: list[str], environ: dict[str, str], out: Path) -> Child:
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            cmd,
+            env=environ,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return Child(proc.pid, lambda block: proc.wait() if block else proc.poll())
+
+
+def fork(script: str, args: tuple[str, ...], environ: dict[str, str], out: Path) -> Child:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    pid = os.fork()
+    if pid == 0:
+        _child(script, args, environ, fd)
+    os.close(fd)
+    try:
+        os.setpgid(pid, pid)  # also in the child: whichever runs first
+    except OSError:
+        pass
+    done: list[int] = []
+
+    def reap(block: bool) -> int | None:
+        if not done:
+            got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            if not got:
+                return None
+            done.append(os.waitstatus_to_exitcode(status))
+        return done[0]
+
+    return Child(pid, reap)
+
+
+def _child(script: str, args: tuple[str, ...], environ: dict[str, str], fd: int) -> None:
+    """The forked run: as ``python script ARGS`` would run it, then exit without returning."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        code = _run_script(script)
+        atexit._run_exitfuncs()  # the library's end of training (its snapshots dropped)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - exiting whatever happens
+                pass
+        os._exit(code)
+
+
+def _run_script(script: str) -> int:
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return (exc.code or 0) & 0xFF
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
+        sys.excepthook(*sys.exc_info())  # the library's hook too: its snapshots stay
+        return 1
+    return 0
