@@ -107,6 +107,9 @@ def _child(script: str, args: tuple[str, ...], environ: dict[str, str], fd: int)
     code = 1
     try:
         os.setpgid(0, 0)
+        # The check's exit handlers are not the run's (MindSpore's would tear down threads this
+        # child never had): only what the script registers runs at its end.
+        atexit._clear()  # type: ignore[attr-defined]
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

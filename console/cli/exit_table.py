@@ -24,3 +24,19 @@ def exit_codes_text() -> str:
     """The list as the help's epilog prints it (argparse wraps it; ASCII, for any locale)."""
     items = (f"{code} {meaning}" if code is not None else meaning for code, meaning in EXIT_CODES)
     return "Exit codes: " + "; ".join(items) + ". " + AFTERWORD
+
+
+# ``mscon check --resume`` passes on the codes of the check it runs (``mscon_resume.check``, whose
+# ``check_compare.Kind`` holds the same: tests/unit/test_resume_check.py): (code, kind, meaning).
+RESUME_CHECK_CODES: tuple[tuple[int, str, str], ...] = (
+    (0, "EXACT", "the relaunch resumed and wrote and printed what the uninterrupted run did"),
+    (1, "DIFFERS", "the relaunch differs (the first difference is said)"),
+    (2, "USAGE", "usage error"),
+    (3, "REFUSED", "the relaunch refused to resume (the library says why, and the fix)"),
+    (4, "FAILS", "the script fails uninterrupted"),
+    (5, "STARTS_OVER", "the relaunch started over: exact, but no resume"),
+)
+
+
+def resume_check_codes_text() -> str:
+    return "; ".join(f"{code} {meaning}" for code, _, meaning in RESUME_CHECK_CODES)

@@ -18,6 +18,7 @@ from mscon.agent.layout import FETCHED_ON_REQUEST, LOGS_DIR
 from mscon.console.cli.exit_table import exit_codes_text
 from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
 from mscon.console.cli.prerun import refused_before_connecting
+from mscon.console.cli.resume_check import add_resume_flags, resume_check_main
 from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usage_error
 from mscon.console.cli.workdir import script_in_workdir, workdir_of
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
@@ -232,6 +233,7 @@ def _add_check_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "--events", metavar="PATH", type=Path, help="record every console event as JSON lines (replayable)"
     )
     add_adhoc_flags(check)
+    add_resume_flags(check)
 
 
 def _add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -518,6 +520,8 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
 
 
 def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
+    if args.resume or args.at is not None:
+        return resume_check_main(args, user_cmd)
     job = _job(args, user_cmd)
     if isinstance(job, int):
         return job
