@@ -45,18 +45,43 @@ def resume_from_line(node: str, name: str, rank: int, line: str) -> P.RankResume
     """A RankResumed from an MSCON_METRICS line that is a resume record (``{"resume": {"step":
     150, "epoch": 3, "source": "snapshot"}, "ts": 1700000000.5}``, written once per attempt before
     the rank's first step); None for any other line, and for a record without a step (an int, 0 or
-    more) or with a source not in ``ResumeSource.ALL``. An epoch that is not an int is dropped."""
+    more) or with a source not in ``ResumeSource.ALL``. An epoch that is not an int is dropped. A
+    refusal (``"source": "refused"``) needs no step (it starts none: 0) and keeps its ``reason``
+    (a string, else None), on one line and cut to ``RESUME_REASON_MAX`` characters."""
     obj = _record(line, "resume")
     body = obj["resume"] if obj is not None else None
     if not isinstance(body, dict) or body.get("source") not in P.ResumeSource.ALL:
         return None
+    refused = body["source"] == P.ResumeSource.REFUSED
     step = _opt_int(body.get("step"))
-    if step is None or step < 0:
+    if refused:
+        step = 0
+    elif step is None or step < 0:
         return None
     source, epoch = body["source"], _opt_int(body.get("epoch"))
+    reason = _one_line(body.get("reason"), P.RESUME_REASON_MAX) if refused else None
     return P.RankResumed(
-        node=node, name=name, rank=rank, step=step, source=source, epoch=epoch, ts_ns=_ts_ns(obj)
+        node=node,
+        name=name,
+        rank=rank,
+        step=step,
+        source=source,
+        epoch=epoch,
+        ts_ns=_ts_ns(obj),
+        reason=reason,
     )
+
+
+def _one_line(v: object, limit: int) -> str | None:
+    """A rank's free text as one line (runs of whitespace, newlines included, made one space) of at
+    most ``limit`` characters, the cut marked with an ellipsis; None for a non-string or an empty one.
+    Other control characters are left to the views, which show them escaped."""
+    if not isinstance(v, str):
+        return None
+    text = " ".join(v.split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026"
+    return text or None
 
 
 def _record(line: str, key: str) -> dict | None:

@@ -468,13 +468,21 @@ class ResumeSource:
     SNAPSHOT = "snapshot"  # a state copy in node memory
     CHECKPOINT = "checkpoint"  # a durable checkpoint
     NONE = "none"  # nothing every rank had: it starts at step 0
-    ALL = (SNAPSHOT, CHECKPOINT, NONE)
+    # it could not restore a state exactly: it exits (code 65) before its first step, saying why
+    # (``{"resume": {"step": 0, "source": "refused", "reason": "..."}, ...}``)
+    REFUSED = "refused"
+    ALL = (SNAPSHOT, CHECKPOINT, NONE, REFUSED)
+
+
+RESUME_REASON_MAX = 300  # characters of a refusal's reason kept (agent/metrics.py cuts it to one line)
 
 
 @dataclass(frozen=True)
 class RankResumed(Message):
     """A rank said where it starts: after global step ``step`` (its first step is ``step`` + 1), in
-    0-based epoch ``epoch`` (None: not said), from ``source`` (``ResumeSource``)."""
+    0-based epoch ``epoch`` (None: not said), from ``source`` (``ResumeSource``); or that it
+    refused to resume (``ResumeSource.REFUSED``, step 0), and why: ``reason``, the rank's own words
+    on one line, at most ``RESUME_REASON_MAX`` characters (None: not said, or not a refusal)."""
 
     type: ClassVar[str] = "rank_resumed"
     journaled: ClassVar[bool] = True  # an attaching console's summary says where each attempt resumed
@@ -485,6 +493,7 @@ class RankResumed(Message):
     source: str
     epoch: int | None = None
     ts_ns: int = 0
+    reason: str | None = None
 
 
 def standby_port(base: int, attempt: int) -> int:

@@ -106,6 +106,7 @@ class StartSource(enum.StrEnum):
     SNAPSHOT = wire.ResumeSource.SNAPSHOT  # resumed from a state copy in node memory
     CHECKPOINT = wire.ResumeSource.CHECKPOINT  # resumed from a durable checkpoint
     FRESH = wire.ResumeSource.NONE  # the resume library ran and found nothing: step 0
+    REFUSED = wire.ResumeSource.REFUSED  # it could not restore a state exactly: stopped before its first step
     STARTED_OVER = "started over"  # stepped with no resume record: the script does not resume
     UNRECORDED = "unrecorded"  # no record, but its first step came after the run's first: its own resume
     UNKNOWN = "unknown"  # neither a record nor a step yet
@@ -118,6 +119,7 @@ class ResumeVerdict(enum.StrEnum):
     FRESH = "fresh"  # every rank's resume library found nothing: step 0
     STARTED_OVER = "started over"  # no rank wrote a resume record: the script does not resume
     UNRECORDED = "unrecorded"  # no record, every rank went on past the run's first step by itself
+    REFUSED = "refused"  # a rank refused to resume (whatever the others did): the relaunch stopped
     MIXED = "mixed"  # the ranks started from different steps or in different ways
     UNKNOWN = "unknown"  # no rank has said yet
 
@@ -229,7 +231,8 @@ class AttemptPhases:
 class RankStart:
     """Where one rank of an attempt started (console/engine/resume.py). ``step``/``epoch``: its
     resume record's (the global step it resumes after; 0-based epoch); ``first_step``/
-    ``first_epoch``: its first metric of the attempt, as reported (None: not seen)."""
+    ``first_epoch``: its first metric of the attempt, as reported (None: not seen); ``reason``: why
+    it refused to resume (REFUSED; None: not said)."""
 
     name: str
     node: str
@@ -239,16 +242,20 @@ class RankStart:
     epoch: int | None = None
     first_step: int | None = None
     first_epoch: int | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptResume:
     """Where an attempt's ranks started: the verdict (one function computes it: resume.verdict),
-    the step they all resumed after (RESUMED, FRESH), and each worker's start."""
+    the step they all resumed after (RESUMED, FRESH), each worker's start, and (RESUMED) how many
+    steps are computed again: the largest step the previous attempt's ranks reported less ``step``
+    (None: not known; resume.frontier says which attempt counts as the previous one)."""
 
     verdict: ResumeVerdict
     step: int | None
     ranks: tuple[RankStart, ...]
+    recomputed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ from mscon.console.engine.events import (
     StragglerSummary,
 )
 from mscon.console.engine.phases import PhaseClock
-from mscon.console.engine.resume import rank_start, verdict
+from mscon.console.engine.resume import Reached, frontier, rank_start, verdict
 from mscon.console.engine.root_cause import first_failure, waits_on_peers
 from mscon.console.engine.state_views import TAIL, AttemptView, NodeView, RankView
 
@@ -478,11 +478,21 @@ class ClusterState:
             baseline = {
                 s.name: (s.first_epoch, s.first_step) for s in first.resume.ranks if s.first_step is not None
             }
+        earlier = [
+            Reached(
+                a.number,
+                a.resume.verdict if a.resume is not None else None,
+                tuple(r.last_step for r in a.summary),
+            )
+            for a in self.attempts
+            if a.number < att.number and a.outcome is not None
+        ]
         now = verdict(
             [
                 rank_start(r.name, r.node, r.rank, r.resumed, r.stepped, r.first_step, baseline.get(r.name))
                 for r in self.workers()
-            ]
+            ],
+            frontier(att.number, earlier),
         )
         self._resume_now = (att.number, self._starts, now)
         return now

@@ -344,7 +344,7 @@ def format_summary(result: RunResult, said_unreachable: Sequence[str] = ()) -> s
                 lines += ["    " + printable(t) for t in _last_lines(a.root_cause)[-3:]]
         # Where each restart's ranks started (the first attempt starts at the beginning).
         lines += [
-            f"attempt {a.attempt}: {describe_resume(a.resume)}"
+            f"attempt {a.attempt}: {printable(describe_resume(a.resume))}"
             for a in result.attempts
             if a.attempt and a.resume
         ]

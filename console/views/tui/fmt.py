@@ -59,7 +59,8 @@ JOB_STYLE: dict[JobState, str] = {
 }
 STRAGGLER_STYLE = "bold yellow"
 ROOT_STYLE = "bold red"
-STARTED_OVER_STYLE = "bold yellow"  # a restart whose script does not resume (or whose ranks disagree)
+# A restart whose script does not resume, whose ranks disagree, or that a rank refused.
+STARTED_OVER_STYLE = "bold yellow"
 
 
 def rank_state(state: RankState, straggler: bool = False) -> Text:

@@ -39,8 +39,8 @@ def summary_text(model: ViewModel) -> Text:
     if att is not None and att.number > 0:  # where the restart's ranks started, once one has said
         resumed = st.resume(att)
         if resumed is not None and resumed.verdict is not ResumeVerdict.UNKNOWN:
-            bad = resumed.verdict in (ResumeVerdict.STARTED_OVER, ResumeVerdict.MIXED)
-            line = f"attempt {att.number}: {describe_resume(resumed)}"
+            bad = resumed.verdict in (ResumeVerdict.STARTED_OVER, ResumeVerdict.REFUSED, ResumeVerdict.MIXED)
+            line = f"attempt {att.number}: {plain.printable(describe_resume(resumed))}"
             text.append(f"\n{line}", style=fmt.STARTED_OVER_STYLE if bad else "")
     for note in list(model.feed.notices)[-3:]:
         text.append(f"\n{fmt.line(note, 200)}", style="dim")
