@@ -8,8 +8,13 @@ position in the data and the random state. The same script runs under plain ``py
 
 Two shapes, one mechanism (:mod:`mscon_resume.core`):
 
-- hand-written loops: :func:`batches` (and :func:`track_loss` for the loss in the metrics);
+- hand-written loops: :func:`batches` (with :func:`epochs` when code around the batch loop
+  changes state, and :func:`track_loss` for the loss in the metrics), or :class:`Loop` per stage;
 - ``Model.train``: :class:`ResumeCallback`.
+
+What is kept is ``keep``'s contract (:mod:`mscon_resume.state`). A relaunch either computes what
+the uninterrupted run would have, or refuses in one line before its first step (exit code
+``REFUSED_EXIT``); ``python -m mscon_resume.check`` tries a script both ways.
 
 Pure Python over numpy and MindSpore; mscon's agent ships it with itself and puts it on every
 rank's ``PYTHONPATH``, and it is in mscon's wheel (``pip install mscon`` on a node works too).
@@ -20,9 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from .core import Resumed, Resumer
-from .loop import Loop, batches, track_loss
+from .env import REFUSED_EXIT
+from .loop import Loop, batches, epochs, track_loss
 
-__all__ = ["Loop", "Resumed", "Resumer", "ResumeCallback", "batches", "track_loss", "FILES"]
+__all__ = ["REFUSED_EXIT", "Loop", "Resumed", "Resumer", "ResumeCallback", "batches", "epochs", "track_loss"]
 
 # Every file of the package: what the console ships to the nodes beside its agent.
 FILES = (
@@ -33,6 +39,9 @@ FILES = (
     "interval.py",
     "metrics.py",
     "rng.py",
+    "state.py",
+    "probe.py",
+    "lifecycle.py",
     "core.py",
     "loop.py",
     "callback.py",

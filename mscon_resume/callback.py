@@ -7,9 +7,17 @@
 
 Resuming, the callback (made before ``model.train``: all ranks at once) agrees with the other
 ranks on the newest step all have, sets the dataset to start after it (``set_init_step``: the
-same batches the uninterrupted run would have seen, epoch order included) and gives the epoch to
-start in; at ``on_train_begin`` it loads the network's and optimizer's state and sets the step
-count, so LossMonitor and ModelCheckpoint count on from there.
+same batches the uninterrupted run would have seen, epoch order and random augmentation
+included) and gives the epoch to start in. At ``on_train_begin`` it loads the whole train network
+(network, optimizer, loss-scale cell, EMA: whatever ``Model`` built) and anything passed in
+``keep``, sets the step count, and puts ``LossMonitor``'s and ``ModelCheckpoint``'s own counters
+(and the checkpoint file prefix) where the uninterrupted run had them.
+
+A resume never starts at an epoch's end: the step before is kept too and resumed from, so the
+epoch's last step, its validation (``Model.fit``) and its epoch-end callbacks run again, and a run
+that failed after training (in an evaluation, a save) comes back to the end without the
+``initial_epoch == epoch`` error. Each callback is a stage of its own: two ``model.train`` calls
+with two callbacks keep apart.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from typing import Any
 
 from mindspore.train import Callback
 
-from . import core
+from . import core, probe
+from . import metrics as metrics_module
 from .interval import AUTO
+from .loop import PROBE_AT, stage_name
+from .state import Kept
 
 
 class ResumeCallback(Callback):
@@ -28,31 +39,62 @@ class ResumeCallback(Callback):
         self,
         dataset: Any,
         *,
+        keep: Any = (),
+        name: str | None = None,
         dir: str | None = None,  # noqa: A002 - the name users pass
         every: int | str = AUTO,
         budget: float = 0.02,
     ) -> None:
         super().__init__()
-        self.core = core.Resumer(dir, every, budget)
-        self.got = self.core.resume()  # a collective when resuming: every rank makes its callback
+        self.extra = Kept(keep)  # resolved now for its problems; again with the network at the start
+        self._keep = dict(keep) if isinstance(keep, dict) else {f"keep[{i}]": v for i, v in enumerate(keep)}
+        self.name = name or stage_name("callback")
+        self.core = core.Resumer(dir, every, budget, metrics=metrics_module.shared(), stage=self.name)
+        self.dataset = dataset
+        self.size = int(dataset.get_dataset_size()) or 1
+        # A collective when resuming: every rank makes its callback. Never at an epoch's end (the
+        # module docstring says why).
+        self.got = self.core.resume(problems=self.extra.problems, accept=lambda step: step % self.size != 0)
+        self.core.drop_at_success()
         self.initial_epoch = 0
         if self.got.step:
-            self.initial_epoch = self.got.step // dataset.get_dataset_size()
+            self.initial_epoch = self.got.step // self.size
             dataset.set_init_step(self.got.step)
+        self.kept: Kept | None = None
         self._t0 = 0.0
         self._end: float | None = None  # when the step before ended (a step's time holds its load)
         self._arrive_ts = 0.0
+        self._probe: probe.Unkept | None = None
+        self._local = 0
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
-        net = cb.train_network
+        self.dataset.set_init_step(0)  # the iterator has taken it: a later eval on the dataset starts at 0
+        self.kept = Kept({"net": cb.train_network, **self._keep})
+        self.core.kept = self.kept
         if self.got.source == core.SNAPSHOT:
-            core.load_into((net,), self.got.arrays)
-            self.core.restore_rng(self.got)
+            self._restore(cb)
         if self.got.step:
             cb.cur_step_num = self.got.step
-        self.core.keep(core.kept_parameters(net))
+            _align_callbacks(cb, self.got.step, self.got.meta.get("checkpoint_prefixes"))
+        self.core.extra["checkpoint_prefixes"] = _checkpoint_prefixes(cb)
+        self.core.keep(self.kept.params)
+        self._probe = probe.Unkept(self.kept.ids)
         self.core.ready()
+
+    def _restore(self, cb: Any) -> None:
+        import mindspore as ms
+
+        assert self.kept is not None
+        params = self.got.params
+        for key, p in self.kept.params:
+            if key not in params:
+                self.core.refuse(f"the snapshot lacks {key}: the network or keep changed since the run began")
+            p.set_data(ms.Tensor(params[key]))
+        missing = self.kept.restore(self.got.meta.get("kept", {}), self.got.arrays)
+        if missing:
+            self.core.refuse(f"the snapshot lacks {missing[0]}: keep changed since the run began")
+        self.core.restore_rng(self.got)
 
     def on_train_step_begin(self, run_context: Any) -> None:
         # Model.train fetched the batch already: from the step before's end, so a rank with a
@@ -65,6 +107,14 @@ class ResumeCallback(Callback):
         dt = time.perf_counter() - self._t0
         step = int(cb.cur_step_num)
         per_epoch = int(cb.batch_num) or 1
+        self._local += 1
+        if self._probe is not None:
+            if self._local == PROBE_AT[0]:
+                self._probe.first()
+            elif self._local == PROBE_AT[1]:
+                for reason in self._probe.changed():
+                    self.core.note(reason)
+                self._probe = None
         record: dict[str, Any] = {"arrive_ts": self._arrive_ts}
         loss = _loss(cb.net_outputs)
         if loss is not None:
@@ -73,11 +123,50 @@ class ResumeCallback(Callback):
         shape = getattr(batch[0], "shape", None) if isinstance(batch, (tuple, list)) and batch else None
         if shape and dt > 0:
             record["samples_per_s"] = int(shape[0]) / dt
-        self.core.stepped(step, (step - 1) // per_epoch, (step - 1) % per_epoch + 1, dt, record)
+        epoch, pos = (step - 1) // per_epoch, (step - 1) % per_epoch + 1
+        self.core.stepped(step, epoch, pos, dt, record)
+        if pos == per_epoch - 1 and not self.core.interval.due(step):
+            self.core.snapshot(step, epoch, pos)  # an epoch's end resumes from the step before
         self._end = time.perf_counter()
 
     def on_train_end(self, run_context: Any) -> None:
-        self.core.finish(completed=True)
+        # Snapshots stay until the whole run has succeeded: a fault after training (an
+        # evaluation, a save) resumes to the end rather than training again.
+        if self.core.writer is not None:
+            self.core.writer.wait()
+        if self.kept is not None:
+            self.core.metrics.final(
+                self.name, int(run_context.original_args().cur_step_num), self.kept.digests()
+            )
+
+
+def _checkpoint_prefixes(cb: Any) -> list[str]:
+    return [
+        c._prefix for c in _callbacks(cb, "ModelCheckpoint") if isinstance(getattr(c, "_prefix", None), str)
+    ]
+
+
+def _callbacks(cb: Any, kind: str) -> list[Any]:
+    return [c for c in getattr(cb, "list_callback", []) or [] if type(c).__name__ == kind]
+
+
+def _align_callbacks(cb: Any, step: int, prefixes: Any) -> None:
+    """MindSpore's own callbacks count from their construction; resumed at ``step``, they count
+    as in the uninterrupted run: the same steps printed and saved, under the same file names
+    (a checkpoint folder with the first launch's files in it made ModelCheckpoint pick another
+    prefix)."""
+    for monitor in _callbacks(cb, "LossMonitor"):
+        per = int(getattr(monitor, "_per_print_times", 0) or 0)
+        if per:
+            monitor._last_print_time = (step // per) * per
+    saved = list(prefixes) if isinstance(prefixes, list) else []
+    for i, ckpt in enumerate(_callbacks(cb, "ModelCheckpoint")):
+        config = getattr(ckpt, "_config", None)
+        every = int(getattr(config, "save_checkpoint_steps", 0) or 0)
+        if every:
+            ckpt._last_triggered_step = (step // every) * every
+        if i < len(saved) and isinstance(saved[i], str) and getattr(ckpt, "_prefix_func", None) is None:
+            ckpt._prefix = saved[i]
 
 
 def _loss(outputs: Any) -> float | None:

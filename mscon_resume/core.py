@@ -8,18 +8,30 @@ record and, when due, hands a copy of the kept state to the background writer.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from . import collective, env, rng, store
+from . import collective, env, lifecycle, rng, store
+from . import metrics as metrics_module
 from .interval import AUTO, Interval
 from .metrics import MetricsWriter
+from .state import PIECE_PREFIX, Kept
 
-Source = str  # "snapshot", "checkpoint", "none": what an attempt resumed from
-SNAPSHOT, CHECKPOINT, NONE = "snapshot", "checkpoint", "none"
+Source = str  # "snapshot", "checkpoint", "none", "refused": what an attempt resumed from
+SNAPSHOT, CHECKPOINT, NONE, REFUSED = "snapshot", "checkpoint", "none", "refused"
+
+
+class Refusal(SystemExit):
+    """The relaunch cannot resume exactly: said in one line, the process ends before its first
+    step with ``env.REFUSED_EXIT`` (its snapshots stay)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(env.REFUSED_EXIT)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -34,7 +46,12 @@ class Resumed:
     @property
     def params(self) -> dict[str, np.ndarray]:
         """The kept parameters (weights and optimizer state), by name."""
-        return rng.parameters_only(self.arrays)
+        return {k: v for k, v in rng.parameters_only(self.arrays).items() if not k.startswith(PIECE_PREFIX)}
+
+    @property
+    def done(self) -> bool:
+        """The snapshot is of a stage that ran to its end (a later stage failed)."""
+        return bool(self.meta.get("done"))
 
 
 class Resumer:
@@ -55,6 +72,7 @@ class Resumer:
         say: Callable[[str], None] | None = None,
         snapshot_dir: str | None = None,
         phases: bool = True,
+        stage: str = "",
     ) -> None:
         self.rank, self.size = collective.rank_and_size()
         self.state_dir = env.state_dir(state_dir)
@@ -65,6 +83,11 @@ class Resumer:
         self.metrics = metrics if metrics is not None else MetricsWriter()
         self.writer: store.Writer | None = None
         self.params: list[tuple[str, Any]] = []
+        self.stage = stage  # a loop or callback of the script: its own snapshots
+        self.kept: Kept | None = None  # what the loop or callback keeps beyond parameters
+        self.notes: list[str] = []  # why a resume from this run could not be exact (refused then)
+        self.extra: dict[str, Any] = {}  # more for each snapshot's metadata (the epoch's random state)
+        self.extra_arrays: dict[str, np.ndarray] = {}
         self._said: set = set()
         self._phases = phases  # start-up milestones for the console (the trainer records its own)
         self._stepped = False
@@ -78,19 +101,32 @@ class Resumer:
         slots: np.ndarray | None = None,
         slot_step: Any = None,
         announce: bool = True,
+        problems: list[str] | None = None,
+        accept: Callable[[int], bool] | None = None,
     ) -> Resumed:
         """Where this launch starts. Resuming (``resuming``, by default: a restarted attempt under
         mscon, or ``MSCON_RESUME=1``), every rank must call it at the same point: the ranks agree
         on the newest snapshot step all have, or (``slots``, ``slot_step``: the caller's durable
         checkpoints, as :func:`collective.agree` takes them) checkpoint step, whichever is newer.
-        The answer is also the attempt's resume record for the console."""
+        The answer is also the attempt's resume record for the console.
+
+        ``problems``: what this launch's ``keep`` cannot restore; with the reasons the snapshots
+        carry (another rank count, state seen changing that nothing keeps) they make a resume
+        refused: every rank stops, in one line each, before its first step. ``accept``: the
+        snapshot steps the caller can resume at (the others are passed over)."""
         if not (env.resuming() if resuming is None else resuming):
             self.metrics.resumed(0, None, NONE)
             return Resumed(0, NONE)
-        snaps = store.newest_valid(self.roots, self.rank, self.key) if self.interval.every else []
-        step, from_snapshot = collective.agree(
-            self.rank, self.size, [s.step for s in snaps], store.KEEP, slots, slot_step
+        snaps = store.newest_valid(self.roots, self.rank, self.key, self.stage) if self.interval.every else []
+        if accept is not None:  # steps the caller cannot resume at (a callback: an epoch's end)
+            snaps = [s for s in snaps if accept(s.step)]
+        reason = self._refusal(snaps[0].meta, problems or []) if snaps else None
+        agreed = collective.agree_resume(
+            self.rank, self.size, [s.step for s in snaps], store.KEEP, slots, slot_step, reason is not None
         )
+        if agreed.refusing:
+            self.refuse(reason or f"rank {agreed.refusing[0]} refuses (its log says why)")
+        step, from_snapshot = agreed.step, agreed.from_snapshot
         if step and from_snapshot:
             snap = next(s for s in snaps if s.step == step)
             got = Resumed(step, SNAPSHOT, snap.meta, snap.arrays)
@@ -109,6 +145,35 @@ class Resumer:
         else:
             self._say(f"rank {self.rank}: no state every rank has; starting from the beginning")
         return got
+
+    def _refusal(self, meta: dict, problems: list[str]) -> str | None:
+        """Why a resume from a snapshot with ``meta`` would not compute what the uninterrupted run
+        would have, or None."""
+        size = meta.get("size")
+        if isinstance(size, int) and size != self.size:
+            return (
+                f"the snapshots are of a {size}-rank run and this launch has {self.size}; relaunch on "
+                f"{size} ranks, or start afresh (without MSCON_RESUME)"
+            )
+        noted = [n for n in meta.get("unresumable", []) if isinstance(n, str)]
+        return (problems + noted)[0] if problems or noted else None
+
+    def refuse(self, reason: str) -> None:
+        """Stop before the first step: one line, a resume record saying why, snapshots kept."""
+        lifecycle.failed()
+        line = f"rank {self.rank} refuses to resume: {reason}"
+        self._say(line)
+        print(f"mscon_resume: {line}", file=sys.stderr, flush=True)
+        self.metrics.refused(reason)
+        self.metrics.close()
+        raise Refusal(reason)
+
+    def note(self, reason: str) -> None:
+        """This run holds state a resume could not restore: said once now, refused on relaunch."""
+        if reason not in self.notes:
+            self.notes.append(reason)
+            if self.rank == 0:
+                self._say(f"warning: {reason}; a relaunch would refuse to resume")
 
     def restore_rng(self, got: Resumed) -> None:
         if got.source == SNAPSHOT:
@@ -131,7 +196,7 @@ class Resumer:
         except OSError as exc:
             self._say(f"{exc}; no snapshots")
             return
-        self.writer = store.Writer(root, self.rank, key)
+        self.writer = store.Writer(root, self.rank, key, stage=self.stage)
 
     def ready(self) -> None:
         """Model and data built, state loaded: the first step begins (a start-up milestone)."""
@@ -148,13 +213,29 @@ class Resumer:
                 self.metrics.phase("compiled")
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
         if self.writer is not None and self.interval.due(step):
-            meta, arrays = rng.capture()
-            self.writer.submit(step, self.params, {"epoch": epoch, "pos": pos, "rng": meta}, arrays)
+            self.snapshot(step, epoch, pos)
         # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
         w = self.writer
         agreed = self.interval.observe(step_s, self._snapshot_cost(), self.rank, self.size)
         if agreed is not None and self.rank == 0 and w is not None:
             self._say(f"a snapshot every {agreed} step(s) (auto)")
+
+    def snapshot(self, step: int, epoch: int, pos: int, done: bool = False) -> None:
+        """Hand a copy of the kept state at this step boundary to the writer (``done``: the
+        stage's last state, which a relaunch restores and skips the stage with)."""
+        if self.writer is None:
+            return
+        meta, arrays = rng.capture()
+        info: dict[str, Any] = {"epoch": epoch, "pos": pos, "rng": meta, "size": self.size, **self.extra}
+        if self.notes:
+            info["unresumable"] = list(self.notes)
+        if done:
+            info["done"] = True
+        if self.kept is not None:
+            info["kept"], pieces = self.kept.capture()
+            arrays.update(pieces)
+        arrays.update(self.extra_arrays)
+        self.writer.submit(step, self.params, info, arrays)
 
     def _snapshot_cost(self) -> float:
         """What a snapshot costs the step: its copy, and where the host computes the step (CPU)
@@ -172,14 +253,25 @@ class Resumer:
             collective.agree_max(0, self.rank, self.size)
 
     def finish(self, completed: bool = True) -> None:
-        """The training is over: the last write awaited, and (``completed``) the snapshots
-        dropped, since nothing is left to resume and /dev/shm is memory."""
+        """The training is over: the last write awaited. (``completed``) the snapshots go now
+        only where no stage of the script may follow; otherwise :mod:`lifecycle` drops them once
+        the whole run has succeeded."""
         if self.writer is not None:
             self.writer.wait()
-            if completed:
+            if completed and not self.stage:
                 store.remove(self.roots, self.rank)
             self.writer = None
-        self.metrics.close()
+        if not metrics_module.is_shared(self.metrics):  # the shared one serves later stages too
+            self.metrics.close()
+
+    def drop_at_success(self) -> None:
+        """Drop this rank's snapshots (every stage's) when the script exits successfully."""
+        lifecycle.install(self._drop_now)
+
+    def _drop_now(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()  # a write still going would leave a file behind the removal
+        store.remove(self.roots, self.rank)
 
 
 def as_parameters(arrays: dict[str, np.ndarray]) -> dict[str, Any]:

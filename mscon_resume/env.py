@@ -16,6 +16,14 @@ METRICS = "MSCON_METRICS"  # the agent: the rank's metrics file (JSON lines)
 DEFAULT_STATE_DIR = ".mscon-state"  # under the current folder, when neither argument nor variable says
 
 
+REFUSED_EXIT = 65  # a relaunch that cannot resume exactly stops with this code (EX_DATAERR), said
+
+
+def attempt_given() -> bool:
+    """Whether mscon's agent started this rank (it then decides when snapshots go)."""
+    return bool(os.environ.get(ATTEMPT, "").strip())
+
+
 def attempt() -> int:
     try:
         return max(0, int(os.environ.get(ATTEMPT, "0")))

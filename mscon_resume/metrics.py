@@ -3,6 +3,7 @@ rank's step-boundary heartbeat), start-up milestones and the resume record."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,8 @@ class MetricsWriter:
 
     def __init__(self, path: str | None = None) -> None:
         path = path if path is not None else os.environ.get(env.METRICS)
+        if path and "{rank}" in path:  # one setting for every rank of a launch (msrun)
+            path = path.replace("{rank}", str(_rank()))
         # 0600 whatever the umask: it lies in the run's folder on the node, the user's only.
         self.out = open(path, "a", buffering=1, encoding="utf-8", opener=_private) if path else None  # noqa: SIM115
 
@@ -52,7 +55,46 @@ class MetricsWriter:
                 what["epoch"] = epoch
             self.out.write(json.dumps({"resume": what, "ts": time.time()}) + "\n")
 
+    def refused(self, reason: str) -> None:
+        """This attempt refused to resume, and why (one line)."""
+        if self.out is not None:
+            what = {"step": 0, "source": "refused", "reason": reason}
+            self.out.write(json.dumps({"resume": what, "ts": time.time()}) + "\n")
+
+    def final(self, stage: str, step: int, digests: dict[str, str]) -> None:
+        """A stage ran to its end: a digest of every kept object, so two runs of the script can
+        be compared state by state (``python -m mscon_resume.check``)."""
+        if self.out is not None:
+            whole = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:16]
+            what = {"stage": stage, "step": step, "digest": whole, "parts": digests}
+            self.out.write(json.dumps({"final": what, "ts": time.time()}) + "\n")
+
     def close(self) -> None:
         if self.out is not None:
             self.out.close()
             self.out = None
+
+
+def _rank() -> int:
+    """This rank's number before any cluster is joined: msrun's and mscon's ``RANK_ID``."""
+    for name in ("RANK_ID", "RANK"):
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 0
+
+
+_SHARED: MetricsWriter | None = None
+
+
+def shared() -> MetricsWriter:
+    """The process's one writer, which every loop and callback of a script writes through."""
+    global _SHARED
+    if _SHARED is None or _SHARED.out is None:
+        _SHARED = MetricsWriter()
+    return _SHARED
+
+
+def is_shared(writer: MetricsWriter) -> bool:
+    return writer is _SHARED

@@ -151,8 +151,10 @@ def choose_dir(
     return None
 
 
-def rank_dir(root: str, rank: int) -> str:
-    return os.path.join(root, f"rank_{rank}")
+def rank_dir(root: str, rank: int, stage: str = "") -> str:
+    """A rank's folder, or (``stage``: a loop or callback of the script) that stage's in it."""
+    folder = os.path.join(root, f"rank_{rank}")
+    return os.path.join(folder, stage) if stage else folder
 
 
 # ------------------------------------------------------------------ the run's key
@@ -211,25 +213,25 @@ def take(params: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
     return {name: np.array(p.asnumpy(), copy=True) for name, p in params}
 
 
-def steps(root: str, rank: int) -> list[int]:
+def steps(root: str, rank: int, stage: str = "") -> list[int]:
     """The steps this rank has a snapshot file of, oldest first (not yet checked)."""
     try:
-        names = os.listdir(rank_dir(root, rank))
+        names = os.listdir(rank_dir(root, rank, stage))
     except OSError:
         return []
     return sorted(int(m.group(1)) for m in map(_NAME_RE.match, names) if m)
 
 
-def path(root: str, rank: int, step: int) -> str:
-    return os.path.join(rank_dir(root, rank), f"snap_{step}.npz")
+def path(root: str, rank: int, step: int, stage: str = "") -> str:
+    return os.path.join(rank_dir(root, rank, stage), f"snap_{step}.npz")
 
 
-def _drop(root: str, rank: int, step: int, keep: int) -> None:
+def _drop(root: str, rank: int, step: int, keep: int, stage: str = "") -> None:
     """Before ``step`` is written: the snapshots it supersedes (steps not older: an abandoned
     launch's, which a fresh start or a resume from an older step finds), a killed write's temp
     file, and the oldest beyond ``keep``."""
-    folder = rank_dir(root, rank)
-    have = steps(root, rank)
+    folder = rank_dir(root, rank, stage)
+    have = steps(root, rank, stage)
     older = [s for s in have if s < step]
     gone = [f"snap_{s}.npz" for s in have if s >= step or s in older[: max(len(older) - keep, 0)]]
     for name in gone + [n for n in _names(folder) if _TEMP_RE.match(n)]:
@@ -240,18 +242,25 @@ def _drop(root: str, rank: int, step: int, keep: int) -> None:
 
 
 def write(
-    root: str, rank: int, step: int, arrays: dict[str, np.ndarray], meta: dict, key: bytes, keep: int = KEEP
+    root: str,
+    rank: int,
+    step: int,
+    arrays: dict[str, np.ndarray],
+    meta: dict,
+    key: bytes,
+    keep: int = KEEP,
+    stage: str = "",
 ) -> str:
     """Write one snapshot: the oldest beyond ``keep - 1`` (and any it supersedes) dropped first,
     then a temp file made exclusively (0600, never through a link) and renamed into place."""
-    folder = rank_dir(root, rank)
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        if not private(folder):
-            raise OSError(f"{folder} is not this user's private folder") from None
-    _drop(root, rank, step, keep - 1)
-    final = path(root, rank, step)
+    for folder in dict.fromkeys([rank_dir(root, rank), rank_dir(root, rank, stage)]):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            if not private(folder):
+                raise OSError(f"{folder} is not this user's private folder") from None
+    _drop(root, rank, step, keep - 1, stage)
+    final = path(root, rank, step, stage)
     tmp = os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     info = {**meta, "step": step, "saved_at": time.time()}
     info["mac"] = _mac(key, arrays, info)
@@ -269,10 +278,10 @@ def write(
     return final
 
 
-def read(root: str, rank: int, step: int, key: bytes) -> Snapshot | None:
+def read(root: str, rank: int, step: int, key: bytes, stage: str = "") -> Snapshot | None:
     """The snapshot of ``step``, or None (said) when it is missing, damaged, not this user's, or
     not written under ``key`` (planted, or another run's)."""
-    where = path(root, rank, step)
+    where = path(root, rank, step, stage)
     try:
         fd = os.open(where, os.O_RDONLY | _NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
@@ -295,7 +304,7 @@ def read(root: str, rank: int, step: int, key: bytes) -> Snapshot | None:
     return Snapshot(step, info, arrays)
 
 
-def newest_valid(roots: list[str], rank: int, key: bytes | None) -> list[Snapshot]:
+def newest_valid(roots: list[str], rank: int, key: bytes | None, stage: str = "") -> list[Snapshot]:
     """This rank's authentic snapshots in any of ``roots`` (each found as :func:`find_private`
     would), newest first, at most ``KEEP``: only those can be common to every rank."""
     found: dict[int, Snapshot] = {}
@@ -306,9 +315,9 @@ def newest_valid(roots: list[str], rank: int, key: bytes | None) -> list[Snapsho
         use = key if key is not None else _existing_key(mine)
         if use is None:
             continue
-        for step in reversed(steps(mine, rank)):
+        for step in reversed(steps(mine, rank, stage)):
             if step not in found and len(found) < KEEP:
-                snap = read(mine, rank, step, use)
+                snap = read(mine, rank, step, use, stage)
                 if snap is not None:
                     found[step] = snap
     return [found[s] for s in sorted(found, reverse=True)]
@@ -355,8 +364,8 @@ class Writer:
     boundary; if the previous write is still going it waits for it first, so every rank writes
     the same steps (a skipped step on one rank would leave the ranks without a common one)."""
 
-    def __init__(self, root: str, rank: int, key: bytes, keep: int = KEEP) -> None:
-        self.root, self.rank, self.key, self.keep = root, rank, key, keep
+    def __init__(self, root: str, rank: int, key: bytes, keep: int = KEEP, stage: str = "") -> None:
+        self.root, self.rank, self.key, self.keep, self.stage = root, rank, key, keep, stage
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
@@ -386,7 +395,7 @@ class Writer:
     def _write(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            write(self.root, self.rank, step, arrays, meta, self.key, self.keep)
+            write(self.root, self.rank, step, arrays, meta, self.key, self.keep, self.stage)
         except OSError as exc:  # a full /dev/shm must not stop training
             if self.error is None:
                 _say(f"snapshot of step {step} not written: {exc}")
@@ -410,7 +419,7 @@ class Writer:
     def summary(self) -> str:
         n = max(self.count, 1)
         return (
-            f"{self.count} snapshot(s) to {rank_dir(self.root, self.rank)}: "
+            f"{self.count} snapshot(s) to {rank_dir(self.root, self.rank, self.stage)}: "
             f"copy {1e3 * self.copy_s / n:.2f} ms, "
             f"wait {1e3 * self.wait_s / n:.2f} ms on the step, write {1e3 * self.write_s / n:.2f} ms in the "
             "background, each"

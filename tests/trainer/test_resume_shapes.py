@@ -149,7 +149,7 @@ def _snapshot_folders(state: Path) -> list[str]:
     return [n for n in names if os.path.lexists(n)]
 
 
-def _kill_and_resume(tmp_path: Path, source: str) -> tuple[str, str]:
+def _kill_and_resume(tmp_path: Path, source: str, stage: str) -> tuple[str, str]:
     """(the uninterrupted run's output, the relaunch's), after checking the killed launch."""
     script = tmp_path / "job.py"
     script.write_text(source)
@@ -163,7 +163,7 @@ def _kill_and_resume(tmp_path: Path, source: str) -> tuple[str, str]:
     assert rc_first == -signal.SIGKILL, (out[-2000:], err[-3000:])
     kept = _snapshot_folders(state)
     assert kept, "no snapshot folder after the kill"
-    found = sorted(p.name for p in Path(kept[0], "rank_0").glob("snap_*.npz"))
+    found = sorted(p.name for p in Path(kept[0], "rank_0", stage).glob("snap_*.npz"))  # each stage its own
     assert found == [f"snap_{KILL_AFTER - 1}.npz", f"snap_{KILL_AFTER}.npz"]
     rc, again, err = _done(_launch(script, state, resume=True))
     assert rc == 0, (again[-2000:], err[-3000:])
@@ -177,7 +177,7 @@ def _kill_and_resume(tmp_path: Path, source: str) -> tuple[str, str]:
 @pytest.mark.mindspore
 @needs_mindspore
 def test_a_hand_written_loop_resumes_after_its_last_step(tmp_path: Path) -> None:
-    ref, again = _kill_and_resume(tmp_path, LOOP)
+    ref, again = _kill_and_resume(tmp_path, LOOP, "loop0")
     line = re.compile(r"^step (\d+) loss (\S+)$", re.M)
     want = {int(s): x for s, x in line.findall(ref)}
     got = {int(s): x for s, x in line.findall(again)}
@@ -189,7 +189,7 @@ def test_a_hand_written_loop_resumes_after_its_last_step(tmp_path: Path) -> None
 @pytest.mark.mindspore
 @needs_mindspore
 def test_model_train_with_the_callback_resumes_after_its_last_step(tmp_path: Path) -> None:
-    ref, again = _kill_and_resume(tmp_path, MODEL)
+    ref, again = _kill_and_resume(tmp_path, MODEL, "callback0")
     line = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
     per_epoch = STEPS // 3
     want = {(int(e) - 1) * per_epoch + int(s): x for e, s, x in line.findall(ref)}

@@ -1,0 +1,119 @@
+"""State the script changes in training that ``keep`` does not hold: found, so a relaunch that
+could not restore it refuses instead of computing something else.
+
+Two probes, each cheap and run a few times per launch:
+
+- :class:`Unkept`: every live ``Parameter`` and NumPy generator outside ``keep`` is digested at
+  two step boundaries; one that changed between them (EMA weights, a loss scaler's counter, a
+  gradient-accumulation buffer, a ``default_rng`` the loop draws from) is training state that a
+  relaunch would reset.
+- :func:`pipeline_draws`: NumPy's and Python's global random state around a data pipeline's
+  first batch, while the training thread draws nothing: a change is the pipeline drawing from
+  them in its own threads, which no resume can replay.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import random
+import weakref
+from typing import Any
+
+import numpy as np
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+_MAX_BYTES = 64 << 20  # parameters digested per probe: the unkept ones are small (EMA of a toy is not)
+
+
+def _parameter_class() -> type | None:
+    try:
+        from mindspore import Parameter
+
+        return Parameter
+    except Exception:  # noqa: BLE001 - no MindSpore: only generators are probed
+        return None
+
+
+def _owner_name(obj: Any) -> str:
+    """A name a user recognises: the attribute (or variable) that holds ``obj``."""
+    for ref in gc.get_referrers(obj):
+        if isinstance(ref, dict):
+            for key, value in ref.items():
+                if value is obj and isinstance(key, str) and not key.startswith("__"):
+                    return key
+    return type(obj).__name__
+
+
+class Unkept:
+    """Digests of the state outside ``keep`` (``kept``: ids of what is kept), taken twice."""
+
+    def __init__(self, kept: set[int]) -> None:
+        self.kept = kept
+        self._first: dict[int, str] | None = None
+        self._objects: dict[int, Any] = {}
+
+    def _scan(self) -> dict[int, str]:
+        param_cls = _parameter_class()
+        global_rs = getattr(np.random, "mtrand", None)
+        global_rs = getattr(global_rs, "_rand", None)
+        out: dict[int, str] = {}
+        budget = _MAX_BYTES
+        for obj in gc.get_objects():
+            if type(obj) in _PROXIES or id(obj) in self.kept:
+                continue
+            try:
+                if param_cls is not None and isinstance(obj, param_cls):
+                    nbytes = int(obj.nbytes) if hasattr(obj, "nbytes") else 0
+                    if nbytes > budget:
+                        continue
+                    budget -= nbytes
+                    digest = hashlib.sha256(np.ascontiguousarray(obj.asnumpy()).tobytes()).hexdigest()
+                elif isinstance(obj, np.random.Generator):
+                    digest = hashlib.sha256(repr(obj.bit_generator.state).encode()).hexdigest()
+                elif isinstance(obj, np.random.RandomState) and obj is not global_rs:
+                    digest = hashlib.sha256(repr(obj.get_state(legacy=False)).encode()).hexdigest()
+                else:
+                    continue
+            except Exception:  # noqa: BLE001 - an object that cannot be read now is not state we know
+                continue
+            out[id(obj)] = digest
+            self._objects[id(obj)] = obj
+        return out
+
+    def first(self) -> None:
+        self._first = self._scan()
+
+    def changed(self) -> list[str]:
+        """What changed since :meth:`first`, each as a one-line reason with its fix."""
+        if self._first is None:
+            return []
+        now = self._scan()
+        reasons = []
+        for key, digest in now.items():
+            if key in self._first and self._first[key] != digest:
+                obj = self._objects[key]
+                if hasattr(obj, "bit_generator") or isinstance(obj, np.random.RandomState):
+                    what = f"the NumPy generator {_owner_name(obj)!r}"
+                else:
+                    what = f"the Parameter {getattr(obj, 'name', '?')!r}"
+                reasons.append(
+                    f"{what} changes in training but is not in keep: add it (or its owner) to keep"
+                )
+        self._first, self._objects = None, {}
+        return reasons
+
+
+def global_random_digest() -> str:
+    """A digest of NumPy's and Python's global random state."""
+    _, keys, pos, _, _ = np.random.get_state()
+    h = hashlib.sha256(np.ascontiguousarray(keys).tobytes())
+    h.update(str(pos).encode())
+    h.update(repr(random.getstate()).encode())
+    return h.hexdigest()
+
+
+PIPELINE_DRAWS = (
+    "the data pipeline draws from NumPy's or Python's global random state in its own threads, which "
+    "no resume can replay: draw per sample from np.random.default_rng(seed + index)"
+)
