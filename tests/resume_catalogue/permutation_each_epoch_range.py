@@ -1,0 +1,40 @@
+"""The script draws ``np.random.permutation`` at each epoch's start to order its samples, in a
+plain ``for epoch in range(N)``; a user would be let down by a resume whose done epochs draw their
+permutations again from the restored state (the resumed epoch then gets another order): the
+library must refuse it.
+
+EXPECT: refused
+PATTERN: 2
+"""
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+
+import mscon_resume
+
+ms.set_seed(1)
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((64, 4)).astype(np.float32)
+y = (x.sum(axis=1) > 0).astype(np.int32)
+net = nn.Dense(4, 2)
+optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def forward_fn(data, label):
+    return loss_fn(net(data), label)
+
+
+grad_fn = mscon_resume.track_loss(ms.value_and_grad(forward_fn, None, optimizer.parameters))
+
+for epoch in range(3):
+    order = np.random.permutation(len(x))
+    dataset = ds.NumpySlicesDataset({"data": x[order], "label": y[order]}, shuffle=False).batch(8)
+    for i, (data, label) in mscon_resume.batches(dataset, epoch, keep=(net, optimizer)):
+        loss, grads = grad_fn(data, label)
+        optimizer(grads)
+        print(f"epoch {epoch} step {i} loss {float(loss):.8f}")
+print("training finished")
