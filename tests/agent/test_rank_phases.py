@@ -86,3 +86,28 @@ def test_a_resume_record_reaches_the_console_before_the_first_step(tmp_path: Pat
     sent = [m for m in _sent(agent) if not isinstance(m, P.LogBatch)]
     assert [type(m).__name__ for m in sent] == ["RankPhase", "RankResumed", "RankPhase", "MetricBatch"]
     assert sent[1] == P.RankResumed("n1", "r0", 0, 150, "snapshot", 3, 102_500_000_000)
+
+
+def test_a_refusal_record_reaches_the_console_with_its_reason(tmp_path: Path) -> None:
+    # mscon_resume refuses before the first step: the record is the rank's last line, its reason
+    # one line, cut to RESUME_REASON_MAX.
+    agent = Agent("n1", out=io.StringIO())
+    w = Watched(_Proc(tmp_path))  # type: ignore[arg-type]
+    Path(w.proc.log_path).write_text("mscon_resume: rank 0 refuses to resume: ...\n")
+    reason = "keep holds two objects\nwith the parameter beta1_power: " + "x" * 400
+    records = [
+        {"phase": "ready", "ts": 102.0},
+        {"resume": {"step": 0, "source": "refused", "reason": reason}, "ts": 102.5},
+    ]
+    Path(w.proc.metrics_path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    agent._flush(w)
+    sent = [m for m in _sent(agent) if not isinstance(m, P.LogBatch)]
+    assert [type(m).__name__ for m in sent] == ["RankPhase", "RankResumed"]  # no first step
+    got = sent[1]
+    assert isinstance(got, P.RankResumed) and (got.step, got.source, got.ts_ns) == (
+        0,
+        "refused",
+        102_500_000_000,
+    )
+    assert got.reason is not None and len(got.reason) == P.RESUME_REASON_MAX
+    assert got.reason.startswith("keep holds two objects with the parameter beta1_power: xxx")

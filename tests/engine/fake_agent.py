@@ -99,12 +99,14 @@ class Met:
 
 @dataclass(frozen=True)
 class Resumed:
-    """The rank's resume record (a RankResumed) at ``at`` s: it resumes after ``step``."""
+    """The rank's resume record (a RankResumed) at ``at`` s: it resumes after ``step`` (or, source
+    "refused", refuses to, saying ``reason``)."""
 
     at: float
     step: int
     source: str = "snapshot"
     epoch: int | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -490,6 +492,7 @@ class FakeChannel(AgentChannel):
                         source=action.source,
                         epoch=action.epoch,
                         ts_ns=self._ts(action.at),
+                        reason=action.reason,
                     )
                 )
             elif isinstance(action, Blame):
