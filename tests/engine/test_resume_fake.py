@@ -1,6 +1,6 @@
 """Where a restart's ranks started, through the supervisor with in-process fake agents
 (tests/engine/fake_agent.py): ranks that send their resume record are said to resume at its step,
-ranks that step without one to start over, ranks that refuse to have refused (the attempt too),
+ranks that step without one to start over, a rank that refuses to have refused (and the attempt),
 and a resumed attempt counts the steps it computes again; the run's result, its JSON and the
 headless summary say so. Layout: node ``a`` runs the scheduler, r0 and r1; node ``b`` r2 and r3."""
 

@@ -64,3 +64,24 @@ async def test_the_overview_says_a_restart_resumed_at_its_step() -> None:
         text = screen_text(app)
     assert "attempt 1: every rank resumed at step 150 (snapshot)" in text
     assert "started over" not in text
+
+
+async def test_the_overview_says_a_rank_refused_and_the_steps_computed_again() -> None:
+    why = "keep holds two objects with the parameter beta1_power"
+    second: list[Event] = [
+        AgentEvent(1, RankResumed("local", f"r{i}", i, 0, "refused", None, 11, f"{why}\x1b[2J"))
+        for i in (0, 1)
+    ]
+    app = MsconApp(ReplaySource(_restart(second), speed=0), toasts=False)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        text = screen_text(app)
+    flat = " ".join(text.split())
+    assert f"attempt 1: rank r0 and 1 other rank refused to resume: {why}\\x1b[2J (the relaunch" in flat
+    # Attempt 0 reached step 3: resumed after step 1, two steps run again.
+    second = [AgentEvent(1, RankResumed("local", f"r{i}", i, 1, "snapshot", 0, 11)) for i in (0, 1)]
+    app = MsconApp(ReplaySource(_restart(second), speed=0), toasts=False)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        text = screen_text(app)
+    assert "attempt 1: every rank resumed at step 1 (snapshot); 2 steps computed again" in text
