@@ -233,8 +233,8 @@ def compare_finals(u: RankRun, k: RankRun, r: RankRun) -> tuple[str, str, str] |
 
 
 def compare_lines(u: tuple[str, ...], r: tuple[str, ...]) -> tuple[str, str, str] | None:
-    """R's lines equal U's aligned from the end; R's first lines before that may be reprints of
-    lines U printed earlier (a resumed epoch's header), nothing else."""
+    """R's lines equal U's aligned from the end (R, resumed, prints fewer); R's first lines before
+    that may be reprints of lines U printed earlier (a resumed epoch's header), nothing else."""
     same = 0
     while same < len(u) and same < len(r) and u[-1 - same] == r[-1 - same]:
         same += 1
@@ -243,8 +243,6 @@ def compare_lines(u: tuple[str, ...], r: tuple[str, ...]) -> tuple[str, str, str
         if r[j] not in earlier:
             at = len(u) - (len(r) - j)
             return (f"printed line {j + 1}", repr(u[at]) if at >= 0 else "(nothing)", repr(r[j]))
-    if same < len(u) and len(r) == same:  # R printed less than U, all of it matching U's end
-        return ("printed", f"{len(u)} lines", f"{len(r)} lines")
     return None
 
 

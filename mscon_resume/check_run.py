@@ -10,6 +10,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
@@ -44,7 +45,8 @@ class StepWatch:
 
 
 class Child:
-    """A started run: a process group to poll and to kill whole."""
+    """A started run: a process group to poll, and to kill with every process it started (msrun
+    starts each rank in a session of its own, out of the group's reach)."""
 
     def __init__(self, pid: int, reap: Callable[[bool], int | None]) -> None:
         self.pid = pid
@@ -54,14 +56,50 @@ class Child:
         return self._reap(False)
 
     def kill(self) -> None:
+        tree = descendants(self.pid)  # before the kill: orphans would leave the tree
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            try:  # a forked child killed before its setpgid
-                os.kill(self.pid, signal.SIGKILL)
+            pass
+        for pid in [self.pid, *tree]:
+            try:
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self._reap(True)
+        deadline = time.monotonic() + 10.0
+        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a poll: the kernel ends SIGKILLed processes at once, init reaps them
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process started by ``pid``, its children's children too (Linux's /proc)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        fields = _stat(int(name)) if name.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def spawn(cmd: list[str], environ: dict[str, str], out: Path) -> Child:

@@ -145,9 +145,9 @@ def test_the_first_line_that_is_no_reprint_is_shown_with_the_uninterrupted_line_
     assert got == ("printed line 1", "'step 3 loss 0.125'", "'resuming from my own checkpoint'")
 
 
-def test_a_relaunch_that_printed_only_the_end_differs() -> None:
-    assert compare_lines(("a", "b", "c"), ("c",)) == ("printed", "3 lines", "1 lines")
-    assert compare_lines(("a", "b"), ()) == ("printed", "2 lines", "0 lines")
+def test_a_relaunch_prints_only_what_comes_after_its_step() -> None:
+    assert compare_lines(("a", "b", "c"), ("c",)) is None
+    assert compare_lines(("a", "b"), ()) is None
 
 
 # ------------------------------------------------------------------ the verdict
