@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from mscon_resume import check
 from mscon_resume.check_compare import (
@@ -24,6 +25,7 @@ from mscon_resume.check_compare import (
     read_lines,
     read_records,
 )
+from mscon_resume.check_run import _alive, spawn
 
 FAKE = Path(__file__).resolve().parent / "data" / "resume_fake.py"
 
@@ -379,3 +381,22 @@ def test_mscon_check_resume_passes_the_verdict_on(capfd: pytest.CaptureFixture[s
     assert mscon_check("--resume", "--at", "3", "--", str(FAKE), "--steps", "8", "--mode", "differs") == 1
     out = capfd.readouterr().out.splitlines()
     assert out[0].startswith("differs: rank 0 step "), out
+
+
+def test_a_kill_ends_the_processes_a_run_started_in_sessions_of_their_own(tmp_path: Path) -> None:
+    """As msrun starts its ranks (``os.setsid``): out of the run's process group."""
+    pid_file = tmp_path / "rank.pid"
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "sleeper = [sys.executable, '-c', 'import time; time.sleep(120)']\n"
+        "rank = subprocess.Popen(sleeper, start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(rank.pid))\n"
+        "rank.wait()\n"
+    )
+    child = spawn([sys.executable, str(script)], dict(os.environ), tmp_path / "out.log")
+    rank_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the rank's pid"))
+    assert child.poll() is None
+    child.kill()
+    assert child.poll() == -9
+    assert not _alive(rank_pid)  # gone, or a zombie waiting for init (Child.kill waits for that)
