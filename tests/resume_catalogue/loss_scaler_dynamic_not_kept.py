@@ -1,6 +1,7 @@
 """mindspore.amp.DynamicLossScaler (a scale near float32's limit, so steps overflow, are skipped and
-the scale moves) NOT in keep; its scale_value and counter Parameters change in training, so a resume
-without them is not the same run: the library must refuse it.
+the scale moves) NOT in keep; its scale_value and counter Parameters change in training, so a user
+would be let down by a resume that started again from the initial scale: the library must refuse
+it.
 
 EXPECT: refused
 PATTERN: 3
