@@ -45,6 +45,9 @@ FILES = (
     "core.py",
     "loop.py",
     "callback.py",
+    "check.py",
+    "check_compare.py",
+    "check_run.py",
 )
 
 

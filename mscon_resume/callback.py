@@ -31,7 +31,7 @@ from . import core, probe
 from . import metrics as metrics_module
 from .interval import AUTO
 from .loop import PROBE_AT, stage_name
-from .state import Kept
+from .state import Kept, put_back
 
 
 class ResumeCallback(Callback):
@@ -80,17 +80,19 @@ class ResumeCallback(Callback):
         self.core.extra["checkpoint_prefixes"] = _checkpoint_prefixes(cb)
         self.core.keep(self.kept.params)
         self._probe = probe.Unkept(self.kept.ids)
+        probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()
 
-    def _restore(self, cb: Any) -> None:
-        import mindspore as ms
+    def _watched_ids(self) -> set[int]:
+        return self.kept.ids if self._local and self.kept is not None else set()
 
+    def _restore(self, cb: Any) -> None:
         assert self.kept is not None
         params = self.got.params
         for key, p in self.kept.params:
             if key not in params:
                 self.core.refuse(f"the snapshot lacks {key}: the network or keep changed since the run began")
-            p.set_data(ms.Tensor(params[key]))
+            put_back(p, params[key])
         missing = self.kept.restore(self.got.meta.get("kept", {}), self.got.arrays)
         if missing:
             self.core.refuse(f"the snapshot lacks {missing[0]}: keep changed since the run began")

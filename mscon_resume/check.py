@@ -58,6 +58,7 @@ class Launch:
     state_dir: Path
     resume: bool = False
     kill_at: int | None = None
+    work: Path | None = None  # the folder it runs in (K and R share one: they are one run)
 
     def metrics(self, rank: int) -> Path:
         return self.folder / f"metrics_{rank}.jsonl"
@@ -91,13 +92,13 @@ def _environ(opts: Options, launch: Launch) -> dict[str, str]:
 
 
 def _start(opts: Options, launch: Launch) -> Child:
-    launch.folder.mkdir(parents=True)
+    launch.folder.mkdir(parents=True, exist_ok=True)
     environ = _environ(opts, launch)
     out = launch.folder / "output.log"
     if opts.fork:
-        return fork(opts.script, opts.args, environ, out)
+        return fork(opts.script, opts.args, environ, out, launch.work)
     if opts.nproc == 1:
-        return spawn([sys.executable, opts.script, *opts.args], environ, out)
+        return spawn([sys.executable, opts.script, *opts.args], environ, out, launch.work)
     cmd = [
         str(_msrun()),
         f"--worker_num={opts.nproc}",
@@ -108,7 +109,7 @@ def _start(opts: Options, launch: Launch) -> Child:
         opts.script,
         *opts.args,
     ]
-    return spawn(cmd, environ, out)
+    return spawn(cmd, environ, out, launch.work)
 
 
 def run_once(opts: Options, launch: Launch) -> tuple[Run, Ended]:
@@ -136,6 +137,8 @@ def run_once(opts: Options, launch: Launch) -> tuple[Run, Ended]:
         raise
     # Each run's own folders print as one name, so a script that prints them prints the same.
     same = {str(launch.state_dir): "<state>", str(launch.folder): "<run>"}
+    if launch.work is not None:
+        same[str(launch.work)] = "<work>"
     ranks = tuple(
         RankRun(read_records(launch.metrics(r)), read_lines(launch.output(r, opts.nproc), same))
         for r in range(opts.nproc)
@@ -156,15 +159,16 @@ def check(opts: Options) -> Verdict:
     root = Path(opts.keep_dir) if opts.keep_dir else Path(tempfile.mkdtemp(prefix="mscon-resume-check-"))
     u_state, k_state = root / "u" / "state", root / "k" / "state"
     try:
+        u_work, k_work = _workdir(root / "u" / "work"), _workdir(root / "k" / "work")
         _say("run 1 of 3: uninterrupted")
-        u, u_end = run_once(opts, Launch(root / "u", u_state))
+        u, u_end = run_once(opts, Launch(root / "u", u_state, work=u_work))
         if u.timed_out or u.code != 0:
             return judge(u, u, u, _kept(opts, root))
         at = opts.at or default_at(u)
         _say(f"run 2 of 3: killed at step {at}")
-        k, k_end = run_once(opts, Launch(root / "k", k_state, kill_at=at))
+        k, k_end = run_once(opts, Launch(root / "k", k_state, kill_at=at, work=k_work))
         _say("run 3 of 3: relaunched with MSCON_RESUME=1")
-        r, r_end = run_once(opts, Launch(root / "r", k_state, resume=True))
+        r, r_end = run_once(opts, Launch(root / "r", k_state, resume=True, work=k_work))
         details = (
             f"uninterrupted: exit {u.code}, last step {max(u.ranks[0].steps, default=0)}",
             _killed(k_end, at),
@@ -176,6 +180,16 @@ def check(opts: Options) -> Verdict:
             shutil.rmtree(shm_folder(str(state)), ignore_errors=True)
         if not opts.keep_dir:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _workdir(work: Path) -> Path:
+    """A folder that looks like the current one (a link to each of its entries), in which a run
+    writes what it makes (checkpoints, logs) apart from the other run: the uninterrupted run's
+    files must not be in the way of the killed and relaunched one, which are one run."""
+    work.mkdir(parents=True)
+    for entry in Path.cwd().iterdir():
+        (work / entry.name).symlink_to(entry)
+    return work
 
 
 def _killed(ended: Ended, at: int) -> str:

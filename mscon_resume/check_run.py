@@ -102,10 +102,11 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def spawn(cmd: list[str], environ: dict[str, str], out: Path) -> Child:
+def spawn(cmd: list[str], environ: dict[str, str], out: Path, cwd: Path | None = None) -> Child:
     with open(out, "wb") as f:
         proc = subprocess.Popen(
             cmd,
+            cwd=cwd,
             env=environ,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -115,13 +116,15 @@ def spawn(cmd: list[str], environ: dict[str, str], out: Path) -> Child:
     return Child(proc.pid, lambda block: proc.wait() if block else proc.poll())
 
 
-def fork(script: str, args: tuple[str, ...], environ: dict[str, str], out: Path) -> Child:
+def fork(
+    script: str, args: tuple[str, ...], environ: dict[str, str], out: Path, cwd: Path | None = None
+) -> Child:
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     pid = os.fork()
     if pid == 0:
-        _child(script, args, environ, fd)
+        _child(script, args, environ, fd, cwd)
     os.close(fd)
     try:
         os.setpgid(pid, pid)  # also in the child: whichever runs first
@@ -140,11 +143,13 @@ def fork(script: str, args: tuple[str, ...], environ: dict[str, str], out: Path)
     return Child(pid, reap)
 
 
-def _child(script: str, args: tuple[str, ...], environ: dict[str, str], fd: int) -> None:
+def _child(script: str, args: tuple[str, ...], environ: dict[str, str], fd: int, cwd: Path | None) -> None:
     """The forked run: as ``python script ARGS`` would run it, then exit without returning."""
     code = 1
     try:
         os.setpgid(0, 0)
+        if cwd is not None:
+            os.chdir(cwd)
         # The check's exit handlers are not the run's (MindSpore's would tear down threads this
         # child never had): only what the script registers runs at its end.
         atexit._clear()  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import core, env, lifecycle, probe, rng
 from . import metrics as metrics_module
 from .interval import AUTO
-from .state import Kept
+from .state import Kept, put_back
 
 _NAMES: dict[str, itertools.count] = {}
 OUTSIDE_CODE = (
@@ -78,6 +78,7 @@ class Loop:
         self._local = 0  # steps this launch
         self._epoch = 0  # the epoch batches() was last asked for
         self._last_epoch = -1  # the same, as the module-level batches() tells stages apart
+        self._by_epochs = False  # made by the module-level epochs()
         atexit.register(self._at_exit)
 
     # ------------------------------------------------------------------ start and restore
@@ -102,7 +103,12 @@ class Loop:
         elif env.resuming():
             self.core._say(f"rank {self.core.rank}: no state every rank has; starting from the beginning")
         self._probe = probe.Unkept(self.kept.ids)
+        probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()
+
+    def _watched_ids(self) -> set[int]:
+        """The kept parameters once this launch has stepped (before: a restore's own writes)."""
+        return self.kept.ids if self._local and not self._done else set()
 
     def _announce(self, got: core.Resumed) -> None:
         saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
@@ -119,15 +125,13 @@ class Loop:
         if lacking or extra:
             what = f"lacks {lacking[0]}" if lacking else f"holds {extra[0]}, which keep no longer has"
             self.core.refuse(f"the snapshot {what}: keep changed since the run began; start afresh")
-        import mindspore as ms
-
         for key, p in self.kept.params:
             saved = params[key]
             if tuple(saved.shape) != tuple(p.shape):
                 self.core.refuse(
                     f"the snapshot's {key} has shape {tuple(saved.shape)}, the script's {tuple(p.shape)}"
                 )
-            p.set_data(ms.Tensor(saved))
+            put_back(p, saved)
         missing = self.kept.restore(got.meta.get("kept", {}), got.arrays)
         if missing:
             self.core.refuse(
@@ -335,25 +339,25 @@ def _batch_size(batch: Any) -> int | None:
 _DEFAULT: Loop | None = None
 
 
-def _loop_for(dataset: Any, epoch: int | None, keep: Any, options: dict) -> Loop:
-    """The script's current loop, or a new stage: another dataset, another ``keep``, or epochs
-    counted from the start again begin one (the one before has run to its end)."""
+def _loop_for(epoch: int, keep: Any, options: dict) -> Loop:
+    """The script's current loop, or a new stage: epochs counted from the start again, or another
+    ``keep``, begin one (the one before has run to its end). A dataset made anew each epoch is the
+    same loop; a loop under :func:`epochs` is one stage whatever its batches() calls say."""
     global _DEFAULT
     cur = _DEFAULT
-    new = cur is None or cur._done
-    if cur is not None and not new:
-        if dataset is not None and cur.dataset is not None and dataset is not cur.dataset:
-            new = True
-        elif keep and keep is not cur.keep and Kept(keep).ids != cur.kept.ids:
-            new = True
-        elif epoch is not None and epoch < cur._last_epoch:
-            new = True
+    if cur is not None and not cur._done and cur._by_epochs:
+        return cur
+    new = (
+        cur is None
+        or cur._done
+        or epoch < cur._last_epoch
+        or bool(keep and keep is not cur.keep and Kept(keep).ids != cur.kept.ids)
+    )
     if new:
         if cur is not None:
             cur.finish(completed=True)
         _DEFAULT = cur = Loop(keep, **options)
-    if epoch is not None:
-        cur._last_epoch = epoch
+    cur._last_epoch = epoch
     return cur
 
 
@@ -361,7 +365,7 @@ def batches(dataset: Any, epoch: int, keep: Any = (), **options: Any) -> Iterato
     """The script's loop (made at the first call with ``keep`` and ``options``, as :class:`Loop`
     takes them; a new stage when another loop begins): ``(i, batch)`` for the batches of epoch
     ``epoch`` still to run."""
-    return _loop_for(dataset, epoch, keep, options).batches(dataset, epoch)
+    return _loop_for(epoch, keep, options).batches(dataset, epoch)
 
 
 def epochs(n: int, keep: Any = (), **options: Any) -> Iterator[int]:
@@ -371,7 +375,7 @@ def epochs(n: int, keep: Any = (), **options: Any) -> Iterator[int]:
     if _DEFAULT is not None and not _DEFAULT._done:
         _DEFAULT.finish(completed=True)
     _DEFAULT = Loop(keep, **options)
-    _DEFAULT._last_epoch = 10**9  # batches() inside never starts another stage by its epoch
+    _DEFAULT._by_epochs = True  # its epochs come from epochs(): batches() inside never starts another stage
     return _DEFAULT.epochs(n)
 
 

@@ -18,7 +18,7 @@ import gc
 import hashlib
 import random
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -117,3 +117,43 @@ PIPELINE_DRAWS = (
     "the data pipeline draws from NumPy's or Python's global random state in its own threads, which "
     "no resume can replay: draw per sample from np.random.default_rng(seed + index)"
 )
+
+
+SET_DATA = (
+    "the script replaces the Parameter {name!r} with set_data once training has begun, which the graphs "
+    "that ran (PyNative) do not see: the uninterrupted run goes on with the old value, a relaunch would "
+    "start from the new one; write it in place with ops.assign(param, value)"
+)
+_watched: list[tuple[Callable[[], set[int]], Callable[[str], None]]] = []
+
+
+def watch_set_data(kept: Callable[[], set[int]], note: Callable[[str], None]) -> None:
+    """Note (``note``) a ``set_data`` on a kept parameter after the stage's first step, in
+    PyNative: measured, an optimizer keeps the learning rate it first ran with through it."""
+    try:
+        from mindspore.common.parameter import Parameter
+    except Exception:  # noqa: BLE001 - no MindSpore: nothing to watch
+        return
+    _watched.append((kept, note))
+    if getattr(Parameter.set_data, "_mscon_watched", False):
+        return
+    original = Parameter.set_data
+
+    def set_data(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        if _watched and _pynative():
+            for ids, say in _watched:
+                if id(self) in ids():
+                    say(SET_DATA.format(name=getattr(self, "name", "?")))
+        return original(self, data, *args, **kwargs)
+
+    set_data._mscon_watched = True  # type: ignore[attr-defined]
+    Parameter.set_data = set_data  # type: ignore[method-assign]
+
+
+def _pynative() -> bool:
+    try:
+        import mindspore as ms
+
+        return ms.get_context("mode") == ms.PYNATIVE_MODE
+    except Exception:  # noqa: BLE001
+        return False

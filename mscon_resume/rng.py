@@ -5,7 +5,9 @@ call). Generators the script makes itself are kept through ``keep`` (:mod:`state
 
 from __future__ import annotations
 
+import importlib
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -39,8 +41,10 @@ def capture(prefix: str = PREFIX) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _kernel_seeds() -> dict | None:
     """MindSpore's op-seed counters (``mindspore.common.seed._KERNEL_SEED``), or None."""
-    try:
-        from mindspore.common import seed
+    if "mindspore" not in sys.modules:
+        return None  # a script without MindSpore: nothing to keep, and no import to pay
+    try:  # by its full name: ``mindspore.common.seed`` is also a function of that package
+        seed = importlib.import_module("mindspore.common.seed")
     except Exception:  # noqa: BLE001 - no MindSpore: nothing to keep
         return None
     table = getattr(seed, "_KERNEL_SEED", None)

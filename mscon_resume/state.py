@@ -88,6 +88,9 @@ class Kept:
     def _add(self, label: str, obj: Any, prefix: str, named: bool) -> None:
         if _is_parameter(obj):
             self._param(prefix + obj.name, obj, label)
+        elif _parameters_in(obj):  # a ParameterTuple, a list of parameters
+            for p in _parameters_in(obj):
+                self._param(prefix + p.name, p, label)
         elif _is_cell(obj):
             for p in obj.get_parameters():
                 self._param(prefix + p.name, p, label)
@@ -171,6 +174,20 @@ class Kept:
                     h.update(np.ascontiguousarray(arrays[name]).tobytes())
             out[piece.key] = h.hexdigest()[:16]
         return out
+
+
+def put_back(p: Any, saved: np.ndarray) -> None:
+    """A parameter's value, written into its own memory: a graph that has run holds that memory,
+    and does not see a ``set_data`` made after it (measured: an optimizer in PyNative keeps its first
+    learning rate through ``set_data``, not through ``ops.assign``)."""
+    import mindspore as ms
+    from mindspore import ops
+
+    value = ms.Tensor(np.ascontiguousarray(saved))
+    try:
+        ops.assign(p, value.astype(p.dtype))
+    except (RuntimeError, TypeError, ValueError):  # not assignable in place (not yet initialised)
+        p.set_data(value)
 
 
 def array_digest(a: np.ndarray) -> str:
