@@ -2,9 +2,10 @@
 (mid-epoch, at global step 10); a user would be let down if that exit dropped the snapshots, or
 if the relaunch did not continue after the last step done.
 
-The fault comes once, by itself: the check runs the script uninterrupted, again to be killed, then
-relaunched with MSCON_RESUME=1, all from one folder; the second launch is the one that fails (so
-the check's own kill never comes: AT is past the end).
+The fault comes once, by itself: The check runs the script uninterrupted, again to be killed, then
+relaunched with MSCON_RESUME=1, each in a folder of its own that links the current folder's files:
+launches.txt, which the test puts there holding 0, counts the launches of all three, and the second
+launch is the one that fails (so the check's own kill never comes: AT is past the end).
 
 EXPECT: exact
 PATTERN: 7

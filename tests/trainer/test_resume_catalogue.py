@@ -11,7 +11,8 @@ docs/resume.md says. Each script's docstring says what the library owes it:
 
 ``PATTERN:`` names the issue's pattern (1-12, or ``base`` for the docs' own shapes); ``RANKS: 2``
 runs it under msrun (2 ranks); ``AT:`` the step the check kills the second run at (13 unless
-said; past the end for the scripts that fail by themselves). Pattern 11 (a 2-rank run relaunched
+said; past the end for the scripts that fail by themselves, in their second launch: they count
+their launches in ``launches.txt``, which each check's folder holds). Pattern 11 (a 2-rank run relaunched
 on 1 rank) is not the check's case: its test launches msrun itself.
 """
 
@@ -124,7 +125,10 @@ def test_the_check_gives_the_verdict_the_script_expects(entry: Entry, tmp_path: 
     cmd = [sys.executable, "-m", "mscon_resume.check", "--at", str(entry.at), "--timeout", "150"]
     cmd += ["--fork"] if entry.ranks == 1 else ["--nproc", str(entry.ranks)]
     cmd += ["--", str(entry.path)]
-    # the user's folder: where the script's own files go (checkpoints, a fault's marker)
+    # The user's folder. The check runs each run in a folder of its own linking this one's files:
+    # the scripts that fail by themselves count their launches in this shared file (a second launch
+    # without MSCON_RESUME is the one the check would kill).
+    (tmp_path / "launches.txt").write_text("0")
     p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=560)
     verdict = p.stdout.splitlines()[0] if p.stdout.strip() else "(no verdict)"
     told = f"{entry.name} (pattern {entry.pattern}, EXPECT {entry.expect}): {p.stdout}\n{p.stderr[-3000:]}"
