@@ -9,7 +9,7 @@ PATTERN: 5
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 import mscon_resume
 
@@ -28,7 +28,7 @@ class EMA:
 
     def update(self):
         for s, w in zip(self.shadow, self.weights, strict=True):
-            s.set_data(self.decay * s + (1 - self.decay) * w)
+            ops.assign(s, self.decay * s + (1 - self.decay) * w)
 
 
 rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The learning rate halved in place at each epoch's end (optimizer.learning_rate.set_data) in a plain
+"""The learning rate halved in place at each epoch's end (ops.assign on optimizer.learning_rate) in a plain
 for epoch in range(N); a user would be let down by a resume whose done epochs run their epoch-end
 code again (the restored rate halved once more for each): the library must refuse it.
 
@@ -9,7 +9,7 @@ PATTERN: 6
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 import mscon_resume
 
@@ -35,6 +35,6 @@ for epoch in range(4):
         loss, grads = grad_fn(data, label)
         optimizer(grads)
         print(f"epoch {epoch} step {i} loss {float(loss):.8f}")
-    optimizer.learning_rate.set_data(optimizer.learning_rate * 0.5)
+    ops.assign(optimizer.learning_rate, optimizer.learning_rate * 0.5)
     print(f"epoch {epoch} done: learning rate {float(optimizer.learning_rate):.6g}")
 print("training finished")

@@ -9,7 +9,7 @@ PATTERN: 3
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 import mscon_resume
 
@@ -26,7 +26,7 @@ class Warmup:
     def step(self):
         self.count += 1
         lr = self.peak * min(1.0, self.count / self.steps)
-        self.optimizer.learning_rate.set_data(ms.Tensor(lr, ms.float32))
+        ops.assign(self.optimizer.learning_rate, ms.Tensor(lr, ms.float32))
         return lr
 
 

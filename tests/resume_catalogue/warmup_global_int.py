@@ -9,7 +9,7 @@ PATTERN: 3
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 import mscon_resume
 
@@ -36,7 +36,7 @@ for epoch in range(3):
     for i, (data, label) in mscon_resume.batches(dataset, epoch, keep=(net, optimizer)):
         steps_done += 1
         lr = PEAK * min(1.0, steps_done / WARMUP_STEPS)
-        optimizer.learning_rate.set_data(ms.Tensor(lr, ms.float32))
+        ops.assign(optimizer.learning_rate, ms.Tensor(lr, ms.float32))
         loss, grads = grad_fn(data, label)
         optimizer(grads)
         print(f"epoch {epoch} step {i} loss {float(loss):.8f} lr {lr:.4f}")

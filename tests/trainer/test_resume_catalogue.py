@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO, free_port, needs_mindspore, wait_for
+from mscon.console.engine.plan import MINDSPORE_TIMERS
 
 CATALOGUE = REPO / "tests" / "resume_catalogue"
 DEFAULT_AT = 13
@@ -129,7 +130,8 @@ def test_the_check_gives_the_verdict_the_script_expects(entry: Entry, tmp_path: 
     # the scripts that fail by themselves count their launches in this shared file (a second launch
     # without MSCON_RESUME is the one the check would kill).
     (tmp_path / "launches.txt").write_text("0")
-    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=560)
+    timers = MINDSPORE_TIMERS if entry.ranks > 1 else {}  # msrun's cluster: as mscon sets them
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(**timers), capture_output=True, text=True, timeout=560)
     verdict = p.stdout.splitlines()[0] if p.stdout.strip() else "(no verdict)"
     told = f"{entry.name} (pattern {entry.pattern}, EXPECT {entry.expect}): {p.stdout}\n{p.stderr[-3000:]}"
     assert verdict.startswith(VERDICTS[entry.expect]), told
@@ -143,7 +145,7 @@ KILL_AT = 13  # both ranks past it: mid-epoch 1 of 3 (8 steps an epoch)
 
 def _msrun(work: Path, ranks: int, log_dir: str, state: Path, resume: bool) -> subprocess.Popen[bytes]:
     env = _env(MSCON_STATE_DIR=str(state), MSCON_METRICS=str(work / f"{log_dir}_metrics_{{rank}}.jsonl"))
-    env.update({"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"})  # as mscon sets them
+    env.update(MINDSPORE_TIMERS)  # MindSpore's cluster timers at 1 s, as mscon sets them
     if resume:
         env["MSCON_RESUME"] = "1"
     return subprocess.Popen(

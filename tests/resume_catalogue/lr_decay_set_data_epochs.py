@@ -1,0 +1,43 @@
+"""The learning rate halved at each epoch's end with ``optimizer.learning_rate.set_data(...)`` (the
+issue's own words), in for epoch in mscon_resume.epochs(N). Measured on MindSpore 2.10 CPU
+(PyNative): once the optimizer has run, it never sees a set_data (nn.SGD at lr 0, set_data(0.5): the
+weights do not move; ops.assign moves them), so the uninterrupted run trains at the first rate while
+it prints the halved one. A user would be let down by a resume that loaded the halved rate and so
+computed otherwise than the run it continues: the library must refuse, naming ops.assign as the fix.
+
+EXPECT: refused
+PATTERN: 6
+"""
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+
+import mscon_resume
+
+ms.set_seed(1)
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((64, 4)).astype(np.float32)
+y = (x.sum(axis=1) > 0).astype(np.int32)
+dataset = ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=True).batch(8)
+net = nn.Dense(4, 2)
+optimizer = nn.Momentum(net.trainable_params(), 0.4, 0.9)
+loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def forward_fn(data, label):
+    return loss_fn(net(data), label)
+
+
+grad_fn = mscon_resume.track_loss(ms.value_and_grad(forward_fn, None, optimizer.parameters))
+
+for epoch in mscon_resume.epochs(4, keep=(net, optimizer)):
+    for i, (data, label) in mscon_resume.batches(dataset, epoch):
+        loss, grads = grad_fn(data, label)
+        optimizer(grads)
+        print(f"epoch {epoch} step {i} loss {float(loss):.8f}")
+    optimizer.learning_rate.set_data(optimizer.learning_rate * 0.5)
+    print(f"epoch {epoch} done: learning rate {float(optimizer.learning_rate):.6g}")
+print("training finished")
