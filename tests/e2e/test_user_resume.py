@@ -165,7 +165,9 @@ def _check_resume(
             assert (real.stat().st_mode & 0o777) == 0o700 and real.stat().st_uid == os.getuid()
             for what in (real, real / "rank_0"):
                 assert run_as(uid, "ls", str(what)).returncode != 0, what
-            for snap in real.glob("rank_*/snap_*.npz"):
+            snaps = list(real.glob("rank_*/*/snap_*.npz"))  # each stage (a loop, a callback) its own folder
+            assert snaps, sorted(str(p) for p in real.rglob("*"))
+            for snap in snaps:
                 assert (snap.stat().st_mode & 0o777) == 0o600
                 assert run_as(uid, "cat", str(snap)).returncode != 0, snap
         _, err = proc.communicate(timeout=300)
@@ -272,7 +274,7 @@ def _worker_losses(log: Path) -> dict[tuple[int, int], str]:
 def _snapshot_step(snapshots: Path) -> int:
     """The last step both ranks have a snapshot of: the step a relaunch resumes after (rank 0 can
     be a step behind rank 1 when the kill comes)."""
-    return min(max(store.steps(str(snapshots), r), default=0) for r in (0, 1))
+    return min(max(store.steps(str(snapshots), r, "loop0"), default=0) for r in (0, 1))  # net.py's one loop
 
 
 def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Path) -> None:
