@@ -63,7 +63,8 @@ def main() -> None:
     exact_s, exact = _first_after(a.samples, a.size, a.batch, skip, fast=False)
     fast_s, fast = _first_after(a.samples, a.size, a.batch, skip, fast=True)
     print(
-        f"epoch: {a.samples} images {a.size}x{a.size}, batch {a.batch}: {batches} batches, one pass {full:.2f} s"
+        f"epoch: {a.samples} images {a.size}x{a.size}, batch {a.batch}: {batches} batches, "
+        f"one pass {full:.2f} s"
     )
     print(
         f"resume at batch {skip}: exact replay (fast_recovery off) {exact_s:.2f} s to the first batch, "

@@ -57,8 +57,10 @@ class ResumeCallback(Callback):
         self.got = self.core.resume(problems=self.extra.problems, accept=lambda step: step % self.size != 0)
         self.core.drop_at_success()
         self.initial_epoch = 0
+        self._fast: bool | None = None  # MindSpore's fast recovery, off until Model has its iterator
         if self.got.step:
             self.initial_epoch = self.got.step // self.size
+            self._fast = _replay_exactly()
             dataset.set_init_step(self.got.step)
         self.kept: Kept | None = None
         self._t0 = 0.0
@@ -70,6 +72,10 @@ class ResumeCallback(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         self.dataset.set_init_step(0)  # the iterator has taken it: a later eval on the dataset starts at 0
+        if self._fast is not None:
+            from mindspore.dataset import config
+
+            config.set_fast_recovery(self._fast)
         self.kept = Kept({"net": cb.train_network, **self._keep})
         self.core.kept = self.kept
         if self.got.source == core.SNAPSHOT:
@@ -140,6 +146,16 @@ class ResumeCallback(Callback):
             self.core.metrics.final(
                 self.name, int(run_context.original_args().cur_step_num), self.kept.digests()
             )
+
+
+def _replay_exactly() -> bool:
+    """Fast recovery off, so the skipped batches go through the whole pipeline and random
+    augmentation draws as before (``loop._iterator`` says more); returns the setting it had."""
+    from mindspore.dataset import config
+
+    fast = bool(config.get_fast_recovery())
+    config.set_fast_recovery(False)
+    return fast
 
 
 def _checkpoint_prefixes(cb: Any) -> list[str]:
