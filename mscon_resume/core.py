@@ -8,6 +8,7 @@ record and, when due, hands a copy of the kept state to the background writer.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Resumer:
         self._said: set = set()
         self._phases = phases  # start-up milestones for the console (the trainer records its own)
         self._stepped = False
+        self._kill_at = env.check_kill_at()
         self._say = say or (lambda text: print(f"mscon_resume: {text}", flush=True))
 
     # -------------------------------------------------------------- where to start
@@ -219,6 +221,19 @@ class Resumer:
         agreed = self.interval.observe(step_s, self._snapshot_cost(), self.rank, self.size)
         if agreed is not None and self.rank == 0 and w is not None:
             self._say(f"a snapshot every {agreed} step(s) (auto)")
+        if self._kill_at is not None and step >= self._kill_at:
+            self._fault_for_the_check(step, epoch, pos)
+
+    def _fault_for_the_check(self, step: int, epoch: int, pos: int) -> None:
+        """The resume check's fault (``MSCON_CHECK_KILL_AT``): this step kept on every rank, then
+        rank 0 dies as a killed rank would (SIGKILL: no exit handler runs)."""
+        self._kill_at = None
+        if self.writer is not None and not self.interval.due(step):
+            self.snapshot(step, epoch, pos)
+        self.settle()
+        if self.rank == 0:
+            self._say(f"rank 0 is killed after step {step} (the resume check's fault)")
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def snapshot(self, step: int, epoch: int, pos: int, done: bool = False) -> None:
         """Hand a copy of the kept state at this step boundary to the writer (``done``: the

@@ -13,6 +13,7 @@ RESUME = "MSCON_RESUME"  # by hand: 1 resumes at the newest step every rank has 
 STATE_DIR = "MSCON_STATE_DIR"  # where snapshots may go if /dev/shm has no room (the agent: the run folder's)
 SNAPSHOT_KEY = "MSCON_SNAPSHOT_KEY"  # the agent: the run's secret (hex); a snapshot must carry its MAC
 METRICS = "MSCON_METRICS"  # the agent: the rank's metrics file (JSON lines)
+CHECK_KILL_AT = "MSCON_CHECK_KILL_AT"  # the resume check: rank 0 of attempt 0 dies once step N is kept
 DEFAULT_STATE_DIR = ".mscon-state"  # under the current folder, when neither argument nor variable says
 
 
@@ -47,5 +48,17 @@ def snapshot_key() -> bytes | None:
         return None
     try:
         return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
+def check_kill_at() -> int | None:
+    """The step after which the resume check's first attempt is killed (None: not a check).
+    Only the first attempt: the restarted one must run to its end."""
+    text = os.environ.get(CHECK_KILL_AT, "").strip()
+    if not text or resuming():
+        return None
+    try:
+        return max(1, int(text))
     except ValueError:
         return None
