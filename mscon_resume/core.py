@@ -170,6 +170,10 @@ class Resumer:
         self.metrics.close()
         raise Refusal(reason)
 
+    def say(self, text: str) -> None:
+        """One line of the library's in the rank's output."""
+        self._say(text)
+
     def note(self, reason: str) -> None:
         """This run holds state a resume could not restore: said once now, refused on relaunch."""
         if reason not in self.notes:

@@ -93,7 +93,7 @@ class Loop:
             self._restore(got)
             self._got = got
             if got.done:
-                self.core._say(
+                self.core.say(
                     f"rank {self.core.rank}: {self.name} ran to its end before; skipped, its state restored"
                 )
             else:
@@ -101,7 +101,7 @@ class Loop:
         elif got.step:
             self._announce(got)
         elif env.resuming():
-            self.core._say(f"rank {self.core.rank}: no state every rank has; starting from the beginning")
+            self.core.say(f"rank {self.core.rank}: no state every rank has; starting from the beginning")
         self._probe = probe.Unkept(self.kept.ids)
         probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()
@@ -113,7 +113,7 @@ class Loop:
     def _announce(self, got: core.Resumed) -> None:
         saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
         where = f"snapshot saved {saved}" if got.source == core.SNAPSHOT else got.source
-        self.core._say(f"rank {self.core.rank} resumes after step {got.step} ({where})")
+        self.core.say(f"rank {self.core.rank} resumes after step {got.step} ({where})")
 
     def _restore(self, got: core.Resumed) -> None:
         """Every kept parameter and piece and the random state, as the snapshot holds them; a

@@ -135,10 +135,6 @@ class Kept:
         """Every kept parameter and random source (what the unkept-state probe passes over)."""
         return set(self._seen) | {id(piece.obj) for piece in self.pieces}
 
-    @property
-    def piece_bytes(self) -> int:
-        return 0  # pieces are small (counters, schedulers, generator states): not budgeted
-
     # ---------------------------------------------------------------- capture and restore
 
     def capture(self) -> tuple[dict, dict[str, np.ndarray]]:
