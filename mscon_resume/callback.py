@@ -85,6 +85,8 @@ class ResumeCallback(Callback):
             _align_callbacks(cb, self.got.step, self.got.meta.get("checkpoint_prefixes"))
         self.core.extra["checkpoint_prefixes"] = _checkpoint_prefixes(cb)
         self.core.keep(self.kept.params)
+        for problem in self.kept.problems:  # said now, and refused on a relaunch
+            self.core.note(problem)
         self._probe = probe.Unkept(self.kept.ids)
         probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()

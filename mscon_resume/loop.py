@@ -102,6 +102,8 @@ class Loop:
             self._announce(got)
         elif env.resuming():
             self.core.say(f"rank {self.core.rank}: no state every rank has; starting from the beginning")
+        for problem in self.kept.problems:  # said now, and refused on a relaunch
+            self.core.note(problem)
         self._probe = probe.Unkept(self.kept.ids)
         probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()

@@ -82,6 +82,19 @@ class Kept:
             items = [("keep", keep, False)]
         for label, obj, named in items:
             self._add(label, obj, f"{label}/" if named else "", named)
+        self.pieces = [piece for piece in self.pieces if self._storable(piece)]
+
+    def _storable(self, piece: Piece) -> bool:
+        """Whether a snapshot can hold the piece's state (else a problem: a state dict holding a
+        function cannot be written, and training must not stop at its first snapshot)."""
+        try:
+            _encode(_read(piece), {}, "", piece.key)
+        except Unkeepable as exc:
+            self.problems.append(
+                f"{exc}, which a snapshot cannot hold: keep numbers, strings, lists, dicts, arrays, tensors"
+            )
+            return False
+        return True
 
     # ---------------------------------------------------------------- resolving
 
