@@ -31,7 +31,7 @@ from . import core, probe
 from . import metrics as metrics_module
 from .interval import AUTO
 from .loop import PROBE_AT, stage_name
-from .state import Kept, put_back
+from .state import Kept, optimizer_only_ids, put_back
 
 
 class ResumeCallback(Callback):
@@ -68,6 +68,8 @@ class ResumeCallback(Callback):
         self._arrive_ts = 0.0
         self._probe: probe.Unkept | None = None
         self._local = 0
+        self._train_network: Any = None
+        self._optimizer_ids: set[int] | None = None
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -76,6 +78,7 @@ class ResumeCallback(Callback):
             from mindspore.dataset import config
 
             config.set_fast_recovery(self._fast)
+        self._train_network = cb.train_network
         self.kept = Kept({"net": cb.train_network, **self._keep})
         self.core.kept = self.kept
         if self.got.source == core.SNAPSHOT:
@@ -92,7 +95,11 @@ class ResumeCallback(Callback):
         self.core.ready()
 
     def _watched_ids(self) -> set[int]:
-        return self.kept.ids if self._local and self.kept is not None else set()
+        if not self._local or self._train_network is None:
+            return set()
+        if self._optimizer_ids is None:
+            self._optimizer_ids = optimizer_only_ids((self._train_network,))
+        return self._optimizer_ids
 
     def _restore(self, cb: Any) -> None:
         assert self.kept is not None

@@ -85,6 +85,11 @@ def _environ(opts: Options, launch: Launch) -> dict[str, str]:
     out[env.METRICS] = str(launch.metrics(0) if opts.nproc == 1 else launch.folder / "metrics_{rank}.jsonl")
     if launch.resume:
         out[env.RESUME] = "1"
+    if launch.kill_at is not None and opts.nproc == 1:
+        # The library's own fault: killed right after step N is kept, not whenever a poll sees it
+        # (a quick step would be several steps on). msrun's ranks would wait for rank 0 in their
+        # collective: there the check kills every process once the metrics say N.
+        out[env.CHECK_KILL_AT] = str(launch.kill_at)
     out["PYTHONUNBUFFERED"] = "1"  # stdout and stderr in the order printed, the same in every run
     # msrun starts the ranks with the `python` on PATH: this one
     out["PATH"] = os.path.dirname(sys.executable) + os.pathsep + out.get("PATH", "")
@@ -112,6 +117,12 @@ def _start(opts: Options, launch: Launch) -> Child:
     return spawn(cmd, environ, out, launch.work)
 
 
+def _late_steps(opts: Options) -> int:
+    """Steps past the kill step the check waits before killing itself: a script on one rank dies
+    by the library's hand at the step; one without the library only by the check's."""
+    return 2 if opts.nproc == 1 else 0
+
+
 def run_once(opts: Options, launch: Launch) -> tuple[Run, Ended]:
     """Start one run, kill it at its step (if any), and read back what each rank left."""
     child = _start(opts, launch)
@@ -123,7 +134,11 @@ def run_once(opts: Options, launch: Launch) -> tuple[Run, Ended]:
             if code is not None:
                 ended = Ended(code)
                 break
-            if watch is not None and launch.kill_at is not None and watch.poll() >= launch.kill_at:
+            if (
+                watch is not None
+                and launch.kill_at is not None
+                and watch.poll() >= launch.kill_at + _late_steps(opts)
+            ):
                 child.kill()
                 ended = Ended(None, killed_at=watch.top)
                 break

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -163,9 +162,7 @@ class Resumer:
     def refuse(self, reason: str) -> None:
         """Stop before the first step: one line, a resume record saying why, snapshots kept."""
         lifecycle.failed()
-        line = f"rank {self.rank} refuses to resume: {reason}"
-        self._say(line)
-        print(f"mscon_resume: {line}", file=sys.stderr, flush=True)
+        self._say(f"rank {self.rank} refuses to resume: {reason}")  # once: logs hold stdout and stderr as one
         self.metrics.refused(reason)
         self.metrics.close()
         raise Refusal(reason)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import core, env, lifecycle, probe, rng
 from . import metrics as metrics_module
 from .interval import AUTO
-from .state import Kept, put_back
+from .state import Kept, optimizer_only_ids, put_back
 
 _NAMES: dict[str, itertools.count] = {}
 OUTSIDE_CODE = (
@@ -79,6 +79,7 @@ class Loop:
         self._epoch = 0  # the epoch batches() was last asked for
         self._last_epoch = -1  # the same, as the module-level batches() tells stages apart
         self._by_epochs = False  # made by the module-level epochs()
+        self._optimizer_ids: set[int] | None = None  # what a set_data must not touch once stepped
         atexit.register(self._at_exit)
 
     # ------------------------------------------------------------------ start and restore
@@ -109,8 +110,13 @@ class Loop:
         self.core.ready()
 
     def _watched_ids(self) -> set[int]:
-        """The kept parameters once this launch has stepped (before: a restore's own writes)."""
-        return self.kept.ids if self._local and not self._done else set()
+        """The optimizers' own parameters once this launch has stepped (before: a restore's own
+        writes; a weight or an EMA's shadow that eager ops read sees a set_data)."""
+        if not self._local or self._done:
+            return set()
+        if self._optimizer_ids is None:
+            self._optimizer_ids = optimizer_only_ids(self.keep)
+        return self._optimizer_ids
 
     def _announce(self, got: core.Resumed) -> None:
         saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
@@ -190,16 +196,19 @@ class Loop:
             if got is not None and (got.done or int(got.meta.get("epoch", 0)) > epoch):
                 self._restored = self._digest()  # epochs before the resumed one are skipped
         size = dataset.get_dataset_size()
-        if self._got is not None and self._got.done:
+        got = self._got
+        if got is not None and got.done:
             return
+        if got is not None and epoch >= int(got.meta.get("epoch", 0)):
+            # The resumed epoch, even when the snapshot was its last step (no batch left, its
+            # end code still to run): the state as restored, then put back where the snapshot was.
+            self._resumed_epoch_begins()
         first = self.step - epoch * size  # batches of this epoch already done
         if first >= size:
             return
         if first < 0:  # an epoch was left out: count from its start
             first, self.step = 0, epoch * size
-        self._resumed_epoch_begins()
-        return_iter = self._iterate(dataset, epoch, first)
-        yield from return_iter
+        yield from self._iterate(dataset, epoch, first)
         if self.epochs_total is not None and epoch + 1 >= self.epochs_total:
             self._finish_stage()
 

@@ -185,6 +185,21 @@ class Kept:
         return out
 
 
+def optimizer_only_ids(objects: Any) -> set[int]:
+    """The parameters an optimizer holds of its own (its learning rate, step count, moments), not
+    the weights it updates: its compiled update reads them, and does not see a ``set_data`` made
+    after it ran (``probe.watch_set_data``)."""
+    found: set[int] = set()
+    items = objects.values() if isinstance(objects, dict) else objects
+    for obj in items if isinstance(items, (list, tuple)) or isinstance(objects, dict) else [items]:
+        if not _is_cell(obj) or not hasattr(obj, "cells_and_names"):
+            continue
+        for _, cell in obj.cells_and_names():
+            if any(k.__name__ == "Optimizer" for k in type(cell).__mro__):
+                found.update(id(p) for p in cell.get_parameters(expand=False))
+    return found
+
+
 def put_back(p: Any, saved: np.ndarray) -> None:
     """A parameter's value, written into its own memory: a graph that has run holds that memory,
     and does not see a ``set_data`` made after it (measured: an optimizer in PyNative keeps its first
@@ -192,7 +207,7 @@ def put_back(p: Any, saved: np.ndarray) -> None:
     import mindspore as ms
     from mindspore import ops
 
-    value = ms.Tensor(np.ascontiguousarray(saved))
+    value = ms.Tensor(np.array(saved, order="C"))  # not ascontiguousarray: it makes a 0-d array 1-d
     try:
         ops.assign(p, value.astype(p.dtype))
     except (RuntimeError, TypeError, ValueError):  # not assignable in place (not yet initialised)

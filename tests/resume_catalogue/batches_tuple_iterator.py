@@ -1,8 +1,9 @@
 """``batches()`` given ``dataset.create_tuple_iterator()`` instead of the dataset: an iterator
 cannot be started at a step, so a user would be let down by a resume that silently replayed the
-epoch from its start; the library must refuse with one line whose fix is: pass the dataset.
+epoch from its start; the library stops the first launch already, in one line whose fix is: pass
+the dataset (a TypeError before any step: nothing runs that a relaunch could not resume).
 
-EXPECT: refused
+EXPECT: fails
 PATTERN: 10
 """
 

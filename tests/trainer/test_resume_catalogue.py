@@ -7,7 +7,9 @@ docs/resume.md says. Each script's docstring says what the library owes it:
 - ``EXPECT: refused``: the library cannot restore its state, so the relaunch refuses in one line
   before its first step ("refused:");
 - ``EXPECT: differs``: state no library can see (a Python int), or a script that cannot repeat
-  itself: the check must find the divergence ("differs:").
+  itself: the check must find the divergence ("differs:");
+- ``EXPECT: fails``: a use the library can tell wrong at once (``batches`` given an iterator): the
+  first launch stops with one line, before any step ("the script fails uninterrupted").
 
 ``PATTERN:`` names the issue's pattern (1-12, or ``base`` for the docs' own shapes); ``RANKS: 2``
 runs it under msrun (2 ranks); ``AT:`` the step the check kills the second run at (13 unless
@@ -37,7 +39,12 @@ from mscon.console.engine.plan import MINDSPORE_TIMERS
 
 CATALOGUE = REPO / "tests" / "resume_catalogue"
 DEFAULT_AT = 13
-VERDICTS = {"exact": "resumes exactly", "refused": "refused:", "differs": "differs:"}
+VERDICTS = {
+    "exact": "resumes exactly",
+    "refused": "refused:",
+    "differs": "differs:",
+    "fails": "the script fails uninterrupted",
+}
 PATTERNS = {str(n) for n in range(1, 13)} | {"base"}
 FIELD = re.compile(r"^(EXPECT|PATTERN|RANKS|AT): *(\S+) *$", re.M)
 RANK_COUNT = "11"  # the pattern the check does not run: a relaunch on another rank count
@@ -61,7 +68,7 @@ def read_entry(path: Path) -> Entry:
     source = path.read_text()
     doc = ast.get_docstring(ast.parse(source)) or ""
     fields = dict(FIELD.findall(doc))
-    assert fields.get("EXPECT") in VERDICTS, f"{path.name}: no EXPECT: exact|refused|differs line"
+    assert fields.get("EXPECT") in VERDICTS, f"{path.name}: no EXPECT: exact|refused|differs|fails line"
     assert fields.get("PATTERN") in PATTERNS, f"{path.name}: no PATTERN: 1-12|base line"
     return Entry(
         path,
@@ -99,7 +106,7 @@ def test_the_catalogue_covers_every_pattern_of_the_issue() -> None:
     # where the issue lists a variant the library must refuse, both sides are there
     for pattern in ("2", "3", "4", "5", "6"):
         assert {"exact", "refused"} <= by_pattern[pattern], pattern
-    assert by_pattern["10"] == {"refused"} and by_pattern["11"] == {"refused"}
+    assert by_pattern["10"] == {"fails"} and by_pattern["11"] == {"refused"}
     assert "differs" in by_pattern["3"]  # the warm-up on a plain int: nothing can see it
     assert len({e.pattern for e in ENTRIES if e.graph}) >= 3  # GRAPH_MODE variants of 3 patterns
     assert len([e for e in CHECKED if e.ranks == 2 and e.expect == "exact"]) >= 2
