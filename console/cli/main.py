@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from mscon.agent.layout import FETCHED_ON_REQUEST, LOGS_DIR
+from mscon.console.cli.engine_run import job_of, skip_checks, supervise
 from mscon.console.cli.exit_table import exit_codes_text
-from mscon.console.cli.job_flags import add_adhoc_flags, adhoc_flags
+from mscon.console.cli.job_flags import add_adhoc_flags
 from mscon.console.cli.prerun import refused_before_connecting
 from mscon.console.cli.resume_check import add_resume_flags, resume_check_main
 from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usage_error
-from mscon.console.cli.workdir import script_in_workdir, workdir_of
-from mscon.console.config.adhoc import AdhocError, AdhocFlags, apply_flags
-from mscon.console.config.adhoc import build_inventory as adhoc_inventory
-from mscon.console.config.inventory import Inventory, InventoryError, load_inventory_or_default
+from mscon.console.config.inventory import Inventory
 from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.commands import StopJob
-from mscon.console.engine.events import RunResult
 from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW
 from mscon.console.engine.summary import (
     add_to_summary,
@@ -36,9 +31,8 @@ from mscon.console.engine.summary import (
     write_summary,
 )
 from mscon.console.engine.supervisor import RunOptions, Supervisor
-from mscon.console.history.recording import RunRecorders
 from mscon.console.preflight.report import CheckReporter, preflight_record
-from mscon.console.preflight.runner import Preflight, PreflightOptions, all_check_names, known_check
+from mscon.console.preflight.runner import Preflight, PreflightOptions
 from mscon.console.views.headless.reporter import HeadlessReporter
 
 
@@ -331,107 +325,8 @@ def _replay(args: argparse.Namespace) -> int:
     return replay_main(args.recording, args.logs_dir, args.speed)
 
 
-Job = tuple[Inventory, str | None, tuple[str, ...] | None]
-
-
-def _job(args: argparse.Namespace, user_cmd: list[str] | None) -> Job | int:
-    """The inventory with --workdir applied, and the script and arguments given after --; or an
-    exit code after a one-line error."""
-    flags = adhoc_flags(args)
-    if flags.names_nodes:
-        built = _adhoc_inventory(args, flags, user_cmd)
-        if isinstance(built, int):
-            return built
-        inv = built
-    elif flags.nproc_per_node is not None:
-        return usage_error(
-            "--nproc-per-node: only with --hosts or --hostfile (an inventory's nodes say theirs)"
-        )
-    else:
-        try:
-            inv = load_inventory_or_default(args.inventory)
-        except InventoryError as exc:
-            print(exc.report(), file=sys.stderr)
-            return exit_codes.USAGE
-    if args.slurm or inv.slurm is not None:
-        if getattr(args, "detach", False):
-            # srun's step ends with the console (and cgroup tracking ends every process in it).
-            return usage_error("--detach: not with Slurm nodes (the srun step ends with the console)")
-        from mscon.console.config.slurm import SlurmError, apply_allocation
-
-        try:
-            inv = apply_allocation(inv)
-        except SlurmError as exc:
-            return usage_error(str(exc))
-    if not flags.names_nodes:
-        try:
-            inv = apply_flags(inv, flags)
-        except AdhocError as exc:
-            return usage_error(str(exc))
-    if args.workdir is not None:
-        workdir = args.workdir.resolve()
-        if not workdir.is_dir():
-            return usage_error(f"--workdir: no such directory: {args.workdir}")
-        inv = dataclasses.replace(inv, job=dataclasses.replace(inv.job, workdir=workdir))
-    script = args_tuple = None
-    if user_cmd is not None:
-        if not user_cmd:
-            return usage_error("nothing after --: give a script, e.g. -- train.py --epochs 1")
-        script = script_in_workdir(user_cmd[0], inv.job.workdir)
-        if script is None:
-            return usage_error(
-                f"script {user_cmd[0]} is not a file inside the job workdir {inv.job.workdir} "
-                "(the workdir is what gets synced to the nodes; set --workdir or job.workdir)"
-            )
-        args_tuple = tuple(user_cmd[1:])
-    return inv, script, args_tuple
-
-
-def _adhoc_inventory(
-    args: argparse.Namespace, flags: AdhocFlags, user_cmd: list[str] | None
-) -> Inventory | int:
-    """The inventory of --hosts/--hostfile: the workdir is --workdir or the current folder (as
-    msrun and torchrun run the script from there), the script the one after --."""
-    flag = "--hosts" if flags.hosts is not None else "--hostfile"
-    if args.inventory is not None:
-        return usage_error(
-            f"{flag} replaces an inventory, and {args.inventory} was given as one "
-            f"(the script goes after --: mscon {args.command} {flag} ... -- train.py)"
-        )
-    if args.slurm:
-        return usage_error(f"{flag}: not with --slurm (the allocation names the nodes)")
-    if getattr(args, "detach", False):
-        # mscon attach finds a detached run's nodes in the inventory file it records.
-        return usage_error(f"--detach: needs an inventory file; write one with: mscon init {flag} ...")
-    if not user_cmd:
-        return usage_error(f"{flag}: give the script after --, e.g. -- train.py --epochs 1")
-    workdir = workdir_of(args.workdir)
-    if workdir is None:
-        return usage_error(f"--workdir: no such directory: {args.workdir}")
-    script = script_in_workdir(user_cmd[0], workdir)
-    if script is None:
-        return usage_error(
-            f"script {user_cmd[0]} is not a file inside the workdir {workdir} "
-            "(the current folder unless --workdir; it is what gets synced to the nodes)"
-        )
-    try:
-        return adhoc_inventory(flags, workdir, script, user_cmd[1:])
-    except AdhocError as exc:
-        return usage_error(str(exc))
-
-
-def _skip_checks(names: list[str]) -> tuple[str, ...] | int:
-    unknown = [n for n in names if not known_check(n)]
-    if unknown:
-        return usage_error(
-            f"--skip-check {unknown[0]}: no such check; checks: {', '.join(all_check_names())} "
-            "(or one result of them, e.g. limits.nofile)"
-        )
-    return tuple(dict.fromkeys(names))
-
-
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: list[str] | None) -> int:
-    job = _job(args, user_cmd)
+    job = job_of(args, user_cmd)
     if isinstance(job, int):
         return job
     inv, script, args_tuple = job
@@ -447,7 +342,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         return usage_error("--straggler-factor: expected 1 < F <= 100; --straggler-window: 2..10000")
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         return usage_error(f"--max-restarts: expected 0..1000, got {args.max_restarts}")
-    skip = _skip_checks(args.skip_check)
+    skip = skip_checks(args.skip_check)
     if isinstance(skip, int):
         return skip
     preflight = None
@@ -504,7 +399,7 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     if options.preflight is not None:
         checks = CheckReporter(full=False)
         sup.bus.add_sink("checks", checks.handle)
-    result = await _supervise(sup, args, loop, history=True)
+    result = await supervise(sup, args.events, loop, history=True)
     sections: dict[str, object] = {}
     if checks is not None and checks.finished is not None:
         sections["preflight"] = preflight_record(checks.results, checks.finished)
@@ -520,13 +415,13 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
 
 
 def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
-    if args.resume or args.at is not None:
+    if args.resume or args.at is not None or args.keep_dir is not None:
         return resume_check_main(args, user_cmd)
-    job = _job(args, user_cmd)
+    job = job_of(args, user_cmd)
     if isinstance(job, int):
         return job
     inv, script, args_tuple = job
-    skip = _skip_checks(args.skip_check)
+    skip = skip_checks(args.skip_check)
     if isinstance(skip, int):
         return skip
     preflight = Preflight(
@@ -557,27 +452,13 @@ def _check(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
         shutil.rmtree(logs_root, ignore_errors=True)
 
 
-async def _supervise(
-    sup: Supervisor, args: argparse.Namespace, loop: asyncio.AbstractEventLoop, history: bool = False
-) -> RunResult:
-    """Run the supervisor with its recorders attached (--events; ``history``: the run folder's
-    recording, for mscon ls and mscon replay RUN_ID) and Ctrl-C/SIGTERM as StopJob."""
-    recorder = RunRecorders(sup.bus, sup.logs_dir if history else None, args.events)
-    for sig, why in ((signal.SIGINT, "interrupted (Ctrl-C)"), (signal.SIGTERM, "terminated (SIGTERM)")):
-        loop.add_signal_handler(sig, sup.submit, StopJob(why))
-    try:
-        return await sup.run()
-    finally:
-        recorder.close()
-
-
 async def _check_engine(inv: Inventory, options: RunOptions, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     sup = Supervisor(inv, options)
     # --json -: stdout holds only the JSON, so the table goes to stderr.
     reporter = CheckReporter(out=sys.stderr if is_stdout(args.json) else None, full=True)
     sup.bus.add_sink("checks", reporter.handle)
-    result = await _supervise(sup, args, loop)
+    result = await supervise(sup, args.events, loop)
     if args.json is not None:
         doc = reporter.document(result)
         assert options.preflight is not None

@@ -1,13 +1,16 @@
 """``mscon check --resume [--at STEP] [INVENTORY] -- train.py ARGS``: does the script resume exactly?
 
-Runs ``python -m mscon_resume.check`` (uninterrupted, killed at a step, relaunched with
-``MSCON_RESUME=1``, compared) with the job's Python and passes its verdict and exit code on. On
-this machine only for now: an inventory naming remote nodes, ``--hosts`` or Slurm is refused.
+On this machine (no node given, or an inventory of local nodes only): runs ``python -m
+mscon_resume.check`` (uninterrupted, killed at a step, relaunched with ``MSCON_RESUME=1``,
+compared) with the job's Python and passes its verdict and exit code on. On the cluster's nodes (an
+inventory naming remote nodes, ``--hosts``, ``--hostfile``, ``--slurm``): resume_check_nodes.py,
+through mscon's own engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib.util
 import os
 import subprocess
@@ -18,8 +21,6 @@ from mscon.console.cli.exit_table import resume_check_codes_text
 from mscon.console.cli.usage import usage_error
 from mscon.console.config.inventory import InventoryError, load_inventory
 from mscon.console.engine import exit_codes
-
-_HERE_ONLY = "--resume runs on this machine for now"
 
 
 def _step(text: str) -> int:
@@ -33,7 +34,7 @@ def _step(text: str) -> int:
 
 
 def add_resume_flags(check: argparse.ArgumentParser) -> None:
-    g = check.add_argument_group("--resume: does the script resume exactly? (on this machine)")
+    g = check.add_argument_group("--resume: does the script resume exactly? (here, or on the nodes given)")
     g.add_argument(
         "--resume",
         action="store_true",
@@ -47,14 +48,26 @@ def add_resume_flags(check: argparse.ArgumentParser) -> None:
         metavar="STEP",
         help="with --resume: kill the second run at this step (default: 40%% of it)",
     )
+    g.add_argument(
+        "--keep-dir",
+        type=Path,
+        metavar="DIR",
+        help="with --resume: keep the runs (on nodes: their fetched run folders) in DIR (default: a "
+        "temp folder, removed)",
+    )
 
 
 def resume_check_main(args: argparse.Namespace, user_cmd: list[str] | None) -> int:
     """The check's exit code (``RESUME_CHECK_CODES``), or 2 after a one-line error."""
     if not args.resume:
-        return usage_error("--at: only with --resume")
-    if args.hosts is not None or args.hostfile is not None or args.slurm:
-        return usage_error(f"{_HERE_ONLY}: not with --hosts, --hostfile or --slurm")
+        return usage_error("--at, --keep-dir: only with --resume")
+    where = _where(args)
+    if isinstance(where, int):
+        return where
+    if where is Where.NODES:
+        from mscon.console.cli.resume_check_nodes import resume_check_nodes
+
+        return resume_check_nodes(args, user_cmd)
     if not user_cmd:
         return usage_error(
             "--resume: give the script after --, e.g. mscon check --resume -- train.py --epochs 1"
@@ -68,6 +81,8 @@ def resume_check_main(args: argparse.Namespace, user_cmd: list[str] | None) -> i
     cmd = [python, "-m", "mscon_resume.check", "--nproc", str(nproc)]
     if args.at is not None:
         cmd += ["--at", str(args.at)]
+    if args.keep_dir is not None:
+        cmd += ["--keep-dir", str(args.keep_dir)]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
     try:
@@ -76,6 +91,27 @@ def resume_check_main(args: argparse.Namespace, user_cmd: list[str] | None) -> i
         return usage_error(f"--python {python}: no such interpreter")
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
+
+
+class Where(enum.Enum):
+    HERE = "here"  # python -m mscon_resume.check on this machine
+    NODES = "nodes"  # through mscon's engine (resume_check_nodes.py)
+
+
+def _where(args: argparse.Namespace) -> Where | int:
+    """Where the check runs: on the cluster's nodes with node flags, Slurm, or an inventory naming
+    a node that is not this machine (an exit code after the inventory's errors)."""
+    if args.hosts is not None or args.hostfile is not None or args.slurm:
+        return Where.NODES
+    if args.inventory is None:
+        return Where.HERE
+    try:
+        inv = load_inventory(args.inventory)
+    except InventoryError as exc:
+        print(exc.report(), file=sys.stderr)
+        return exit_codes.USAGE
+    remote = inv.slurm is not None or any(n.transport != "local" for n in inv.nodes)
+    return Where.NODES if remote else Where.HERE
 
 
 def _job_here(args: argparse.Namespace) -> tuple[str, dict[str, str], int] | int:
@@ -88,10 +124,6 @@ def _job_here(args: argparse.Namespace) -> tuple[str, dict[str, str], int] | int
         except InventoryError as exc:
             print(exc.report(), file=sys.stderr)
             return exit_codes.USAGE
-        remote = [n.name for n in inv.nodes if n.transport != "local"]
-        if remote or inv.slurm is not None:
-            names = ", ".join(remote) or "the Slurm allocation's"
-            return usage_error(f"{_HERE_ONLY}; {args.inventory} names remote nodes ({names})")
         python = next((n.python for n in inv.nodes if n.python), None)
         env.update(inv.job.env)
         for node in inv.nodes:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from mscon.console.cli import main as cli
+from mscon.console.cli.engine_run import job_of
 from mscon.console.cli.init import SAMPLES
 from mscon.console.config.adhoc import AdhocError, AdhocFlags, build_inventory, parse_env, read_hostfile
 from mscon.console.config.inventory import load_inventory
@@ -31,7 +32,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _job(argv: list[str], user_cmd: list[str] | None) -> object:
     """What ``mscon ...`` resolves its job to before connecting: (inventory, script, args) or an exit code."""
-    return cli._job(cli.build_parser().parse_args(argv), user_cmd)
+    return job_of(cli.build_parser().parse_args(argv), user_cmd)
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:

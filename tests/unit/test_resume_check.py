@@ -350,9 +350,14 @@ def remote_inventory(tmp_path: Path) -> Path:
     [
         (["--resume", "--", "no-such-script.py"], "mscon: script no-such-script.py: no such file"),
         (["--resume"], "mscon: --resume: give the script after --"),
-        (["--at", "3", "--", str(FAKE)], "mscon: --at: only with --resume"),
+        (["--at", "3", "--", str(FAKE)], "mscon: --at, --keep-dir: only with --resume"),
         (["--resume", "--at", "0", "--", str(FAKE)], "expected a step, 1 or more"),
-        (["--resume", "--hosts", "a,b", "--", str(FAKE)], "mscon: --resume runs on this machine for now"),
+        (["--resume", "--hosts", "a,b"], "mscon: --hosts: give the script after --"),
+        (
+            ["--resume", "--hosts", "a,b", "--nproc-per-node", "1", "--workdir", str(FAKE.parent)]
+            + ["--skip-check", "x", "--", str(FAKE)],
+            "mscon: --skip-check x: no such check",
+        ),
         (["--resume", "--env", "NOEQUALS", "--", str(FAKE)], "mscon: --env NOEQUALS: expected KEY=VALUE"),
         (
             ["--resume", "--python", "/no/such/python", "--", str(FAKE)],
@@ -368,13 +373,20 @@ def test_mscon_check_resume_usage_errors(
     assert len(err) == 1 and says in err[0], err
 
 
-def test_mscon_check_resume_refuses_an_inventory_with_remote_nodes(
+def test_mscon_check_resume_takes_an_inventory_with_remote_nodes_to_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """The check on the nodes (resume_check_nodes.py): its own refusals, before it connects."""
     inv = remote_inventory(tmp_path)
-    assert mscon_check("--resume", str(inv), "--", str(FAKE)) == 2
+    assert mscon_check("--resume", str(inv), "--skip-check", "nosuch", "--", str(FAKE)) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"mscon: --resume runs on this machine for now; {inv} names remote nodes (n7)"]
+    assert len(err) == 1 and "--skip-check nosuch: no such check" in err[0], err
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "earlier").write_text("")
+    assert mscon_check("--resume", str(inv), "--keep-dir", str(kept), "--", str(FAKE)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"mscon: --keep-dir {kept}: not empty; give a new or empty folder"], err
 
 
 def test_mscon_check_resume_passes_the_verdict_on(capfd: pytest.CaptureFixture[str]) -> None:
