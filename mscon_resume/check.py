@@ -12,8 +12,13 @@ run in a forked child of one process that imported it once (saves its import per
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
+import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -212,6 +217,8 @@ def _killed(ended: Ended, at: int) -> str:
         return f"killed: SIGKILL once a rank wrote step {ended.killed_at} (asked: {at})"
     if ended.timed_out:
         return f"killed: still short of step {at} at the timeout"
+    if ended.code == -signal.SIGKILL:
+        return f"killed: SIGKILL by the library once step {at} was kept (MSCON_CHECK_KILL_AT)"
     return f"killed: ended by itself before step {at} ({_ended(ended)})"
 
 
@@ -306,19 +313,46 @@ def _preload() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--serve"]:
+        return serve()
     try:
-        opts = parse(sys.argv[1:] if argv is None else argv)
+        opts = parse(args)
     except UsageError as exc:
         print(f"mscon_resume.check: {exc}", file=sys.stderr)
         return Kind.USAGE.value
     if opts.fork:
         _preload()
-    verdict = check(opts)
+    return _report(check(opts))
+
+
+def _report(verdict: Verdict) -> int:
     print(verdict.line)
     for line in verdict.details:
         print(f"  {line}")
     sys.stdout.flush()
     return verdict.code
+
+
+def serve() -> int:
+    """``--serve``: many checks, one MindSpore import (the project's own catalogue of scripts
+    runs this way). Reads a JSON request a line, ``{"argv": [...], "cwd": "..."}`` (the argv of a
+    ``--fork`` check), and answers each with ``{"code": N, "stdout": "..."}``."""
+    _preload()
+    for request in sys.stdin:
+        ask = json.loads(request)
+        out = io.StringIO()
+        os.chdir(ask["cwd"])
+        with contextlib.redirect_stdout(out):
+            try:
+                opts = parse(ask["argv"])
+                code = _report(check(dataclasses.replace(opts, fork=True)))
+            except UsageError as exc:
+                print(f"mscon_resume.check: {exc}")
+                code = Kind.USAGE.value
+        sys.__stdout__.write(json.dumps({"code": code, "stdout": out.getvalue()}) + "\n")
+        sys.__stdout__.flush()
+    return 0
 
 
 if __name__ == "__main__":

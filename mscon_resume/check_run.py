@@ -160,11 +160,13 @@ def _child(script: str, args: tuple[str, ...], environ: dict[str, str], fd: int,
         os.environ.update(environ)
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(script))
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # not a --serve caller's capture
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         code = _run_script(script)
         atexit._run_exitfuncs()  # the library's end of training (its snapshots dropped)
     finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # not a --serve caller's capture
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
