@@ -13,10 +13,12 @@ included) and gives the epoch to start in. At ``on_train_begin`` it loads the wh
 ``keep``, sets the step count, and puts ``LossMonitor``'s and ``ModelCheckpoint``'s own counters
 (and the checkpoint file prefix) where the uninterrupted run had them.
 
-A resume never starts at an epoch's end: the step before is kept too and resumed from, so the
-epoch's last step, its validation (``Model.fit``) and its epoch-end callbacks run again, and a run
-that failed after training (in an evaluation, a save) comes back to the end without the
-``initial_epoch == epoch`` error. Each callback is a stage of its own: two ``model.train`` calls
+A resume never starts at the training's last step: the step before is kept too and resumed from,
+so the last step, the last validation (``Model.fit``) and the epoch-end callbacks run again, and a
+run that failed after training (in an evaluation, a save) comes back to the end without the
+``initial_epoch == epoch`` error. (At an earlier epoch's end it starts the next epoch: resuming
+from the step before would need that snapshot on every rank, which a rank a step ahead has
+dropped.) Each callback is a stage of its own: two ``model.train`` calls
 with two callbacks keep apart.
 """
 
@@ -54,7 +56,7 @@ class ResumeCallback(Callback):
         self.size = int(dataset.get_dataset_size()) or 1
         # A collective when resuming: every rank makes its callback. Never at an epoch's end (the
         # module docstring says why).
-        self.got = self.core.resume(problems=self.extra.problems, accept=lambda step: step % self.size != 0)
+        self.got = self.core.resume(problems=self.extra.problems, accept=_not_the_end)
         self.core.drop_at_success()
         self.initial_epoch = 0
         self._fast: bool | None = None  # MindSpore's fast recovery, off until Model has its iterator
@@ -81,6 +83,7 @@ class ResumeCallback(Callback):
         self._train_network = cb.train_network
         self.kept = Kept({"net": cb.train_network, **self._keep})
         self.core.kept = self.kept
+        self.core.extra["total"] = (int(cb.epoch_num) + self.initial_epoch) * int(cb.batch_num)
         if self.got.source == core.SNAPSHOT:
             self._restore(cb)
         if self.got.step:
@@ -142,8 +145,8 @@ class ResumeCallback(Callback):
             record["samples_per_s"] = int(shape[0]) / dt
         epoch, pos = (step - 1) // per_epoch, (step - 1) % per_epoch + 1
         self.core.stepped(step, epoch, pos, dt, record)
-        if pos == per_epoch - 1 and not self.core.interval.due(step):
-            self.core.snapshot(step, epoch, pos)  # an epoch's end resumes from the step before
+        if step == self.core.extra.get("total", 0) - 1 and not self.core.interval.due(step):
+            self.core.snapshot(step, epoch, pos)  # the training's end resumes from the step before
         self._end = time.perf_counter()
 
     def on_train_end(self, run_context: Any) -> None:
@@ -155,6 +158,14 @@ class ResumeCallback(Callback):
             self.core.metrics.final(
                 self.name, int(run_context.original_args().cur_step_num), self.kept.digests()
             )
+
+
+def _not_the_end(snap: Any) -> bool:
+    """A resume never starts at the training's last step (``Model.train`` refuses an
+    ``initial_epoch`` equal to its ``epoch``): the step before is kept too, and resumed from, so
+    the last step, the last validation and everything after it run again."""
+    total = snap.meta.get("total")
+    return not (isinstance(total, int) and snap.step >= total)
 
 
 def _replay_exactly() -> bool:

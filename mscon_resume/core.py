@@ -103,7 +103,7 @@ class Resumer:
         slot_step: Any = None,
         announce: bool = True,
         problems: list[str] | None = None,
-        accept: Callable[[int], bool] | None = None,
+        accept: Callable[[store.Snapshot], bool] | None = None,
     ) -> Resumed:
         """Where this launch starts. Resuming (``resuming``, by default: a restarted attempt under
         mscon, or ``MSCON_RESUME=1``), every rank must call it at the same point: the ranks agree
@@ -120,7 +120,7 @@ class Resumer:
             return Resumed(0, NONE)
         snaps = store.newest_valid(self.roots, self.rank, self.key, self.stage) if self.interval.every else []
         if accept is not None:  # steps the caller cannot resume at (a callback: an epoch's end)
-            snaps = [s for s in snaps if accept(s.step)]
+            snaps = [s for s in snaps if accept(s)]
         reason = self._refusal(snaps[0].meta, problems or []) if snaps else None
         agreed = collective.agree_resume(
             self.rank, self.size, [s.step for s in snaps], store.KEEP, slots, slot_step, reason is not None

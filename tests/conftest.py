@@ -328,8 +328,8 @@ _MINDSPORE_GROUP = {
     "tests/e2e/test_resume_summary.py": "a",  # 20
     "tests/trainer/test_phases_trainer.py": "a",  # 12
     "tests/tui/test_tui_terminal.py": "a",  # 10
-    "tests/e2e/test_resume_check_nodes.py": "a",  # 82 (alone, not beside the busy loops)
     "tests/e2e/test_kept_standby.py": "b",  # 116
+    "tests/e2e/test_resume_check_nodes.py": "b",  # 95 (fresh clone, idle)
     "tests/trainer/test_snapshot.py": "b",  # 62
     "tests/e2e/test_adhoc_hosts.py": "b",  # 60
     "tests/e2e/test_hang_limits.py": "b",  # 59
