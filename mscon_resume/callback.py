@@ -32,7 +32,7 @@ from mindspore.train import Callback
 from . import core, probe
 from . import metrics as metrics_module
 from .interval import AUTO
-from .loop import PROBE_AT, stage_name
+from .loop import stage_name
 from .state import Kept, optimizer_only_ids, put_back
 
 
@@ -128,13 +128,8 @@ class ResumeCallback(Callback):
         step = int(cb.cur_step_num)
         per_epoch = int(cb.batch_num) or 1
         self._local += 1
-        if self._probe is not None:
-            if self._local == PROBE_AT[0]:
-                self._probe.first()
-            elif self._local == PROBE_AT[1]:
-                for reason in self._probe.changed():
-                    self.core.note(reason)
-                self._probe = None
+        if self._probe is not None and self._probe.stepped(self._local, self.core.note):
+            self._probe = None
         record: dict[str, Any] = {"arrive_ts": self._arrive_ts}
         loss = _loss(cb.net_outputs)
         if loss is not None:

@@ -40,7 +40,6 @@ OUTSIDE_CODE = (
     "code outside the batch loop changed the kept or random state in the epochs the resume skips (a "
     "learning-rate decay or a draw at each epoch) and would run again: loop over mscon_resume.epochs(N)"
 )
-PROBE_AT = (1, 3)  # the local steps between which the unkept-state probe looks for changes
 
 
 def stage_name(kind: str) -> str:
@@ -257,13 +256,8 @@ class Loop:
     def _stepped(self, epoch: int, pos: int, step_s: float, batch: Any, arrive_ts: float) -> None:
         self.step += 1
         self._local += 1
-        if self._probe is not None:
-            if self._local == PROBE_AT[0]:
-                self._probe.first()
-            elif self._local == PROBE_AT[1]:
-                for reason in self._probe.changed():
-                    self.core.note(reason)
-                self._probe = None
+        if self._probe is not None and self._probe.stepped(self._local, self.core.note):
+            self._probe = None
         record: dict[str, Any] = {"arrive_ts": arrive_ts}
         if self._loss is not None:
             record["loss"] = _as_float(self._loss)

@@ -81,6 +81,19 @@ class Unkept:
             self._objects[id(obj)] = obj
         return out
 
+    AT = (1, 3)  # the steps of a launch between which it looks for changes
+
+    def stepped(self, local: int, note: Callable[[str], None]) -> bool:
+        """After this launch's step ``local``: digests at the first probe step, each change since
+        noted at the second; True once done (the caller drops the probe)."""
+        if local == self.AT[0]:
+            self.first()
+        elif local >= self.AT[1]:
+            for reason in self.changed():
+                note(reason)
+            return True
+        return False
+
     def first(self) -> None:
         self._first = self._scan()
 
