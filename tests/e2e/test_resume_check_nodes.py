@@ -5,6 +5,7 @@ the local check's verdict on what the run folders fetched back hold."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -58,6 +59,11 @@ def test_a_loop_over_batches_resumes_exactly_on_two_nodes(tmp_path: Path, sshd_c
 @pytest.mark.ssh
 @pytest.mark.mindspore(ranks=2)  # 2 nodes x 1
 @needs_mindspore
+@pytest.mark.skipif(
+    not os.environ.get("MSCON_SLOW_TESTS"),
+    reason="the refusal is the catalogue's (two_optimizers_tuple) and the node path the test above's: "
+    "MSCON_SLOW_TESTS=1 runs it on the nodes too",
+)
 def test_two_optimizers_in_an_unnamed_tuple_are_refused_on_two_nodes(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:

@@ -4,6 +4,7 @@ agree on the step and continue at the losses they stopped at.
 
 EXPECT: exact
 PATTERN: base
+SUITE: slow
 RANKS: 2
 """
 

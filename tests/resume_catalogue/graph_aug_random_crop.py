@@ -3,6 +3,7 @@ compiled train step; a user would be let down if the graph-compiled run resumed 
 
 EXPECT: exact
 PATTERN: 1
+SUITE: slow
 """
 
 import mindspore as ms

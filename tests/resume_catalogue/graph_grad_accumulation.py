@@ -4,6 +4,7 @@ between the two batches of an update lost the first half.
 
 EXPECT: exact
 PATTERN: 3
+SUITE: slow
 """
 
 import mindspore as ms

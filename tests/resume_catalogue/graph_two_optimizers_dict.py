@@ -4,6 +4,7 @@ stopped.
 
 EXPECT: exact
 PATTERN: 4
+SUITE: slow
 """
 
 import mindspore as ms
