@@ -169,7 +169,9 @@ def check_server() -> Iterator[CheckServer]:
 def _group(e: Entry, i: int) -> list[pytest.MarkDecorator]:
     # The catalogue's cost split between the two MindSpore groups of tests/conftest.py, a script
     # each in turn (one module in one group was 4 minutes more on that group's path).
-    marks = [pytest.mark.mindspore(ranks=e.ranks), pytest.mark.xdist_group(f"mindspore-{'ab'[i % 2]}")]
+    # A 2-rank check (msrun, about 45 s) goes to group b: a holds test_user_resume's three (160 s).
+    group = "b" if e.ranks > 1 else "ab"[i % 2]
+    marks = [pytest.mark.mindspore(ranks=e.ranks), pytest.mark.xdist_group(f"mindspore-{group}")]
     if e.slow and not os.environ.get(SLOW):
         marks.append(
             pytest.mark.skip(reason=f"SUITE: slow (a twin of another entry's pattern): {SLOW}=1 runs it")
@@ -251,6 +253,7 @@ def _kill_everything_in(work: Path) -> None:
 
 
 @pytest.mark.mindspore(ranks=2)
+@pytest.mark.xdist_group("mindspore-a")  # the catalogue's 2-rank checks are b's
 @needs_mindspore
 def test_a_2_rank_run_relaunched_on_1_rank_is_refused_in_one_line(tmp_path: Path) -> None:
     if shutil.which("msrun", path=str(Path(sys.executable).parent)) is None:
