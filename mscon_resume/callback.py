@@ -33,7 +33,7 @@ from . import core, probe
 from . import metrics as metrics_module
 from .interval import AUTO
 from .loop import stage_name
-from .state import Kept, optimizer_only_ids, put_back
+from .state import Kept, optimizer_only_ids
 
 
 class ResumeCallback(Callback):
@@ -85,7 +85,7 @@ class ResumeCallback(Callback):
         self.core.kept = self.kept
         self.core.extra["total"] = (int(cb.epoch_num) + self.initial_epoch) * int(cb.batch_num)
         if self.got.source == core.SNAPSHOT:
-            self._restore(cb)
+            self.core.restore(self.got)
         if self.got.step:
             cb.cur_step_num = self.got.step
             _align_callbacks(cb, self.got.step, self.got.meta.get("checkpoint_prefixes"))
@@ -103,18 +103,6 @@ class ResumeCallback(Callback):
         if self._optimizer_ids is None:
             self._optimizer_ids = optimizer_only_ids((self._train_network,))
         return self._optimizer_ids
-
-    def _restore(self, cb: Any) -> None:
-        assert self.kept is not None
-        params = self.got.params
-        for key, p in self.kept.params:
-            if key not in params:
-                self.core.refuse(f"the snapshot lacks {key}: the network or keep changed since the run began")
-            put_back(p, params[key])
-        missing = self.kept.restore(self.got.meta.get("kept", {}), self.got.arrays)
-        if missing:
-            self.core.refuse(f"the snapshot lacks {missing[0]}: keep changed since the run began")
-        self.core.restore_rng(self.got)
 
     def on_train_step_begin(self, run_context: Any) -> None:
         # Model.train fetched the batch already: from the step before's end, so a rank with a

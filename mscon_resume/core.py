@@ -19,7 +19,7 @@ from . import collective, env, lifecycle, rng, store
 from . import metrics as metrics_module
 from .interval import AUTO, Interval
 from .metrics import MetricsWriter
-from .state import PIECE_PREFIX, Kept
+from .state import PIECE_PREFIX, Kept, put_back
 
 Source = str  # "snapshot", "checkpoint", "none", "refused": what an attempt resumed from
 SNAPSHOT, CHECKPOINT, NONE, REFUSED = "snapshot", "checkpoint", "none", "refused"
@@ -177,6 +177,30 @@ class Resumer:
             self.notes.append(reason)
             if self.rank == 0:
                 self._say(f"warning: {reason}; a relaunch would refuse to resume")
+
+    def restore(self, got: Resumed) -> None:
+        """Every parameter and piece ``self.kept`` holds, and the random state, as the snapshot
+        has them, each parameter written in place; a snapshot that does not match what this
+        launch keeps (another name, another shape) is refused."""
+        assert self.kept is not None
+        params = got.params
+        names = {key for key, _ in self.kept.params}
+        lacking = sorted(names - set(params))
+        extra = sorted(set(params) - names)
+        if lacking or extra:
+            what = f"lacks {lacking[0]}" if lacking else f"holds {extra[0]}, which keep no longer has"
+            self.refuse(f"the snapshot {what}: keep changed since the run began; start afresh")
+        for key, p in self.kept.params:
+            saved = params[key]
+            if tuple(saved.shape) != tuple(p.shape):
+                self.refuse(
+                    f"the snapshot's {key} has shape {tuple(saved.shape)}, the script's {tuple(p.shape)}"
+                )
+            put_back(p, saved)
+        missing = self.kept.restore(got.meta.get("kept", {}), got.arrays)
+        if missing:
+            self.refuse(f"the snapshot lacks {missing[0]}: keep changed since the run began; start afresh")
+        self.restore_rng(got)
 
     def restore_rng(self, got: Resumed) -> None:
         if got.source == SNAPSHOT:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import core, env, lifecycle, probe, rng
 from . import metrics as metrics_module
 from .interval import AUTO
-from .state import Kept, optimizer_only_ids, put_back
+from .state import Kept, optimizer_only_ids
 
 _NAMES: dict[str, itertools.count] = {}
 OUTSIDE_CODE = (
@@ -90,7 +90,7 @@ class Loop:
         self.core.drop_at_success()
         self.step = got.step
         if got.source == core.SNAPSHOT:
-            self._restore(got)
+            self.core.restore(got)
             self._got = got
             if got.done:
                 self.core.say(
@@ -121,30 +121,6 @@ class Loop:
         saved = time.strftime("%H:%M:%S", time.localtime(got.meta.get("saved_at", time.time())))
         where = f"snapshot saved {saved}" if got.source == core.SNAPSHOT else got.source
         self.core.say(f"rank {self.core.rank} resumes after step {got.step} ({where})")
-
-    def _restore(self, got: core.Resumed) -> None:
-        """Every kept parameter and piece and the random state, as the snapshot holds them; a
-        snapshot that does not match what this launch keeps is refused."""
-        params = got.params
-        names = {key for key, _ in self.kept.params}
-        lacking = sorted(names - set(params))
-        extra = sorted(set(params) - names)
-        if lacking or extra:
-            what = f"lacks {lacking[0]}" if lacking else f"holds {extra[0]}, which keep no longer has"
-            self.core.refuse(f"the snapshot {what}: keep changed since the run began; start afresh")
-        for key, p in self.kept.params:
-            saved = params[key]
-            if tuple(saved.shape) != tuple(p.shape):
-                self.core.refuse(
-                    f"the snapshot's {key} has shape {tuple(saved.shape)}, the script's {tuple(p.shape)}"
-                )
-            put_back(p, saved)
-        missing = self.kept.restore(got.meta.get("kept", {}), got.arrays)
-        if missing:
-            self.core.refuse(
-                f"the snapshot lacks {missing[0]}: keep changed since the run began; start afresh"
-            )
-        self.core.restore_rng(got)
 
     def _digest(self) -> str:
         """The kept state and the random state, digested (code outside the batch loop that
@@ -221,7 +197,7 @@ class Loop:
             if self._digest() != restored:
                 self.core.refuse(OUTSIDE_CODE)
         if got is not None and got.meta.get("epoch_rng") is not None:
-            self._restore(got)
+            self.core.restore(got)
 
     def _iterate(self, dataset: Any, epoch: int, first: int) -> Iterator[tuple[int, Any]]:
         before: str | None = probe.global_random_digest()
