@@ -42,14 +42,31 @@ def state_dir(given: str | None) -> str:
     return os.path.abspath(given or os.environ.get(STATE_DIR) or DEFAULT_STATE_DIR)
 
 
+KEY_BYTES = 32  # HMAC-SHA256: a key shorter than its digest weakens the MAC (RFC 2104)
+
+
+class BadKey(SystemExit):
+    """``MSCON_SNAPSHOT_KEY`` is set but is no key: the process ends at once, in one line (a
+    weak or garbled key must not quietly give way to another one)."""
+
+
 def snapshot_key() -> bytes | None:
+    """The run's key from ``MSCON_SNAPSHOT_KEY`` (None: unset, the library keys its own private
+    folder). :class:`BadKey` if it is not hex or shorter than ``KEY_BYTES`` bytes; the message
+    never holds the value, a secret."""
     text = os.environ.get(SNAPSHOT_KEY, "").strip()
     if not text:
         return None
     try:
-        return bytes.fromhex(text)
+        key = bytes.fromhex(text)
     except ValueError:
-        return None
+        raise BadKey(f"mscon_resume: {SNAPSHOT_KEY} is not hex ({len(text)} characters)") from None
+    if len(key) < KEY_BYTES:
+        raise BadKey(
+            f"mscon_resume: {SNAPSHOT_KEY} holds {len(key)} bytes; a key is at least {KEY_BYTES} "
+            f"({2 * KEY_BYTES} hex digits)"
+        )
+    return key
 
 
 def check_kill_at() -> int | None:
