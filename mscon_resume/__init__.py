@@ -45,6 +45,7 @@ FILES = (
     "core.py",
     "loop.py",
     "callback.py",
+    "compile_cache.py",
     "check.py",
     "check_compare.py",
     "check_run.py",

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import collective, env, lifecycle, rng, store
+from . import collective, compile_cache, env, lifecycle, rng, store
 from . import metrics as metrics_module
 from .interval import AUTO, Interval
 from .metrics import MetricsWriter
@@ -75,6 +75,7 @@ class Resumer:
         stage: str = "",
     ) -> None:
         self.rank, self.size = collective.rank_and_size()
+        compile_cache.enable(self.rank, self.size)  # before the first step compiles: a restart loads it
         self.state_dir = env.state_dir(state_dir)
         # ``snapshot_dir``: this one folder, not node memory first (the trainer's --snapshot-dir)
         self.roots = [os.path.abspath(snapshot_dir)] if snapshot_dir else store.candidate_dirs(self.state_dir)
@@ -237,7 +238,7 @@ class Resumer:
         if not self._stepped:
             self._stepped = True
             if self._phases:  # the first step's graphs compiled and ran once
-                self.metrics.phase("compiled")
+                self.metrics.phase("compiled", graph=compile_cache.outcome())
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
         if self.writer is not None and self.interval.due(step):
             self.snapshot(step, epoch, pos)

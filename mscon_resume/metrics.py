@@ -41,10 +41,15 @@ class MetricsWriter:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self.out.write(json.dumps({**clean, "ts": time.time()}) + "\n")
 
-    def phase(self, name: str) -> None:
-        """A start-up milestone (imported, joined, ready, compiled), timed by this rank's clock."""
+    def phase(self, name: str, graph: str | None = None) -> None:
+        """A start-up milestone (imported, joined, ready, compiled), timed by this rank's clock;
+        ``graph`` (compiled only): whether the first step loaded its graph from the compile cache
+        or compiled it (compile_cache.py; None: not known)."""
         if self.out is not None:
-            self.out.write(json.dumps({"phase": name, "ts": time.time()}) + "\n")
+            record: dict[str, Any] = {"phase": name, "ts": time.time()}
+            if graph is not None:
+                record["graph"] = graph
+            self.out.write(json.dumps(record) + "\n")
 
     def resumed(self, step: int, epoch: int | None, source: str) -> None:
         """Where this attempt starts: after ``step`` (0: from the start), from ``source``
