@@ -78,7 +78,7 @@ def resume_check_main(args: argparse.Namespace, user_cmd: list[str] | None) -> i
     if isinstance(job, int):
         return job
     python, env, nproc = job
-    cmd = [python, "-m", "mscon_resume.check", "--nproc", str(nproc)]
+    cmd = [python, "-c", _CHECK_BOOT, "--nproc", str(nproc)]
     if args.at is not None:
         cmd += ["--at", str(args.at)]
     if args.keep_dir is not None:
@@ -91,6 +91,15 @@ def resume_check_main(args: argparse.Namespace, user_cmd: list[str] | None) -> i
         return usage_error(f"--python {python}: no such interpreter")
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
+
+
+# ``python -m mscon_resume.check`` less the folder mscon was started in: ``-m`` puts it first on
+# sys.path, where a planted json.py or hmac.py would run. Not ``-I``: the job's Python may predate
+# ``-P``, and the library comes through PYTHONPATH (_with_library).
+_CHECK_BOOT = (
+    "import sys;sys.path[:]=[p for p in sys.path if p];import runpy;"
+    "runpy.run_module('mscon_resume.check',run_name='__main__',alter_sys=True)"
+)
 
 
 class Where(enum.Enum):

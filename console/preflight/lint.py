@@ -56,8 +56,11 @@ async def lint(inv: Inventory, script: str, args: tuple[str, ...], args_given: b
         root = str(Path(str(resources.files("mscon.trainer"))).parent)
         mode, argv, subject = "mode", [value], f"parallel mode {value!r}"
     try:
+        # -I: with plain -c the folder mscon was started in comes first on sys.path, so a json.py
+        # or hmac.py there would run in this interpreter (and no PYTHON* variable steers it).
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
+            "-I",
             "-c",
             _LINT_PROGRAM,
             root,
