@@ -1,17 +1,21 @@
 """The node side of the Slurm transport: a TCP channel back to the console instead of SSH.
 
 ``srun`` starts one task per node running a short, fixed boot (``console/transport/slurm_dial.py``:
-``DIAL_BOOT``, which carries ``tls.py``'s source) that connects to the console over TLS with the
-run's certificate and key from its environment (mutual, the peer pinned to that certificate:
+``DIAL_BOOT``, which carries ``tls.py``'s source; it runs isolated from its folder, ``python -I``,
+and re-execs itself without the values it takes from its environment) that connects to the console
+over TLS with the run's certificate and key (mutual, the peer pinned to that certificate:
 ``tls.py``), authenticates both ways inside it as well (HMAC-SHA256 over two fresh nonces with the
-per-run key from the environment: the key itself never crosses the wire), receives this module's
-source over the same connection and calls :func:`serve`. Nothing of the agent needs to be on the
-node beforehand: no shared file system is assumed. Every byte after the TCP handshake is
-encrypted: the Start messages' argv and env, log lines, the workdir archive, fetched folders.
+step's key, named by :func:`key_id`: the key itself never crosses the wire), receives this
+module's source over the same connection and calls :func:`serve`. The console then hands the dial
+a key of the node's own (``key``, once); the dial proves that one on its agent connections.
+Nothing of the agent needs to be on the node beforehand: no shared file system is assumed. Every
+byte after the TCP handshake is encrypted: the Start messages' argv and env, log lines, the
+workdir archive, fetched folders.
 
 :func:`serve` speaks a small control protocol (JSON lines, ``{"id": N, "op": ...}``, each
 answered by ``{"id": N, ...}``) on that connection:
 
+* ``key``: the node's own key (hex), once, right after the hello.
 * ``exists`` / ``put``: files under the node's mscon folder (``layout.py``), for the agent
   bundle and the workdir archive; paths are relative, plain names only, written atomically.
 * ``agent``: open a second TLS connection, authenticate it, present the console's one-time token,
@@ -59,10 +63,15 @@ def mac(key, *parts):  # noqa: ANN001, ANN201
     return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
+def key_id(key):  # noqa: ANN001, ANN201
+    """A key's public name: how the console finds it (console/transport/slurm_keys.py: key_id)."""
+    return hashlib.sha256(b"mscon dial key id|" + key).hexdigest()[:32]
+
+
 def dial_handshake(sock, rfile, key, role):  # noqa: ANN001, ANN201
     """The node's side of the mutual challenge-response inside TLS (the boot does the same inline)."""
     nonce = os.urandom(16).hex()
-    sock.sendall(("%s %s %s\n" % (PROTOCOL, role, nonce)).encode())
+    sock.sendall(("%s %s %s %s\n" % (PROTOCOL, role, nonce, key_id(key))).encode())
     words = rfile.readline(512).decode("ascii", "replace").split()
     if not words:
         raise EOFError("the console closed the connection before its proof")  # tls.dial tries again
@@ -97,10 +106,10 @@ class Lines:
 
 
 class Dial:
-    def __init__(self, sock, rfile, key, cert="", tls_key="") -> None:  # noqa: ANN001
+    def __init__(self, sock, rfile, cert="", tls_key="") -> None:  # noqa: ANN001
         self.sock = sock  # a TlsSock
         self.rfile = rfile  # its Lines
-        self.key = key
+        self.key = None  # the node's own, from the console (``key``): the step's proves boots only
         self.cert, self.tls_key = cert, tls_key  # the run's, PEM: the agent's connection's TLS
         self.lock = threading.Lock()
         self.home = os.path.expanduser("~")
@@ -163,7 +172,12 @@ class Dial:
 
     def handle(self, rid, req) -> None:  # noqa: ANN001
         op = req.get("op")
-        if op == "exists":
+        if op == "key":
+            if self.key is not None:
+                raise RuntimeError("the node's key was given already")
+            self.key = bytes.fromhex(str(req["key"]))
+            self.send({"id": rid, "ok": True})
+        elif op == "exists":
             self.send({"id": rid, "ok": True, "exists": os.path.lexists(self.path(req["path"]))})
         elif op == "put":
             self.put(req["path"], base64.b64decode(req.get("data", "")), bool(req.get("last")))
@@ -216,6 +230,8 @@ class Dial:
     def start_agent(self, token, code):  # noqa: ANN001, ANN201
         if self.agent is not None and self.agent.poll() is None:
             raise RuntimeError("an agent is running already")
+        if self.key is None:
+            raise RuntimeError("no key of the node's own yet")
         peer = self.sock.getpeername()
 
         def prove(raw):  # noqa: ANN001, ANN202
@@ -373,6 +389,18 @@ def _dies_with_parent() -> None:
         pass
 
 
+def _not_dumpable() -> None:
+    """The dial holds the node's key and the run's TLS key in memory: its /proc files (mem,
+    environ, fd) become root's, so no other process of the user (a rank) can read them. The
+    agent it starts is dumpable again (execve resets the flag)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
 def _keepalive(sock) -> None:  # noqa: ANN001
     """A vanished console is noticed by the kernel too, not only by the agent's watchdog."""
     for level, opt, value in (
@@ -388,11 +416,12 @@ def _keepalive(sock) -> None:  # noqa: ANN001
                 pass
 
 
-def serve(sock, rfile, key, cert="", tls_key=""):  # noqa: ANN001, ANN201
+def serve(sock, rfile, cert="", tls_key=""):  # noqa: ANN001, ANN201
     """Called by the boot code once both sides are authenticated (``sock``: the SSLSocket, the
     boot's ``rfile`` over it holds nothing more: the console sends nothing until the hello);
     never returns."""
     _keepalive(sock)
+    _not_dumpable()
     # srun forwards signals to its tasks: a TERM (scancel, srun interrupted) ends the agent's
     # connection like a closed console does, so its ranks are stopped, not orphaned. A duplicate
     # of the socket: the handler must not wait for the TLS lock the interrupted code may hold.
@@ -400,7 +429,7 @@ def serve(sock, rfile, key, cert="", tls_key=""):  # noqa: ANN001, ANN201
     signal.signal(signal.SIGTERM, lambda *_: waker.shutdown(socket.SHUT_RDWR))
     link = TlsSock(sock)
     try:
-        code = Dial(link, Lines(link), key, cert, tls_key).serve()
+        code = Dial(link, Lines(link), cert, tls_key).serve()
     except KeyboardInterrupt:
         code = INTERRUPTED
     sys.stdout.flush()

@@ -81,7 +81,8 @@ class SlurmChannel(AgentChannel):
         self.writer.close()
 
     def _stderr_raw(self) -> str:
-        return self.ctl.stderr
+        # A refusal last: the line the session reports for a node whose connection ends.
+        return self.ctl.stderr + (f"\n{self.ctl.refused}\n" if self.ctl.refused else "")
 
 
 class SlurmTransport(NodeTransport):
@@ -94,6 +95,8 @@ class SlurmTransport(NodeTransport):
         launcher.hold(node)
 
     def _require(self) -> Control:
+        if self.ctl is not None and self.ctl.refused:
+            raise NodeUnreachable(self.ctl.refused)
         if self.ctl is None or self.ctl.closed.is_set():
             raise NodeUnreachable(f"{self.node.name}: not connected")
         return self.ctl
@@ -147,7 +150,7 @@ class SlurmTransport(NodeTransport):
         except ValueError as exc:
             raise NodeUnreachable(f"{self.node.name}: {exc}") from None
         token = secrets.token_hex(16)
-        fut = self.launcher.expect_agent(token)
+        fut = self.launcher.expect_agent(token, self.node.host)
         try:
             await ctl.start_agent(token, AGENT_BOOT)
             reader, writer = await asyncio.wait_for(fut, AUTH_TIMEOUT_S * 2)

@@ -27,6 +27,7 @@ from importlib import resources
 from typing import IO, Any
 
 from mscon.console.transport.base import NodeUnreachable, Progress
+from mscon.console.transport.slurm_keys import DialKey, Keyring, KeyUse
 
 PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
 ENV_ADDR = "MSCON_DIAL_ADDR"
@@ -39,31 +40,43 @@ REQUEST_TIMEOUT_S = 120.0
 PUT_CHUNK = 4 << 20
 
 # The task srun starts on each node. Fixed text: srun execs it without a shell, and /bin/sh only
-# expands the python from the environment. The boot takes its values out of its environment, runs
+# expands the python from the environment. ``-I``: neither the folder it starts in nor PYTHON*
+# variables reach sys.path, so a planted hmac.py (in a shared job folder, or /tmp where Slurm
+# falls back) never runs. The boot takes its values out of its environment and re-execs itself
+# (same pid, same argv) with an environment without them, handing them over a pipe: its
+# /proc/<pid>/environ then holds none of them, and neither does anything it starts. It then runs
 # tls.py's source (carried in the boot itself: nothing else may cross before TLS), connects with
 # the run's certificate and checks the console's (again, for up to 60 s, while the console's port
 # closes it before its proof: a flood of connections from the node's address pushes out the
-# oldest), checks the console's proof before it sends its own, then runs the source the console
-# sends (agent/dial.py) with the authenticated connection.
-DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -c "$0"'
+# oldest), names its step's key by its id, checks the console's proof before it sends its own,
+# then runs the source the console sends (agent/dial.py) with the authenticated connection; the
+# console then hands the dial a key of the node's own (slurm_keys.py).
+DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -I -c "$0"'
 _BOOT = (
     "import os,sys,hmac,hashlib\n"
-    "e=os.environ;a=e.pop('MSCON_DIAL_ADDR','');k=bytes.fromhex(e.pop('MSCON_DIAL_KEY',''));"
-    "C=bytes.fromhex(e.pop('MSCON_DIAL_CERT','')).decode();Q=bytes.fromhex(e.pop('MSCON_DIAL_TLS_KEY','')).decode();"
-    "e.pop('MSCON_DIAL_PYTHON',None)\n"
-    "k and C and Q or sys.exit('mscon dial: no key or certificate in the environment')\n"
+    "e=os.environ;V=('MSCON_DIAL_ADDR','MSCON_DIAL_KEY','MSCON_DIAL_CERT','MSCON_DIAL_TLS_KEY')\n"
+    "if 'MSCON_DIAL_KEY' in e:\n"
+    " all(e.get(n) for n in V) or sys.exit('mscon dial: no key or certificate in the environment')\n"
+    " r,w=os.pipe();os.write(w,' '.join(e.pop(n) for n in V).encode());os.close(w)\n"
+    " e.pop('MSCON_DIAL_PYTHON',None);e['MSCON_DIAL_FD']=str(r);os.set_inheritable(r,True)\n"
+    " A=open('/proc/self/cmdline','rb').read().split(bytes(1))[1:-1]\n"
+    " os.execve(sys.executable,[sys.executable.encode()]+A,e)\n"
+    "R=os.fdopen(int(e.pop('MSCON_DIAL_FD')),'rb');a,k,C,Q=R.read().decode().split();R.close()\n"
+    "k=bytes.fromhex(k);C=bytes.fromhex(C).decode();Q=bytes.fromhex(Q).decode()\n"
+    "I=hashlib.sha256(b'mscon dial key id|'+k).hexdigest()[:32]\n"
     "g={'__name__':'mscon_dial'};exec(compile(T,'mscon_tls','exec'),g)\n"
     "M=lambda*p:hmac.new(k,'|'.join(p).encode(),hashlib.sha256).hexdigest()\n"
     "def B(s):\n"
     " s.settimeout(30);f=s.makefile('rb');n=os.urandom(16).hex()\n"
-    " s.sendall(('MSCON-DIAL 1 boot %s\\n'%n).encode());w=f.readline(512).decode('ascii','replace').split()\n"
+    " s.sendall(('MSCON-DIAL 1 boot %s %s\\n'%(n,I)).encode())\n"
+    " w=f.readline(512).decode('ascii','replace').split()\n"
     " if not w:raise EOFError('closed before the proof')\n"
     " return f,n,w\n"
     "h,_,p=a.rpartition(':');s,(f,n,w)=g['dial'](h,int(p),C,Q,60,B)\n"
     "len(w)==2 and hmac.compare_digest(w[1],M('console',n,w[0])) or "
     "sys.exit('mscon dial: the console did not authenticate')\n"
     "s.sendall((M('node',w[0],n)+'\\n').encode());L=int(f.readline(32))\n"
-    "exec(compile(f.read(L),'mscon_dial','exec'),g);g['serve'](s,f,k,C,Q)\n"
+    "exec(compile(f.read(L),'mscon_dial','exec'),g);g['serve'](s,f,C,Q)\n"
 )
 
 
@@ -117,19 +130,27 @@ def set_keepalive(writer: asyncio.StreamWriter, interval_s: float) -> None:
                 sock.setsockopt(level, opt, value)
 
 
-async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes) -> DialRole:
-    """The console's side of the challenge-response: its proof first, then the node's is checked.
-    Raises ValueError for anything that is not a dial holding ``key``."""
+async def authenticate(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keys: Keyring
+) -> tuple[DialRole, DialKey]:
+    """The console's side of the challenge-response: its proof first, then the node's is checked,
+    with the key the node names by its id: a step's key for a boot, a node's key for an agent.
+    Raises ValueError for anything that is not a dial holding a key of ``keys`` for its role."""
     words = (await reader.readline()).decode("ascii", "replace").split()
-    if len(words) != 4 or " ".join(words[:2]) != PROTOCOL or words[2] not in set(DialRole):
+    if len(words) != 5 or " ".join(words[:2]) != PROTOCOL or words[2] not in set(DialRole):
         raise ValueError("not a dial")
+    role = DialRole(words[2])
+    found = keys.get(words[4])
+    if found is None or found.use is not (KeyUse.STEP if role is DialRole.BOOT else KeyUse.NODE):
+        raise ValueError("unknown key")
+    key = found.key
     nonce_n, nonce_c = words[3][:64], secrets.token_hex(16)
     writer.write(f"{nonce_c} {mac(key, 'console', nonce_n, nonce_c)}\n".encode())
     await writer.drain()
     proof = (await reader.readline()).decode("ascii", "replace").strip()
     if not hmac.compare_digest(proof, mac(key, "node", nonce_c, nonce_n)):
         raise ValueError("bad proof")
-    return DialRole(words[2])
+    return role, found
 
 
 async def send_dial(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict:
@@ -164,6 +185,7 @@ class Control:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Queue[dict]] = {}
         self.stderr = ""
+        self.refused = ""  # why the console closed this node's connections (a second boot for it)
         self.agent_done = asyncio.Event()
         self.agent_done.set()  # no agent yet
         self.closed = asyncio.Event()
@@ -239,6 +261,15 @@ class Control:
 
     async def _put_part(self, rel: str, chunk: bytes, last: bool) -> None:
         await self.request("put", path=rel, data=base64.b64encode(chunk).decode("ascii"), last=last)
+
+    async def give_key(self, key: bytes) -> None:
+        """The node's own key: the dial proves it on its agent connections (once per dial)."""
+        await self.request("key", key=key.hex())
+
+    def refuse(self, line: str) -> None:
+        """Close this node's connection, ``line`` saying why (what the node's error will say)."""
+        self.refused = line
+        self.close()
 
     async def start_agent(self, token: str, code: str) -> None:
         """Have the dial start the agent on a second connection that presents ``token``."""

@@ -1,10 +1,12 @@
 """The session's one ``srun`` step, its listening socket, and the nodes' dial connections.
 
 ``srun --overlap --nodes=N --ntasks-per-node=1 ...`` runs the fixed boot (``slurm_dial.DIAL_BOOT``)
-on every node. Its command line holds no inventory value and no secret: the console's address, the
-per-run key, the run's TLS certificate and key (``link_tls.py``) and the node python reach the
-tasks through srun's environment (``--export=ALL``; the boot removes them from its own environment
-before anything else starts, so ranks never see them).
+on every node, in ``/`` (``--chdir``) and isolated from it (``python -I``). Its command line holds
+no inventory value and no secret: the console's address, the step's key (``slurm_keys.py``: fresh
+for every step, one boot per node, then a key of the node's own handed over the connection), the
+run's TLS certificate and key (``link_tls.py``) and the node python reach the tasks through srun's
+environment (``--export=ALL``; the boot re-execs itself without them before anything else starts,
+so no process on the node holds them in its environment).
 
 The listening port keeps the limits of every mscon listener (``agent/gate.py``): a connection has
 ``HANDSHAKE_S`` for its TLS handshake and the key's proof together, at most ``PENDING_MAX`` are in
@@ -48,10 +50,16 @@ from mscon.console.transport.slurm_dial import (
     set_keepalive,
     tls_env,
 )
+from mscon.console.transport.slurm_keys import BootRefused, DialKey, Keyring
 
+_Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 ENV_CONSOLE_ADDRESS = "MSCON_CONSOLE_ADDRESS"  # overrides the address the nodes dial
 CONNECT_TIMEOUT_S = 120.0  # srun step start on every node, then each node's connection
 STEP_EXIT_WAIT_S = 15.0
+# The step's working folder: one that exists on every node before the dial can tell the node's
+# home (its run folders are under it), and that no other user can write. The dial starts the
+# agent in the home itself.
+STEP_CWD = "/"
 
 
 def console_address(hosts: tuple[str, ...], env: Mapping[str, str] = os.environ) -> str:
@@ -83,7 +91,7 @@ class SlurmLauncher:
 
     def __init__(self, inv: Inventory) -> None:
         self.inv = inv
-        self.key = secrets.token_bytes(32)
+        self.keys = Keyring()  # the steps' keys and the nodes'
         self.tls = make_run_tls("mscon slurm run")
         self._tls_ctx: ssl.SSLContext = tls.server_context(self.tls.cert, self.tls.key)
         self._pending = gate.Pending()  # connections not authenticated yet (their writers)
@@ -91,7 +99,10 @@ class SlurmLauncher:
         self.nodes: dict[str, NodeSpec] = {}  # by host name (what the dial reports)
         self.controls: dict[str, Control] = {}
         self.waiting: dict[str, asyncio.Future[Control]] = {}
-        self.agents: dict[str, asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        # By one-time token: the node it was issued to, and the agent's connection once it came.
+        self.agents: dict[str, tuple[str, asyncio.Future[_Streams]]] = {}
+        self.agent_writers: dict[str, asyncio.StreamWriter] = {}  # by host: its agent's connection
+        self.refusals: list[str] = []  # second boots refused, one line each
         self.held: set[str] = set()
         self.python: str | None = None
         self.server: asyncio.Server | None = None
@@ -154,26 +165,34 @@ class SlurmLauncher:
                 tls.check_peer(secure.get_extra_info("ssl_object"), self.tls.cert)
                 if not self._pending.trust(raw):  # from here on no flood pushes it out
                     raise ValueError("pushed out")
-                role = await authenticate(reader, writer, self.key)
+                role, key = await authenticate(reader, writer, self.keys)
             if not self._pending.discard(raw):
                 raise ValueError("pushed out")
             if role is DialRole.BOOT:
-                await asyncio.wait_for(self._boot(reader, writer), AUTH_TIMEOUT_S)
+                await asyncio.wait_for(self._boot(reader, writer, key), AUTH_TIMEOUT_S)
             else:
                 token = (await asyncio.wait_for(reader.readline(), AUTH_TIMEOUT_S)).decode("ascii", "replace")
-                fut = self.agents.pop(token.strip(), None)
-                if fut is None or fut.done():
-                    raise ValueError("unknown token")
+                host, fut = self.agents.pop(token.strip(), ("", None))
+                if fut is None or fut.done() or key.hosts != {host}:
+                    raise ValueError("unknown token")  # or one issued to another node
                 set_keepalive(writer, self.inv.ssh.keepalive_s)
+                self.agent_writers[host] = writer
                 fut.set_result((reader, writer))
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             self._pending.discard(raw)
             # Not one of ours, or it broke off: nothing is sent to it.
             (writer.transport if writer is not None else raw).abort()
 
-    async def _boot(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _boot(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, step: DialKey) -> None:
         hello = await send_dial(reader, writer)
         host = str(hello.get("node", ""))
+        peer = writer.get_extra_info("peername")
+        try:
+            node_key = self.keys.claim(step, host, str(peer[0]) if peer else "?")
+        except BootRefused as exc:
+            if host in step.hosts:
+                self._refuse(host, str(exc))
+            raise ValueError(str(exc)) from None
         fut = self.waiting.get(host)
         if fut is None or fut.done() or host in self.controls:
             raise ValueError(f"unexpected node {host!r}")
@@ -181,8 +200,24 @@ class SlurmLauncher:
         set_keepalive(writer, self.inv.ssh.keepalive_s)
         ctl = Control(reader, writer, hello)
         ctl.home = home
+        await ctl.give_key(node_key)
         self.controls[host] = ctl
         fut.set_result(ctl)
+
+    def _refuse(self, host: str, line: str) -> None:
+        """A second boot for ``host`` in one step: two parties hold the step's key and neither can
+        be told from the other, so the node's connections are closed too, ``line`` saying why
+        (the node's error: one line in the console's log and summary)."""
+        self.refusals.append(line)
+        ctl = self.controls.get(host)
+        if ctl is not None:
+            ctl.refuse(line)
+        agent = self.agent_writers.pop(host, None)
+        if agent is not None:
+            agent.close()
+        fut = self.waiting.get(host)
+        if fut is not None and not fut.done():
+            fut.set_exception(NodeUnreachable(line))
 
     # ------------------------------------------------------------ the step
 
@@ -236,6 +271,7 @@ class SlurmLauncher:
             "--kill-on-bad-exit=0",  # one node's agent ending is the console's call, not srun's
             "--export=ALL",
             "--input=none",
+            f"--chdir={STEP_CWD}",  # not the console's folder, nor /tmp where Slurm falls back
             f"--job-name={self.step_name}",
         ]
         if set(hosts) != set(self.nodes):
@@ -244,10 +280,11 @@ class SlurmLauncher:
             argv.append("--nodelist=" + ",".join(hosts))
         argv += ["/bin/sh", "-c", DIAL_SH, DIAL_BOOT]
         assert self.python is not None and self.server is not None
+        step, key = self.keys.new_step(frozenset(hosts))
         env = {
             **os.environ,
             ENV_ADDR: f"{self.address}:{self.port}",
-            ENV_KEY: self.key.hex(),
+            ENV_KEY: key.hex(),
             ENV_PYTHON: self.python,
             **tls_env(self.tls.cert, self.tls.key),
         }
@@ -262,6 +299,7 @@ class SlurmLauncher:
                 start_new_session=True,  # a terminal's Ctrl-C is the console's to handle
             )
         except OSError as exc:
+            self.keys.end_step(step)
             error = f"cannot run srun: {exc.strerror or exc}"
             for h in hosts:
                 self.waiting[h].set_exception(NodeUnreachable(f"{self.nodes[h].name}: {error}"))
@@ -269,12 +307,12 @@ class SlurmLauncher:
         self.steps.append(proc)
         # This step's waits only: a lost node's new step may wait for the same host while this one ends.
         waits = {h: self.waiting[h] for h in hosts}
-        task = asyncio.get_running_loop().create_task(self._watch_step(proc, waits), name="srun")
+        task = asyncio.get_running_loop().create_task(self._watch_step(proc, waits, step), name="srun")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _watch_step(
-        self, proc: asyncio.subprocess.Process, waits: dict[str, asyncio.Future[Control]]
+        self, proc: asyncio.subprocess.Process, waits: dict[str, asyncio.Future[Control]], step: int
     ) -> None:
         assert proc.stderr is not None
         tail: list[str] = []
@@ -285,6 +323,7 @@ class SlurmLauncher:
                 self.step_errors.append(text)
                 del self.step_errors[:-20]
         code = await proc.wait()
+        self.keys.end_step(step)  # its key proves nothing any more
         why = f"srun exited with {code}" + (f": {tail[-1]}" if tail else "")
         for h, fut in waits.items():
             if not fut.done():
@@ -292,10 +331,13 @@ class SlurmLauncher:
 
     # ------------------------------------------------------------ agents
 
-    def expect_agent(self, token: str) -> asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    def expect_agent(
+        self, token: str, host: str
+    ) -> asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        """The agent connection that presents ``token`` with ``host``'s own key."""
         fut: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
         fut = asyncio.get_running_loop().create_future()
-        self.agents[token] = fut
+        self.agents[token] = (host, fut)
         return fut
 
     # ------------------------------------------------------------ closing
@@ -316,6 +358,7 @@ class SlurmLauncher:
                 fut.cancel()
         if self.server is not None:
             self.server.close()
+        self.keys.clear()
         wait_s = STEP_EXIT_WAIT_S + self.inv.stop.grace_s
         for proc in self.steps:
             for sig in (None, signal.SIGTERM, signal.SIGKILL):

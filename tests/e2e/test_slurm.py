@@ -233,7 +233,7 @@ def _dials(alloc: Alloc, node: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if (p.info["cmdline"] or [])[1:3] == ["-c", DIAL_BOOT]:
+            if (p.info["cmdline"] or [])[-2:] == ["-c", DIAL_BOOT]:
                 env = p.environ()
                 if env.get("SLURM_JOB_ID") == alloc.job_id and env.get("SLURMD_NODENAME") == node:
                     found.append(p)

@@ -39,7 +39,7 @@ def _node(la: sl.SlurmLauncher) -> bytes:
     s = tls.TlsSock(tls.connect("127.0.0.1", la.port, la.tls.cert, la.tls.key, 10))
     try:
         f = dial.Lines(s)
-        dial.dial_handshake(s, f, la.key, "boot")
+        dial.dial_handshake(s, f, la.keys.new_step(frozenset({"n1"}))[1], "boot")
         return f.readline()
     finally:
         s.close()
@@ -127,7 +127,7 @@ async def main():
     la = sl.SlurmLauncher(load_inventory(sys.argv[1]))
     await la._listen()
     resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    print(la.port, la.key.hex(), flush=True)
+    print(la.port, la.keys.new_step(frozenset({"n1"}))[1].hex(), flush=True)
     sys.stdout.write(la.tls.cert.encode().hex() + " " + la.tls.key.encode().hex() + "\\n")
     sys.stdout.flush()
     await asyncio.sleep(3600)

@@ -51,18 +51,20 @@ def _as_node(port: int, key: bytes, role: str = "boot", then: bytes = b"", mater
 async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: sl.SlurmLauncher) -> None:
     await launcher._listen()
     run = launcher.tls
+    _, key = launcher.keys.new_step(frozenset({"n1"}))
     try:
-        # A node with another key refuses the console (it cannot prove the node's key) ...
-        with pytest.raises(OSError, match="the console did not authenticate"):
+        # A node with a key the console does not hold gets no proof, only the end (a console that
+        # answers with a wrong proof is refused by the node: test_boot_refuses_...) ...
+        with pytest.raises(EOFError, match="closed the connection before its proof"):
             await asyncio.to_thread(_as_node, launcher.port, os.urandom(32), material=run)
         # ... and with the key, the first thing after the handshake is the dial's source.
-        first = await asyncio.to_thread(_as_node, launcher.port, launcher.key, material=run)
+        first = await asyncio.to_thread(_as_node, launcher.port, key, material=run)
         assert int(first) == len(sd.dial_source())
 
         def wrong_proof() -> bytes:
             s = tls.TlsSock(tls.connect("127.0.0.1", launcher.port, run.cert, run.key, 5))
             f = dial.Lines(s)
-            s.sendall(b"MSCON-DIAL 1 boot 00112233\n")
+            s.sendall(f"MSCON-DIAL 1 boot 00112233 {dial.key_id(key)}\n".encode())
             f.readline()  # the console's nonce and proof
             s.sendall(b"0" * 64 + b"\n")
             rest = f.readline()
@@ -70,11 +72,12 @@ async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: sl.
             return rest
 
         assert await asyncio.to_thread(wrong_proof) == b""  # closed, nothing sent
-        # An authenticated agent connection with a token nobody issued gets nothing either.
-        assert await asyncio.to_thread(_as_node, launcher.port, launcher.key, "agent", b"f00d\n", run) == b""
+        # An agent connection with the step's key gets nothing (a node's own key proves those).
+        with pytest.raises(EOFError):
+            await asyncio.to_thread(_as_node, launcher.port, key, "agent", b"f00d\n", run)
         # A node with the key but another certificate: refused by TLS, before any line.
         with pytest.raises(ssl.SSLError):
-            await asyncio.to_thread(_as_node, launcher.port, launcher.key, material=link_tls.make_run_tls())
+            await asyncio.to_thread(_as_node, launcher.port, key, material=link_tls.make_run_tls())
     finally:
         await launcher.close()
 
