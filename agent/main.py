@@ -5,7 +5,7 @@ When a rank fails, the agent stops its node-local siblings at once (the console 
 nodes). When stdin closes (the console or its SSH channel is gone), the agent stops everything
 and exits, so a crashed console leaves nothing behind, unless the console detached the run first
 (``Detach``): then the agent becomes a daemon on a Unix socket and node 0's agent takes over the
-run's policy (``detached.py``).
+run's policy (``detached/``: ``daemon.py`` the socket, ``run.py`` node 0's policy host).
 
 Every lifecycle message is also kept in the run folder's journal (``journal.py``), so a console
 that attaches later learns the whole run. This module is the loop and the commands; the node's
