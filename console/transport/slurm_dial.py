@@ -269,7 +269,7 @@ class Control:
     def refuse(self, line: str) -> None:
         """Close this node's connection, ``line`` saying why (what the node's error will say)."""
         self.refused = line
-        self.close()
+        self.writer.transport.abort()  # at once: no TLS goodbye to a peer that may not be ours
 
     async def start_agent(self, token: str, code: str) -> None:
         """Have the dial start the agent on a second connection that presents ``token``."""

@@ -214,7 +214,7 @@ class SlurmLauncher:
             ctl.refuse(line)
         agent = self.agent_writers.pop(host, None)
         if agent is not None:
-            agent.close()
+            agent.transport.abort()
         fut = self.waiting.get(host)
         if fut is not None and not fut.done():
             fut.set_exception(NodeUnreachable(line))
