@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 # agent that only runs checks, lists runs or relays an attach needs none of them.
 
 _FINAL_WRITE_S = 30.0  # at exit, how long the last messages may take to reach a slow console
-_TAIL_KEEP = 200  # lines kept per process for the exit report
-_BATCH_MAX = 500  # lines per LogBatch message
 _STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
 _STOPPED_CONFIRM_S = 0.3  # state T this long is a stop, not a debugger's brief attach
 
@@ -72,6 +70,11 @@ class Agent(Ranks, Streaming, Services):
         self.stopping: procmod.GroupStop | None = None  # a stop under way, advanced by tick()
         self.spares = Spares()  # the next attempt's processes, started ahead (Start.spares)
         self._last_flush = 0.0
+        # The console's Subscribe (None: none came, so every line and metric streams as before).
+        self.subscription: P.Subscribe | None = None
+        self._last_summary = 0.0
+        self._summary_exits = 0  # processes reported exited at the last NodeSummary
+        self._summary_counts: tuple = ()  # the last NodeSummary's counts (unchanged: none is sent)
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
         self._last_standby_check = 0.0
@@ -87,16 +90,19 @@ class Agent(Ranks, Streaming, Services):
 
     # ------------------------------------------------------------ I/O
 
-    def send(self, msg: P.Message) -> None:
+    def send(self, msg: P.Message, to_console: bool = True) -> None:
+        """Journal, tell a detached run, and queue for the console (unless ``to_console`` is False:
+        a line of a rank the console did not subscribe to, a metric its summary carries)."""
         if self.journal is not None and msg.journaled:
             self.journal.add(self.start_cmd.attempt if self.start_cmd else 0, msg.to_dict())
-        line = P.encode(msg)
         if self.detached is not None:
+            line = P.encode(msg)
             self.detached.observe(msg)  # the coordinator's policy, a follower's report
             self.detached.broadcast(line)  # consoles attached on the socket
-        if not self.to_console:
-            return
-        if not self.outbox.put(line, msg.streamed):
+        if not self.to_console or not to_console:
+            return  # not even encoded: most lines of a large run go nowhere but their files
+        line = P.encode(msg)
+        if not self.outbox.put(line, msg.streamed, msg.alarm):
             if self.detached is not None:
                 return  # the console went while detaching: the daemon goes on
             raise ConsoleGone()
@@ -151,6 +157,7 @@ class Agent(Ranks, Streaming, Services):
                     return 0
                 try:
                     self.tick()
+                    self._summary_tick()
                 except OSError as exc:  # out of descriptors reading a log, say: the ranks go on
                     self._note_once("tick: %s" % exc)
                 if self.detached is not None:
@@ -210,6 +217,8 @@ class Agent(Ranks, Streaming, Services):
             self.start(msg)
         elif isinstance(msg, P.Stop):
             self.stop(msg.reason, msg.grace_s)
+        elif isinstance(msg, P.Subscribe):
+            self.subscribe(msg)
         elif isinstance(msg, P.Shutdown):
             self.stop_and_wait("shutdown", self.grace())
             self.keep_standby(msg.keep_warm_s)

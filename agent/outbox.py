@@ -5,8 +5,11 @@ stdout up. Written from the agent's loop, that would stall the loop itself: a ra
 have its siblings stopped only once the console reads again. Here the loop only queues, and asks
 ``has_room()`` before it reads more of its ranks' logs: while streamed data (log lines, metrics)
 beyond ``budget`` bytes waits, the lines stay in the log files, to be read once the console has
-caught up. Nothing is dropped, and a failure reaches the console behind at most about ``budget``
-bytes of stream.
+caught up. Nothing is dropped.
+
+Alarms (a rank's exit, a hang, blame, the agent's own error: ``Message.alarm``) go in a lane of
+their own, written before whatever else waits: the console's policy hears of a failure ahead of
+any backlog of log and metric batches (issue 44). Within each lane the order is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 from typing import TextIO
 
 DEFAULT_BUDGET = 4 * 1024 * 1024  # bytes of streamed messages waiting to be written
-_WRITE_MAX = 1024 * 1024  # bytes taken off the queue for one write
+_WRITE_MAX = 256 * 1024  # bytes taken off the queue for one write (an alarm waits for at most one)
 
 
 class ConsoleGone(Exception):
@@ -29,20 +32,25 @@ class Outbox:
         self.budget = budget
         self.broken = False
         self._queue: collections.deque = collections.deque()  # (line, streamed)
+        self._alarms: collections.deque = collections.deque()  # lines written ahead of the queue
         self._stream_bytes = 0
         self._closing = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._write, name="outbox", daemon=True)
         self._thread.start()
 
-    def put(self, line: str, streamed: bool) -> bool:
-        """Queue one line; False once the output has failed (the console is gone)."""
+    def put(self, line: str, streamed: bool, alarm: bool = False) -> bool:
+        """Queue one line (``alarm``: ahead of every line that is not one); False once the output
+        has failed (the console is gone)."""
         with self._cv:
             if self.broken:
                 return False
-            if streamed:
-                self._stream_bytes += len(line)
-            self._queue.append((line, streamed))
+            if alarm:
+                self._alarms.append(line)
+            else:
+                if streamed:
+                    self._stream_bytes += len(line)
+                self._queue.append((line, streamed))
             self._cv.notify()
         return True
 
@@ -60,13 +68,15 @@ class Outbox:
     def _write(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._alarms and not self._closing:
                     self._cv.wait()
-                if not self._queue:
+                if not self._queue and not self._alarms:
                     return
                 # Everything queued in one write: one system call, and one hand-over of the GIL,
-                # for what the loop queued meanwhile (a flush of 64 ranks is 128 messages).
-                lines, streamed = [], 0
+                # for what the loop queued meanwhile (a flush of 64 ranks is 128 messages). The
+                # alarms first, whatever waits in the other lane.
+                lines, streamed = list(self._alarms), 0
+                self._alarms.clear()
                 size = 0
                 while self._queue and size < _WRITE_MAX:
                     line, is_stream = self._queue.popleft()
@@ -81,6 +91,7 @@ class Outbox:
                 with self._cv:
                     self.broken = True  # the next put() says so: the agent's loop treats it as ever
                     self._queue.clear()
+                    self._alarms.clear()
                 return
             finally:
                 with self._cv:

@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 # 6: standby clusters (Start.join_standby/warm, LinkStart.warm, StandbyState)
 # 7: kept standbys (Adopt, Shutdown.keep_warm_s)
 # 8: where a rank resumed (RankResumed, from its resume record)
-PROTOCOL_VERSION = 8
+# 9: alarms first, lines by subscription (Subscribe, NodeSummary; issue 44)
+PROTOCOL_VERSION = 9
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -76,6 +77,9 @@ class Message:
     # A sample the next one supersedes (metrics, telemetry): a view that lags may skip it
     # (console/engine/bus.py); log lines and lifecycle messages are never skipped.
     sampled: ClassVar[bool] = False
+    # What the policy must hear before any backlog (an exit, a hang, blame, the agent's own error):
+    # the agent's outbox writes it ahead of the log and metric batches queued before it.
+    alarm: ClassVar[bool] = False
     # Fields kept off the coordinator link (log tails, stacks): the policy never reads them (the
     # link is TLS, but what it need not carry it does not).
     off_link: ClassVar[tuple[str, ...]] = ()
@@ -238,6 +242,24 @@ class Stop(Message):
 
 
 @dataclass(frozen=True)
+class Subscribe(Message):
+    """What the console's views need of a node (issue 44): the log lines of ``ranks`` (global rank
+    ids; ``all_ranks``: every rank's) and, every ``tick_s``, a NodeSummary of each rank's latest
+    metric and counts. Every line stays in the node's log files either way (fetched at the end).
+
+    Until its first Subscribe an agent streams every line and every metric (MetricBatch), as
+    before version 9: a console that never subscribes (an attach, a test) sees all of it."""
+
+    type: ClassVar[str] = "subscribe"
+    ranks: tuple[int, ...] = ()
+    all_ranks: bool = False
+    tick_s: float = 1.0
+
+    def wants(self, rank: int) -> bool:
+        return self.all_ranks or rank in self.ranks
+
+
+@dataclass(frozen=True)
 class Shutdown(Message):
     """Stop everything (if still running) and exit; ``keep_warm_s``: first leave a joined standby
     for the next run of the job, kept that long (agent/keeper.py)."""
@@ -344,6 +366,7 @@ class Telemetry(Message):
 @dataclass(frozen=True)
 class ProcExited(Message):
     type: ClassVar[str] = "proc_exited"
+    alarm: ClassVar[bool] = True
     journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     off_link: ClassVar[tuple[str, ...]] = ("tail", "traceback")
@@ -392,6 +415,7 @@ class AllExited(Message):
 @dataclass(frozen=True)
 class AgentError(Message):
     type: ClassVar[str] = "agent_error"
+    alarm: ClassVar[bool] = True
     journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     node: str
@@ -403,6 +427,7 @@ class ProcHung(Message):
     """A process that makes no progress: stopped by a signal (state T), or silent when asked (Inspect)."""
 
     type: ClassVar[str] = "proc_hung"
+    alarm: ClassVar[bool] = True
     journaled: ClassVar[bool] = True
     reported: ClassVar[bool] = True
     off_link: ClassVar[tuple[str, ...]] = ("stack", "tail", "wchan")
@@ -424,6 +449,7 @@ class Evidence(Message):
     """A line in which MindSpore itself names ranks that stopped responding (scheduler, HCCL)."""
 
     type: ClassVar[str] = "evidence"
+    alarm: ClassVar[bool] = True
     journaled: ClassVar[bool] = True
     node: str
     name: str  # the process whose log held the line (the witness)
@@ -446,9 +472,20 @@ class Milestone:
     RECORDED = (IMPORTED, JOINED, READY, COMPILED)
 
 
+class GraphSource:
+    """Where a rank's first step got its graph (``RankPhase.graph``, with COMPILED; plain strings on
+    the wire): from the run's compile cache on the node, or compiled (mscon_resume/compile_cache.py)."""
+
+    LOADED = "loaded"
+    COMPILED = "compiled"
+    ALL = (LOADED, COMPILED)
+
+
 @dataclass(frozen=True)
 class RankPhase(Message):
-    """A rank reached a start-up milestone (``Milestone``) at ``ts_ns``, by its own node's clock."""
+    """A rank reached a start-up milestone (``Milestone``) at ``ts_ns``, by its own node's clock;
+    ``graph`` (``GraphSource``, COMPILED only): whether its first step loaded its graph or compiled
+    it (None: not said)."""
 
     type: ClassVar[str] = "rank_phase"
     journaled: ClassVar[bool] = True  # an attaching console's start-up breakdown comes from the journal
@@ -458,6 +495,7 @@ class RankPhase(Message):
     rank: int
     phase: str
     ts_ns: int
+    graph: str | None = None
 
 
 class ResumeSource:
@@ -936,3 +974,81 @@ class TelemetryBatch(Message):
     def to_dict(self) -> dict[str, Any]:
         rows = [[getattr(t, f) for f in _TELEMETRY_FIELDS] for t in self.items]
         return {"type": self.type, "node": self.node, "items": rows}
+
+
+# Per rank of a NodeSummary: its name, global rank, lines its log has had (on the node), metrics read.
+_COUNT_FIELDS = ("name", "rank", "lines", "steps")
+
+
+@dataclass(frozen=True)
+class RankCount:
+    """How far one rank has got, by the node's count: ``lines`` of its log read (every one kept in
+    its file), ``steps`` metrics read."""
+
+    name: str
+    rank: int
+    lines: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class NodeSummary(Message):
+    """A subscribed agent's word every ``Subscribe.tick_s``: what the console's views show of each
+    rank of the node, in one message (the console's cost is per node and tick, not per line).
+
+    ``counts``: every watched rank's RankCount. ``metrics``: the latest Metric of each rank that
+    stepped since the last summary (and any with a profiler folder, which a view names). On the wire
+    each count is a list of ``_COUNT_FIELDS`` values and each metric a compact mapping, as a
+    MetricBatch item with its name and rank."""
+
+    type: ClassVar[str] = "summary"
+    streamed: ClassVar[bool] = True
+    sampled: ClassVar[bool] = True
+    node: str
+    ts: float = 0.0
+    counts: tuple = ()  # RankCount each
+    metrics: tuple = ()  # Metric each, of this node
+
+    def __post_init__(self) -> None:
+        counts = self.counts
+        if not all(isinstance(c, RankCount) for c in counts):  # as decoded: rows of values
+            built = []
+            for row in counts:
+                if not isinstance(row, list) or len(row) != len(_COUNT_FIELDS):
+                    raise ProtocolError("bad summary count: expected %d values" % len(_COUNT_FIELDS))
+                built.append(RankCount(*row))
+            object.__setattr__(self, "counts", tuple(built))
+        items = self.metrics
+        if not all(isinstance(m, Metric) for m in items):  # as decoded: compact mappings
+            base = dict(_METRIC_DEFAULTS)
+            base["node"] = self.node
+            built_m = []
+            for d in items:
+                if not (
+                    isinstance(d, dict) and d.keys() >= _SUMMARY_NEEDS and _SUMMARY_ITEM_KEYS.issuperset(d)
+                ):
+                    raise ProtocolError("bad summary metric: %.120r" % (d,))
+                m = object.__new__(Metric)  # as MetricBatch: no field-by-field frozen __init__
+                m.__dict__.update(base)
+                m.__dict__.update(d)
+                built_m.append(m)
+            object.__setattr__(self, "metrics", tuple(built_m))
+        elif isinstance(items, list):
+            object.__setattr__(self, "metrics", tuple(items))
+
+    def to_dict(self) -> dict[str, Any]:
+        items = []
+        for m in self.metrics:
+            d: dict[str, Any] = {"name": m.name, "rank": m.rank}
+            d.update({key: getattr(m, key) for key in _METRIC_REQUIRED})
+            for key, default in _METRIC_DEFAULTS:
+                value = getattr(m, key)
+                if value != default:
+                    d[key] = value
+            items.append(d)
+        rows = [[c.name, c.rank, c.lines, c.steps] for c in self.counts]
+        return {"type": self.type, "node": self.node, "ts": self.ts, "counts": rows, "metrics": items}
+
+
+_SUMMARY_NEEDS = frozenset(_METRIC_REQUIRED + ("name", "rank"))
+_SUMMARY_ITEM_KEYS = _METRIC_ITEM_KEYS | {"name", "rank"}

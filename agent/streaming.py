@@ -2,6 +2,11 @@
 messages, their metrics (written to MSCON_METRICS, else parsed from the log), MindSpore's own
 blame lines, and device telemetry. Lines wait in the files while the console is behind, never
 dropped. A mixin of ``main.Agent``.
+
+Once the console subscribes (``Subscribe``), only the lines of the ranks it names go to it, and
+the metrics go as one NodeSummary per node every ``tick_s`` (each rank's latest metric and its
+counts): the console's cost is per node and tick, not per line. Every line is still read here
+(metrics, blame, hangs, the exit's tail) and stays in its log file, fetched at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class Watched:
         self.hung_pending: P.ProcHung | None = None
         self.drained = False  # its log read to the end after its exit (held back while the console is behind)
         self.first_step_said = False  # its Milestone.FIRST_STEP was sent
+        self.steps = 0  # metrics read (its NodeSummary count)
+        self.latest: P.Metric | None = None  # its newest metric not yet in a NodeSummary
+        self.named: list[P.Metric] = []  # older ones a view names (a profiler folder), also due
         self._parser: LineParser | None = None
 
     def parser(self, node: str, line_metrics: LineMetrics) -> LineParser:
@@ -79,10 +87,12 @@ class Streaming:
         if lines:
             w.progress_ns = time.time_ns()
         parsed: list[P.Metric] = []
+        spec = w.proc.spec
+        sub = self.subscription
+        wanted = sub is None or sub.wants(spec.rank)
         for start in range(0, len(lines), _BATCH_MAX):
             chunk = lines[start : start + _BATCH_MAX]
             w.recent.extend(chunk)
-            spec = w.proc.spec
             self.send(
                 P.LogBatch(
                     node=self.node,
@@ -91,7 +101,8 @@ class Streaming:
                     seq=w.seq,
                     lines=tuple(chunk),
                     ts_ns=time.time_ns(),
-                )
+                ),
+                to_console=wanted,
             )
             w.seq += len(chunk)
             # One substring test of the whole chunk spares the per-line tests of most chunks:
@@ -108,6 +119,8 @@ class Streaming:
                     if metric is not None:
                         parsed.append(metric)
         self._flush_metrics(w, final, parsed)
+        if final and self.subscription is not None:
+            self._summary_tick(force=True)  # its last step, before the node's AllExited
         return True
 
     def _evidence(self, w: Watched, line: str) -> None:
@@ -152,8 +165,70 @@ class Streaming:
             first = batch[0].ts
             ts_ns = int(first * 1e9) if first else time.time_ns()
             self.send(P.RankPhase(self.node, spec.name, spec.rank, P.Milestone.FIRST_STEP, ts_ns))
-        if batch:
-            self.send(P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch)))
+        if not batch:
+            return
+        w.steps += len(batch)
+        msg = P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch))
+        if self.subscription is None:
+            self.send(msg)
+            return
+        # Subscribed: the console hears of them in the next NodeSummary (a detached run's
+        # coordinator and attached clients still see each batch).
+        if w.latest is not None and (w.latest.profile_dir or w.latest.checksum is not None):
+            w.named.append(w.latest)
+        # Older ones a view or check names: a profiler folder, a replica checksum (compared step
+        # by step across ranks, so none may be skipped).
+        w.named.extend(m for m in batch[:-1] if m.profile_dir or m.checksum is not None)
+        w.latest = batch[-1]
+        self.send(msg, to_console=False)
+
+    # ------------------------------------------------------------ subscription
+
+    def subscribe(self, msg: P.Subscribe) -> None:
+        """The console's views changed what they show. A rank newly in sight gets its recent lines
+        (the last ``_TAIL_KEEP``) at once; what came before them is in its log file."""
+        old, self.subscription = self.subscription, msg
+        if old is None:
+            self._last_summary = 0.0  # the first summary at the next tick
+        for w in self.watched:
+            spec = w.proc.spec
+            if not msg.wants(spec.rank) or old is None or old.wants(spec.rank) or not w.recent:
+                continue
+            self.send(
+                P.LogBatch(
+                    node=self.node,
+                    name=spec.name,
+                    rank=spec.rank,
+                    seq=w.seq - len(w.recent),
+                    lines=tuple(w.recent),
+                    ts_ns=time.time_ns(),
+                )
+            )
+
+    def _summary_tick(self, force: bool = False) -> None:
+        """A NodeSummary every ``tick_s`` when something changed, and at once when a process of
+        the node has exited (``force``: its log read to the end; its last step and count before
+        the console stops waiting)."""
+        sub = self.subscription
+        if sub is None or not self.watched:
+            return
+        now = time.monotonic()
+        exits = sum(1 for w in self.watched if w.proc.reported)
+        if not force and exits == self._summary_exits and now - self._last_summary < sub.tick_s:
+            return
+        self._last_summary, self._summary_exits = now, exits
+        counts = tuple(P.RankCount(w.proc.spec.name, w.proc.spec.rank, w.seq, w.steps) for w in self.watched)
+        metrics: list[P.Metric] = []
+        for w in self.watched:
+            metrics.extend(w.named)
+            w.named = []
+            if w.latest is not None:
+                metrics.append(w.latest)
+                w.latest = None
+        if counts == self._summary_counts and not metrics:
+            return  # nothing new: an idle node costs the console nothing
+        self._summary_counts = counts
+        self.send(P.NodeSummary(node=self.node, ts=time.time(), counts=counts, metrics=tuple(metrics)))
 
     def _telemetry(self) -> None:
         items = []

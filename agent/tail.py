@@ -7,10 +7,6 @@ import json
 import re
 from typing import NamedTuple
 
-# MindSpore's LossMonitor: "epoch: 1 step: 20, loss is 0.6931"; TimeMonitor: "per step time: 12.3 ms".
-LOSS_RE = re.compile(r"epoch:\s*(\d+)\s+step:\s*(\d+),\s*loss is\s*([-+0-9.eE]+|nan|inf|-inf)")
-STEP_TIME_RE = re.compile(r"per step time:\s*([0-9.]+)\s*ms")
-
 _MAX_LINE = 16 * 1024  # longer lines are cut so one runaway print cannot flood the console
 
 
@@ -50,14 +46,6 @@ def _clean(raw: bytes) -> str:
     if len(text) > _MAX_LINE:
         text = text[:_MAX_LINE] + " [mscon: line cut]"
     return text
-
-
-def parse_loss_line(line: str) -> tuple | None:
-    """(epoch, step, loss) from a LossMonitor-style line, else None."""
-    m = LOSS_RE.search(line)
-    if m is None:
-        return None
-    return (int(m.group(1)), int(m.group(2)), float(m.group(3)))
 
 
 def parse_metrics_line(line: str) -> dict | None:

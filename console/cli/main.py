@@ -22,6 +22,7 @@ from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usag
 from mscon.console.config.inventory import Inventory
 from mscon.console.engine import exit_codes, run_ids
 from mscon.console.engine.commands import StopJob
+from mscon.console.engine.lines_wanted import ALL_RANKS_UP_TO, RanksSpecError, default_lines, parse_ranks
 from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW
 from mscon.console.engine.summary import (
     add_to_summary,
@@ -104,6 +105,13 @@ def _add_run_parser(sub: argparse._SubParsersAction, name: str, help_text: str) 
         help="inventory YAML (default: the embedded local inventory: ranks on this machine)",
     )
     run.add_argument("--no-tui", action="store_true", help="headless: prefixed logs and a summary")
+    run.add_argument(
+        "--lines",
+        metavar="RANKS",
+        type=lines_arg,
+        help="--no-tui: print the log lines of these global ranks (e.g. 0,3,8-15; all; none). Default: "
+        f"all ranks up to {ALL_RANKS_UP_TO} ranks, rank 0 beyond; every line is fetched at the end",
+    )
     run.add_argument("--json", metavar="PATH", type=json_path_arg, help=_JSON_HELP)
     run.add_argument(
         "--logs-dir", metavar="DIR", type=Path, default=Path(LOGS_DIR), help="where fetched logs go"
@@ -372,6 +380,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, user_cmd: li
         return exit_codes.INTERRUPTED
 
 
+def lines_arg(text: str) -> str:
+    """``--lines RANKS``: checked here (one line, exit 2), read by ``parse_ranks`` at the run."""
+    try:
+        parse_ranks(text)
+    except RanksSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _wants_tui(args: argparse.Namespace) -> bool:
     """The live console at a terminal; headless with --no-tui or when not a terminal."""
     if args.no_tui and args.command != "up":
@@ -395,6 +412,8 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     rank_out = sys.stderr if is_stdout(args.json) else None
     reporter = HeadlessReporter(out=rank_out, quiet_states=args.quiet, on_output_closed=output_closed)
     sup.bus.add_sink("headless", reporter.handle, busy=reporter.busy)
+    lines = getattr(args, "lines", None)
+    sup.want_lines("headless", default_lines(inv.world_size) if lines is None else parse_ranks(lines))
     checks = None
     if options.preflight is not None:
         checks = CheckReporter(full=False)

@@ -16,6 +16,7 @@ from mscon.agent.protocol import (
     Metric,
     MetricBatch,
     Milestone,
+    NodeSummary,
     ProcExited,
     ProcHung,
     ProcStarted,
@@ -215,9 +216,9 @@ class ClusterState:
             r = self.ranks.get(msg.name)
             if r is None:
                 return
-            if msg.seq > r.next_seq:
+            if msg.seq > r.next_seq and not r.summarised:
                 r.lost_lines += msg.seq - r.next_seq
-            r.next_seq = msg.seq + len(msg.lines)
+            r.next_seq = max(r.next_seq, msg.seq + len(msg.lines))
             r.tail.extend(msg.lines[-TAIL:])  # the deque keeps the last TAIL anyway
             self._progress(r, msg.ts_ns)
         elif isinstance(msg, MetricBatch):
@@ -225,6 +226,8 @@ class ClusterState:
             if r is not None:
                 for m in msg.metrics:
                     self._metric(r, m)
+        elif isinstance(msg, NodeSummary):
+            self._summary(msg)
         elif isinstance(msg, TelemetryBatch):
             ranks = self.ranks
             for t in msg.items:
@@ -329,6 +332,24 @@ class ClusterState:
         if msg.device_memory_bytes is not None:
             r.device_memory_bytes = msg.device_memory_bytes
         self._progress(r, int(msg.ts * 1e9) if msg.ts else None)
+
+    def _summary(self, msg: NodeSummary) -> None:
+        """A node's word on each rank: its counts (a line read there is progress, sent or not),
+        and the latest metric of each that stepped."""
+        ranks = self.ranks
+        ts_ns = int(msg.ts * 1e9) if msg.ts else None
+        for c in msg.counts:
+            r = ranks.get(c.name)
+            if r is None:
+                continue
+            r.summarised = True
+            if c.lines > r.node_lines:
+                self._progress(r, ts_ns)
+            r.node_lines, r.node_steps = c.lines, c.steps
+        for m in msg.metrics:
+            r = ranks.get(m.name)
+            if r is not None:
+                self._metric(r, m)
 
     def _progress(self, r: RankView, ts_ns: int | None) -> None:
         if ts_ns is not None and (r.last_progress_ns is None or ts_ns > r.last_progress_ns):

@@ -42,6 +42,9 @@ class RankView:
     hung: ProcHung | None = None
     next_seq: int = 0
     lost_lines: int = 0  # gaps in the log sequence numbers
+    node_lines: int = 0  # lines its log has had on the node (NodeSummary: streamed or not, all kept)
+    node_steps: int = 0  # metrics its node has read (NodeSummary)
+    summarised: bool = False  # its node sends summaries: lines it was not subscribed to are no gap
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
     history: collections.deque[tuple[int, float]] = field(
         default_factory=lambda: collections.deque(maxlen=HISTORY)

@@ -25,6 +25,7 @@ from mscon.agent.protocol import (
     Message,
     Metric,
     MetricBatch,
+    NodeSummary,
     ProcSpec,
     Start,
     Stop,
@@ -58,6 +59,7 @@ from mscon.console.engine.events import (
 )
 from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
 from mscon.console.engine.job_kinds import attempt_argv, restart_note
+from mscon.console.engine.lines_wanted import LinesWanted, summary_tick_s
 from mscon.console.engine.plan import build_plan, policy_config, run_started, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
 from mscon.console.engine.run_options import RunOptions
@@ -120,6 +122,9 @@ class Supervisor:
         )
         self._sched = ""
         self.detached = False
+        self.lines = LinesWanted()  # which ranks' lines the views want (the agents' Subscribe)
+        self._lines_seen: dict[str, int] = {}  # rank -> lines its node counted (NodeSummary)
+        self._resubscribe: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ commands and events
 
@@ -131,6 +136,32 @@ class Supervisor:
             self._early.append(cmd)
         else:
             self._inputs.put_nowait(cmd)
+
+    def want_lines(self, view: str, ranks: frozenset[int] | None) -> None:
+        """A view shows the lines of ``ranks`` (None: every rank's): the agents are told at the
+        next Start, and at once while the run is up. Call on the loop's thread."""
+        if not self.lines.want(view, ranks) or self.session is None:
+            return
+        if self._resubscribe is not None:
+            self._resubscribe.cancel()  # the new one tells every node the newest wish
+        loop = asyncio.get_running_loop()
+        self._resubscribe = loop.create_task(self._subscribe_all(), name="subscribe")
+
+    def _subscription(self, plan_index: int) -> Message:
+        plan = self.plans[plan_index]
+        return self.lines.subscription((s.rank for s in plan.procs), summary_tick_s(len(self.plans)))
+
+    async def _subscribe_all(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        await asyncio.gather(
+            *(
+                session.send(p.node.name, self._subscription(i))
+                for i, p in enumerate(self.plans)
+                if session.links[p.node.name].open
+            )
+        )
 
     def closing_command(self) -> Command:
         """What a console that closes without a choice sends: a run it started dies with it."""
@@ -177,6 +208,8 @@ class Supervisor:
             save_traceback(self.logs_dir)
         finally:
             await cancel_and_wait(ticker)
+            if self._resubscribe is not None:
+                await cancel_and_wait(self._resubscribe)
             if self.detached:
                 # the ranks run on: nothing to stop, logs are not final yet
                 record_detach(self.logs_dir, self.run_id, self.inv.path, self.script, self.args, self.state)
@@ -379,18 +412,37 @@ class Supervisor:
         assert self.policy is not None
         if isinstance(msg, LogBatch):
             self.policy.progress(msg.name, now)
+        elif isinstance(msg, NodeSummary):
+            seen = self._lines_seen
+            for c in msg.counts:  # a line read on the node is progress, sent or not
+                if c.lines > seen.get(c.name, 0):
+                    seen[c.name] = c.lines
+                    self.policy.progress(c.name, now)
+            return self._policy_metrics(msg, now)
         elif isinstance(msg, Metric | MetricBatch):
-            for m in msg.metrics if isinstance(msg, MetricBatch) else (msg,):
-                self.policy.stepped(m.name, m.ts or time.time(), now)
-                if m.checksum is not None:
-                    divergence = self.replicas.observe(m.name, m.step, m.checksum)
-                    if divergence is not None:
-                        self.emit(divergence)
-            for ev in self.stragglers.observe(self.attempt_no, msg):
-                self.emit(ev)
+            return self._policy_metrics(msg, now)
         else:
             taken = policy_mod.from_message(node, msg, now)
             return [taken] if taken is not None else []
+        return []
+
+    def _policy_metrics(self, msg: Metric | MetricBatch | NodeSummary, now: float) -> list[policy_mod.Input]:
+        """Steps for the hang rule, checksums for the replica check, step times for stragglers."""
+        assert self.policy is not None
+        metrics = (msg,) if isinstance(msg, Metric) else msg.metrics
+        if not metrics:
+            return []
+        for m in metrics:
+            self.policy.stepped(m.name, m.ts or time.time(), now)
+            if m.checksum is not None:
+                divergence = self.replicas.observe(m.name, m.step, m.checksum)
+                if divergence is not None:
+                    self.emit(divergence)
+        # A summary holds one metric of each of several ranks: the straggler watch takes them one
+        # by one (a MetricBatch, one rank's, in one go).
+        for one in metrics if isinstance(msg, NodeSummary) else (msg,):
+            for ev in self.stragglers.observe(self.attempt_no, one):
+                self.emit(ev)
         return []
 
     async def _carry_out(
@@ -460,6 +512,7 @@ class Supervisor:
             if self._stop_cmd is not None:
                 return RunVerdict(JobState.INTERRUPTED, self._stop_cmd.exit_code, self._stop_cmd.reason)
         self.replicas = ReplicaWatch(self.inv.world_size, number)
+        self._lines_seen = {}  # each attempt's ranks count their lines from 0
         refs = tuple(RankRef(s.name, p.node.name, s.rank) for p in self.plans for s in p.procs)
         port = standby_port(self.inv.scheduler.port, number) if warm else self.inv.scheduler.port
         self.emit(AttemptStarted(number, refs, self._sched, port, time.time_ns(), warm))
@@ -469,6 +522,8 @@ class Supervisor:
             name = self.plans[plan_index].node.name
             link = session.links[name]
             msg = self._start_msg(session, plan_index, number, self._sched, warm)
+            if self.lines.any:  # ahead of the Start, on the same channel: its first lines obey it
+                await session.send(name, self._subscription(plan_index))
             if await session.send(name, msg):
                 self.emit(NodeUpdate(number, name, NodeState.RUNNING, f"attempt {number}", time.time_ns()))
             elif not link.open:  # lost before its ranks could start

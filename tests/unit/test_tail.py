@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mscon.agent.tail import NO_STEP, FileTail, LineMetrics, ParsedMetric, parse_loss_line
+from mscon.agent.tail import NO_STEP, FileTail, LineMetrics, ParsedMetric
 
 
 def test_final_read_returns_everything_left_beyond_the_running_bound(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_partial_lines_wait_for_their_newline_until_the_end(tmp_path: Path) -> N
         f.write(b"ne\r\nno newline at exit")
     assert tail.read_lines() == ["half a line"]
     assert tail.read_lines(final=True) == ["no newline at exit"]
-    assert parse_loss_line("epoch: 1 step: 1, loss is 2.5") == (1, 1, 2.5)
+    assert LineMetrics().parse("epoch: 1 step: 1, loss is 2.5") == ParsedMetric(1, 2.5, 1, None)
 
 
 def test_a_missing_file_is_no_lines_yet(tmp_path: Path) -> None:

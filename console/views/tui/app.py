@@ -273,6 +273,9 @@ class MsconApp(App[int]):
         self.push_screen(HelpScreen(title, key_rows(screen), note))
 
     def action_open_rank(self, name: str) -> None:
+        in_sight = getattr(self.source, "rank_in_sight", None)
+        if in_sight is not None:
+            in_sight(name)
         self.push_screen(RankScreen(self.model, name))
 
     def action_view(self, view: str) -> None:

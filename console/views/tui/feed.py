@@ -20,6 +20,7 @@ from mscon.agent.protocol import (
     LogBatch,
     Metric,
     MetricBatch,
+    NodeSummary,
     ProcExited,
     ProcHung,
     ProcStarted,
@@ -121,6 +122,11 @@ class Feed:
                         self._observe(m)
                     ch.ranks.add(msg.name)
                     metrics_seen = True
+                elif isinstance(msg, NodeSummary):
+                    for m in msg.metrics:
+                        self._observe(m)
+                    ch.ranks.update(c.name for c in msg.counts)
+                    metrics_seen = metrics_seen or bool(msg.metrics)
                 elif isinstance(msg, TelemetryBatch):
                     ch.ranks.update(t.name for t in msg.items)
                     ch.nodes = True

@@ -15,11 +15,13 @@ from mscon.agent.protocol import (
     LogBatch,
     Metric,
     MetricBatch,
+    NodeSummary,
     ProcExited,
     ProcHung,
     ProcStarted,
     Telemetry,
     TelemetryBatch,
+    rank_of,
 )
 from mscon.console.detach.attach import Attacher
 from mscon.console.engine.bus import Subscription
@@ -35,6 +37,7 @@ from mscon.console.engine.events import (
     StragglerCleared,
     StragglerFlagged,
 )
+from mscon.console.engine.lines_wanted import default_lines
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.stragglers import StragglerPolicy, StragglerWatch
 from mscon.console.engine.supervisor import Supervisor
@@ -117,11 +120,13 @@ class LiveSource(Source):
         self.sup = supervisor
         self.state = supervisor.state  # the supervisor's own picture: current before the event is sent
         self.subscription: Subscription | None = None
+        self._opened: set[int] = set()  # ranks whose pane was opened
 
     async def _run(self, handler: Handler) -> int:
         self.subscription = self.sup.bus.add_sink(
             "tui", handler, lag_limit=TUI_LAG_LIMIT, hard_limit=TUI_HARD_LIMIT
         )
+        self._show_lines()
         result = await self.sup.run()
         self.result = result
         return result.exit_code
@@ -134,6 +139,23 @@ class LiveSource(Source):
             # detach secret would cross the Slurm link.
             return SLURM_NO_DETACH
         return None
+
+    def rank_in_sight(self, name: str) -> None:
+        """A rank's pane was opened: its lines are wanted from now on (and its recent ones)."""
+        rank = rank_of(name)
+        if rank is not None and rank not in self._opened:
+            self._opened.add(rank)
+            self._show_lines()
+
+    def _show_lines(self) -> None:
+        """What the panes show (issue 44): every rank's lines in a small run; in a large one rank
+        0's and those of the ranks whose pane was opened (the others' are on their nodes)."""
+        want = getattr(self.sup, "want_lines", None)  # an Attacher's agents are not subscribed
+        inv = getattr(self.sup, "inv", None)
+        if want is None or inv is None:
+            return
+        base = default_lines(inv.world_size)
+        want("tui", None if base is None else base | self._opened)
 
     def submit(self, cmd: Command) -> bool:
         if isinstance(cmd, StopJob):
@@ -156,7 +178,7 @@ def event_time_ns(ev: Event) -> int | None:
         msg = ev.msg
         if isinstance(msg, LogBatch | ProcStarted | ProcExited | ProcHung):
             return msg.ts_ns or None
-        if isinstance(msg, Metric | Telemetry):
+        if isinstance(msg, Metric | Telemetry | NodeSummary):
             return int(msg.ts * 1e9) if msg.ts else None
         if isinstance(msg, MetricBatch | TelemetryBatch):
             last = (msg.metrics or (None,))[-1] if isinstance(msg, MetricBatch) else (msg.items or (None,))[0]
@@ -211,8 +233,10 @@ class ReplaySource(Source):
             handler(ev)
             if self.stragglers is not None and isinstance(ev, AgentEvent):
                 msg = ev.msg
-                if isinstance(msg, Metric | MetricBatch):
-                    for derived in self.stragglers.observe(ev.attempt, msg):
-                        self.state.apply(derived)
-                        handler(derived)
+                if isinstance(msg, Metric | MetricBatch | NodeSummary):
+                    # A summary holds several ranks' metrics: the watch takes them one by one.
+                    for one in msg.metrics if isinstance(msg, NodeSummary) else (msg,):
+                        for derived in self.stragglers.observe(ev.attempt, one):
+                            self.state.apply(derived)
+                            handler(derived)
         return self.result.exit_code if self.result is not None else 0
