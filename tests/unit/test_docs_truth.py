@@ -29,6 +29,7 @@ _DATA = re.compile(rf"(?<![\w/.-])((?:{'|'.join(ROOTS)})/[\w./-]+\.(?:yaml|toml|
 _FOLDER = re.compile(rf"`((?:{'|'.join(ROOTS)})/(?:[\w.-]+/)*)`")
 _SCRIPT_ARG = re.compile(r"(?:python3?|--)\s+$")  # what follows is the user's script, not ours
 _KEY = re.compile(r"(?<![\w/.-])([a-z_]+(?:\.[a-z_]+)+)\b(?![\w/-])")
+_NAME_IN = re.compile(r"`([\w/.-]+\.py)`(?:'s)? \(?`([A-Za-z_]\w*)[\w.]*`")
 _FILE_EXT = {"py", "md", "json", "jsonl", "yaml", "toml", "sbatch", "log", "txt", "svg", "sh", "gz", "err"}
 
 
@@ -62,6 +63,22 @@ def stale_paths(page: Path, text: str) -> list[str]:
     named = [m for m in _PY.finditer(text) if not _SCRIPT_ARG.search(text[: m.start()][-12:])]
     tokens = [m.group(1) for m in named] + _DATA.findall(text) + _FOLDER.findall(text)
     return [f"{page.name}: {t}" for t in tokens if t not in FOREIGN and not resolves(t, page)]
+
+
+def missing_names(page: Path, text: str) -> list[str]:
+    """A name the docs place in a file (`` `agent/tail.py` (`parse_metrics_line`) ``, `` `x.py`'s `Y` ``)
+    is defined there: a def, a class or an assignment."""
+    missing = []
+    for path, name in _NAME_IN.findall(text):
+        files = (
+            [REPO / path]
+            if (REPO / path).exists()
+            else [REPO / f for f in tree_files() if f.endswith("/" + path)]
+        )
+        defined = re.compile(rf"(?m)^\s*(?:(?:async )?def|class) {name}\b|^{name}\s*[:=]")
+        if not any(defined.search(f.read_text()) for f in files):
+            missing.append(f"{page.name}: {path} {name}")
+    return missing
 
 
 def layout_rows(text: str) -> list[tuple[str, list[str]]]:
@@ -177,6 +194,12 @@ def test_module_paths_named_in_the_docs_exist() -> None:
     assert stale == [], f"paths the docs name that are not in the tree: {stale}"
 
 
+def test_names_placed_in_a_file_are_defined_there() -> None:
+    named = [m for page in doc_pages() for m in _NAME_IN.findall(page.read_text())]
+    assert len(named) >= 3, "no `file.py` `name` pairs found any more"
+    assert [m for page in doc_pages() for m in missing_names(page, page.read_text())] == []
+
+
 def test_the_layout_table_names_modules_that_exist() -> None:
     text = (REPO / "docs" / "architecture.md").read_text()
     assert len(layout_rows(text)) >= 10, "docs/architecture.md's layout table was not found"
@@ -231,6 +254,12 @@ def test_a_stale_key_and_layout_module_are_found(tmp_path: Path) -> None:
     ]
     table = "| `console/views/headless/` | the view | `reporter`, `recorder` |\n"
     assert missing_layout_modules(table) == ["console/views/headless/recorder"]
+
+
+def test_a_name_in_the_wrong_file_is_found() -> None:
+    text = "`agent/tail.py` (`parse_metrics_line`), `mscon_resume/metrics.py`'s `MetricsWriter.write`"
+    assert missing_names(REPO / "docs" / "x.md", text) == []
+    assert missing_names(REPO / "docs" / "x.md", "`agent/metrics.py` (`parse_metrics_line`)") != []
 
 
 def test_a_bad_benchmark_row_is_found() -> None:
