@@ -79,6 +79,9 @@ class SimNode:
     flush_s: float = 0.1
     stop_ns: int | None = None  # when the first Stop arrived (this worker's clock)
     held_back: int = 0  # flushes skipped because the console had not read the last ones
+    sub: Any = None  # the console's Subscribe (None: every line and metric, as before protocol 9)
+    last_summary: float = 0.0
+    latest: dict[str, P.Metric] = field(default_factory=dict)  # per rank, since the last summary
 
 
 class Worker:
@@ -154,6 +157,7 @@ class Worker:
             if node.stop_ns is None:
                 node.stop_ns = time.time_ns()
             self._flush(node, final=True)
+            self._summary(node, force=True)
             out: list[P.Message] = []
             for r in node.ranks:
                 if r.alive:
@@ -163,6 +167,8 @@ class Worker:
                 out.append(P.AllExited(node=node.name, ts_ns=time.time_ns()))
             node.running = False
             self._send(node, *out)
+        elif isinstance(msg, P.Subscribe):
+            node.sub = msg
         elif isinstance(msg, P.Shutdown):
             node.running = False
             node.writer.close()
@@ -178,6 +184,9 @@ class Worker:
                 msg = _exited(node.name, r, None, "SIGKILL", 9, by_agent=False)
                 self._send(node, msg)
                 writer.write(f"{msg.ts_ns}\n".encode())
+            elif cmd[0] == "fetch":  # fetch NODE: the lines its ranks' log files hold (all of them)
+                node = self.nodes[cmd[1]]
+                writer.write(json.dumps({r.name: r.seq for r in node.ranks}).encode() + b"\n")
             elif cmd[0] == "report":
                 report = {
                     n.name: {
@@ -207,6 +216,7 @@ class Worker:
                 if node.running:
                     self._accrue(node, tick)
                     self._flush(node)
+                    self._summary(node)
                     if n % 10 == 0:  # the agent samples CPU and memory once a second
                         self._telemetry(node)
 
@@ -221,6 +231,18 @@ class Worker:
             self._send(node, *items)
         elif items:
             self._send(node, P.message_class("telemetry_batch")(node=node.name, items=tuple(items)))  # type: ignore[call-arg]
+
+    def _summary(self, node: SimNode, force: bool = False) -> None:
+        """A subscribed agent's NodeSummary every tick_s (agent/streaming.py's _summary_tick)."""
+        sub = node.sub
+        now = time.monotonic()
+        if sub is None or (not force and now - node.last_summary < sub.tick_s):
+            return
+        node.last_summary = now
+        counts = tuple(P.RankCount(r.name, r.rank, r.seq, r.step) for r in node.ranks)
+        metrics = tuple(node.latest.values())
+        node.latest.clear()
+        self._send(node, P.NodeSummary(node=node.name, ts=time.time(), counts=counts, metrics=metrics))
 
     def _accrue(self, node: SimNode, dt: float) -> None:
         for r in node.ranks:
@@ -264,14 +286,17 @@ class Worker:
                 r.owed -= k
                 base = r.seq + len(lines)
                 lines += [f"{r.name} line {base + i} {FILLER}" for i in range(k)]
-            if lines:
+            wanted = node.sub is None or node.sub.wants(r.rank)
+            if lines and wanted:
                 out.append(
                     P.LogBatch(
                         node=node.name, name=r.name, rank=r.rank, seq=r.seq, lines=tuple(lines), ts_ns=now_ns
                     )
                 )
-                r.seq += len(lines)
-            if metrics:
+            r.seq += len(lines)  # in its log file on the node, sent or not
+            if metrics and node.sub is not None:
+                node.latest[r.name] = metrics[-1]  # the next summary carries it
+            elif metrics:
                 if self.single_metrics:
                     out.extend(metrics)
                 else:
@@ -321,17 +346,20 @@ def worker_main(path: str, lines_per_s: float, steps_per_s: float, single: bool)
 def console_imports() -> None:
     global AgentChannel, NodeTransport, Supervisor, RunOptions, EventBus, HeadlessReporter  # noqa: PLW0603
     global load_inventory, AgentEvent, NodeUpdate, NodeState, Stopping, LINE_LIMIT  # noqa: PLW0603
-    global TransportKind  # noqa: PLW0603
+    global TransportKind, default_lines, parse_ranks  # noqa: PLW0603
     from mscon.console.config.inventory import load_inventory
     from mscon.console.engine.bus import EventBus
     from mscon.console.engine.events import AgentEvent, NodeState, NodeUpdate, Stopping
+    from mscon.console.engine.lines_wanted import default_lines, parse_ranks
     from mscon.console.engine.supervisor import RunOptions, Supervisor
     from mscon.console.transport import AgentChannel, NodeTransport, TransportKind
     from mscon.console.transport.base import LINE_LIMIT
     from mscon.console.views.headless.reporter import HeadlessReporter
 
 
-def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]) -> Callable[..., Any]:
+def make_classes(
+    stop_sent: dict[str, int], connect_s: float, sockets: list[str], fetched: dict[str, int]
+) -> Callable[..., Any]:
     """The transport factory: SimTransport per node; node i talks to worker i % len(sockets)."""
 
     class SimChannel(AgentChannel):  # type: ignore[misc,valid-type]
@@ -369,6 +397,7 @@ def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]
                 await asyncio.sleep(connect_s)  # the handshake and deploy of a real node
 
         async def ensure_agent(self, bundle: Any) -> str:
+            self.home = "/sim"  # what a real transport learns on the node: the run folders' root
             return "/sim/agent"
 
         async def upload_workdir(self, archive: Any) -> str:
@@ -384,6 +413,11 @@ def make_classes(stop_sent: dict[str, int], connect_s: float, sockets: list[str]
             return SimChannel(self.node.name, reader, writer)
 
         async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None, **_: Any) -> int:
+            # The fetch at the end: the lines the node's log files hold (counted, not copied).
+            reader, writer = await asyncio.open_unix_connection(self.socket, limit=LINE_LIMIT)
+            writer.write(f"control\nfetch {self.node.name}\n".encode())
+            fetched.update(json.loads(await reader.readline()))
+            writer.close()
             return 0
 
         async def holds_run(self, run_id: str) -> bool:
@@ -413,6 +447,8 @@ class Checker:
         self.batches = 0
         self.cpu_s = 0.0
         self.messages = 0  # agent messages of any kind
+        self.summaries = 0
+        self.node_lines: dict[str, int] = {}  # per rank: lines its node counted (NodeSummary)
 
     def handle(self, ev: Any) -> None:
         t = time.perf_counter()
@@ -437,6 +473,13 @@ class Checker:
             self.next_seq[msg.name] = seq + len(msg.lines)
             self.lines += len(msg.lines)
         else:
+            if isinstance(msg, P.NodeSummary):
+                self.summaries += 1
+                for c in msg.counts:
+                    if c.lines < self.node_lines.get(c.name, 0):
+                        before = self.node_lines[c.name]
+                        self._problem(f"{c.name}: its node counted {c.lines} lines after {before}")
+                    self.node_lines[c.name] = c.lines
             for m in metrics_of(msg):
                 self.metrics += 1
                 if m.step <= self.last_step.get(m.name, 0):
@@ -451,7 +494,7 @@ class Checker:
 def metrics_of(msg: P.Message) -> tuple[P.Metric, ...]:
     if isinstance(msg, P.Metric):
         return (msg,)
-    return getattr(msg, "metrics", ()) if msg.type == "metrics" else ()
+    return getattr(msg, "metrics", ()) if msg.type in ("metrics", "summary") else ()
 
 
 @dataclass
@@ -471,8 +514,11 @@ class Result:
     rss_mib: float = math.nan
     maxrss_mib: float = math.nan
     exit_code: int = -1
-    lines: int = 0
+    lines: int = 0  # streamed to the console (the subscribed ranks')
     metrics: int = 0
+    node_lines: int = 0  # written on the nodes (every rank's)
+    fetched_lines: int = 0  # in the fetch at the end
+    summaries: int = 0
     held_back: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -496,7 +542,8 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
     inv = load_inventory(inv_path)
     res = Result(n_nodes, inv.world_size)
     stop_sent: dict[str, int] = {}
-    factory = make_classes(stop_sent, a.connect_ms / 1000, sockets)
+    fetched: dict[str, int] = {}
+    factory = make_classes(stop_sent, a.connect_ms / 1000, sockets, fetched)
     bus = EventBus()
     devnull = open(os.devnull, "w")  # noqa: SIM115
     reporter = HeadlessReporter(out=devnull, err=devnull, quiet_states=True)
@@ -530,6 +577,11 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
 
     options = RunOptions(run_id=f"scale-{n_nodes}-{os.getpid()}", logs_root=tmp / "runs")
     sup = Timed(inv, options, bus, transport_factory=factory)
+    # As `mscon run --no-tui [--lines RANKS]` does (console/cli/main.py); --lines old: no Subscribe.
+    wanted: frozenset[int] | None = None
+    if a.lines != "old":
+        wanted = default_lines(inv.world_size) if a.lines is None else parse_ranks(a.lines)
+        sup.want_lines("headless", wanted)
     proc = psutil.Process()
     peak = 0
 
@@ -589,20 +641,27 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
     res.lines, res.metrics = checker.lines, checker.metrics
     res.problems = list(checker.problems)
     res.held_back = sum(r["held_back"] for r in reports.values())
-    sent_total = 0
+    res.summaries = checker.summaries
+    sent_total = streamed_total = 0
     for node, rep in reports.items():
         for name, sent in rep["sent"].items():
             sent_total += sent
-            got = checker.next_seq.get(name, 0)
-            if got != sent:
-                res.problems.append(f"{node} {name}: {sent} lines sent, {got} delivered")
+            rank = P.rank_of(name)
+            if wanted is None or rank in wanted:  # subscribed from the start: every line streamed
+                streamed_total += sent
+                got = checker.next_seq.get(name, 0)
+                if got != sent:
+                    res.problems.append(f"{node} {name}: {sent} lines written, {got} streamed")
+            if fetched.get(name) != sent:  # nothing lost: every line on the node is fetched
+                res.problems.append(f"{node} {name}: {sent} lines written, {fetched.get(name)} fetched")
             if rep["steps"][name] != checker.last_step.get(name, 0):
                 res.problems.append(
                     f"{node} {name}: {rep['steps'][name]} steps sent, "
                     f"last delivered {checker.last_step.get(name, 0)}"
                 )
-    if sent_total != checker.lines:
-        res.problems.append(f"{sent_total} lines sent, {checker.lines} delivered")
+    res.node_lines, res.fetched_lines = sent_total, sum(fetched.values())
+    if streamed_total != checker.lines:
+        res.problems.append(f"{streamed_total} lines of subscribed ranks written, {checker.lines} streamed")
     if kill_ns is not None:
         recv = [r["stop_ns"] for r in reports.values() if r["stop_ns"] is not None]
         res.stopped_nodes = len(recv)
@@ -666,6 +725,11 @@ def main() -> int:
     p.add_argument("--nodes-per-worker", type=int, default=250)
     p.add_argument("--max-workers", type=int, default=4)
     p.add_argument("--single-metrics", action="store_true", help="one Metric message per step (the old way)")
+    p.add_argument(
+        "--lines",
+        help="ranks whose lines stream (as mscon run --lines: 0,3,8-15, all, none); default as mscon run; "
+        "'old': no Subscribe (every line and metric streams, protocol 8's way)",
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--profile", help="cProfile the console into PREFIX-N.pstats")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -701,7 +765,9 @@ def main() -> int:
             results.append(res)
             verdict = "in order, none lost" if not res.problems else "; ".join(res.problems[:5])
             print(
-                f"N={n}: exit {res.exit_code}, {res.lines:,} lines and {res.metrics:,} metrics delivered: "
+                f"N={n}: exit {res.exit_code}, {res.node_lines:,} lines on the nodes, {res.fetched_lines:,} "
+                f"fetched, {res.lines:,} streamed, {res.metrics:,} metrics and {res.summaries:,} summaries "
+                "delivered: "
                 f"{verdict}; {res.stopped_nodes}/{n} agents got Stop; {res.held_back} flushes held back; "
                 f"kill -> stop decided {fmt(res.kill_to_stopping_s, '.3f')} s",
                 flush=True,
