@@ -19,6 +19,7 @@ import os
 import select
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 import time
@@ -43,21 +44,85 @@ def _context(server, cert, key):  # noqa: ANN001, ANN202
 
 
 def _load_key(ctx, cert, key) -> None:  # noqa: ANN001
-    """``load_cert_chain`` reads files only: a 0600 file of a 0700 folder of our own, removed as
-    soon as OpenSSL has read it (and on any error)."""
-    folder = tempfile.mkdtemp(prefix="mscon-tls-")  # 0700, a fresh name
+    """``load_cert_chain`` reads files only, so the key goes into an anonymous file in memory
+    (memfd), read back through /proc/self/fd: it has no name in any folder, never touches a disk
+    and goes with the descriptor, even if the process is killed. Without memfd (an interpreter
+    built on a glibc before 2.27, or no /proc): :func:`_load_from_private_folder`."""
+    pem = (cert.strip() + "\n" + key.strip() + "\n").encode("ascii")
+    fd = _memory_file(pem)
+    if fd is None:
+        _load_from_private_folder(ctx, pem)
+        return
+    try:
+        ctx.load_cert_chain("/proc/self/fd/%d" % fd)
+    finally:
+        os.close(fd)
+
+
+def _memory_file(data):  # noqa: ANN001, ANN202
+    """A descriptor of an anonymous in-memory file holding ``data`` that OpenSSL can open by
+    path, or None where the system has none."""
+    try:
+        fd = os.memfd_create("mscon-tls")  # close-on-exec: no child inherits it
+    except (AttributeError, OSError):
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if os.path.exists("/proc/self/fd/%d" % fd):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _private_base():  # noqa: ANN202
+    """This user's own 0700 folder for the fallback: ~/.cache/mscon (the nodes' agent cache, the
+    runs' root), never a temp folder other users share."""
+    base = os.path.join(os.path.expanduser("~"), ".cache", "mscon")
+    os.makedirs(base, 0o700, exist_ok=True)
+    st = os.lstat(base)
+    if not os.path.isdir(base) or os.path.islink(base) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError("%s is not this user's private folder (0700): no TLS key goes there" % base)
+    return base
+
+
+def _load_from_private_folder(ctx, pem) -> None:  # noqa: ANN001
+    """The fallback: a 0600 file in a fresh 0700 folder under :func:`_private_base`, removed once
+    OpenSSL has read it. A removal that fails is said: raised if all else went well, else written
+    to stderr while the first error goes on."""
+    folder = tempfile.mkdtemp(prefix=".tls-", dir=_private_base())  # 0700, a fresh name
     path = os.path.join(folder, "run.pem")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(cert.strip() + "\n" + key.strip() + "\n")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
         ctx.load_cert_chain(path)
-    finally:
+    except BaseException:
+        left = _remove(path, folder)
+        if left:
+            sys.stderr.write("mscon: %s\n" % left)
+        raise
+    left = _remove(path, folder)
+    if left:
+        raise OSError(left)
+
+
+def _remove(path, folder):  # noqa: ANN001, ANN202
+    """Remove the key file and its folder; what could not be removed, in one line (None: all)."""
+    failed = []
+    for remove, what in ((os.unlink, path), (os.rmdir, folder)):
         try:
-            os.unlink(path)
-        except OSError:
+            remove(what)
+        except FileNotFoundError:
             pass
-        os.rmdir(folder)
+        except OSError as exc:
+            failed.append("%s (%s)" % (what, exc.strerror or exc))
+    if not failed:
+        return None
+    return "could not remove the run's TLS key file: " + "; ".join(failed)
 
 
 def server_context(cert, key):  # noqa: ANN001, ANN201

@@ -6,13 +6,11 @@ writers at once, and the pending-handshake count pushes out the busiest address'
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import ssl
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from cryptography import x509
@@ -146,33 +144,6 @@ def test_plain_tcp_gets_nothing_and_is_refused(listener: socket.socket) -> None:
     with pytest.raises((ssl.SSLError, OSError)):
         tls.connect("127.0.0.1", srv2.getsockname()[1], RUN.cert, RUN.key, 3)
     srv2.close()
-
-
-def test_the_key_file_is_private_and_gone_once_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[int, int, str]] = []
-    real_load: Callable = ssl.SSLContext.load_cert_chain
-
-    def spy(self: ssl.SSLContext, certfile: str, *args: object, **kw: object) -> None:
-        seen.append(
-            (
-                stat.S_IMODE(os.stat(certfile).st_mode),
-                stat.S_IMODE(os.stat(os.path.dirname(certfile)).st_mode),
-                certfile,
-            )
-        )
-        real_load(self, certfile, *args, **kw)
-
-    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", spy)
-    old = os.umask(0)  # whatever the umask
-    try:
-        tls.server_context(RUN.cert, RUN.key)
-        with pytest.raises(ssl.SSLError):
-            tls.client_context(RUN.cert, "-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n")
-    finally:
-        os.umask(old)
-    assert [(file_mode, dir_mode) for file_mode, dir_mode, _ in seen] == [(0o600, 0o700)] * 2
-    for _, _, path in seen:
-        assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
 
 
 def test_one_connection_carries_a_reader_and_writers_at_once(listener: socket.socket) -> None:
