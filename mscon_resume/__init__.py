@@ -41,6 +41,7 @@ FILES = (
     "rng.py",
     "state.py",
     "probe.py",
+    "carried.py",
     "lifecycle.py",
     "core.py",
     "loop.py",

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import collective, compile_cache, env, lifecycle, rng, store
 from . import metrics as metrics_module
+from .carried import Carrier
 from .interval import AUTO, Interval
 from .metrics import MetricsWriter
 from .state import PIECE_PREFIX, Kept, put_back
@@ -89,6 +90,7 @@ class Resumer:
         self.notes: list[str] = []  # why a resume from this run could not be exact (refused then)
         self.extra: dict[str, Any] = {}  # more for each snapshot's metadata (the epoch's random state)
         self.extra_arrays: dict[str, np.ndarray] = {}
+        self.carrier: Carrier | None = None  # the script's loops' own values, with each snapshot
         self._said: set = set()
         self._phases = phases  # start-up milestones for the console (the trainer records its own)
         self._stepped = False
@@ -179,6 +181,12 @@ class Resumer:
             if self.rank == 0:
                 self._say(f"warning: {reason}; a relaunch would refuse to resume")
 
+    def warn(self, text: str | None) -> None:
+        """A fact about the run a user should know, said once by rank 0 (not refused)."""
+        if text and self.rank == 0 and text not in self._said:
+            self._said.add(text)
+            self._say(f"warning: {text}")
+
     def restore(self, got: Resumed) -> None:
         """Every parameter and piece ``self.kept`` holds, and the random state, as the snapshot
         has them, each parameter written in place; a snapshot that does not match what this
@@ -266,8 +274,12 @@ class Resumer:
         stage's last state, which a relaunch restores and skips the stage with)."""
         if self.writer is None:
             return
-        meta, arrays = rng.capture()
+        carried, arrays = self.carrier.capture() if self.carrier is not None else ({}, {})
+        meta, rng_arrays = rng.capture()
+        arrays.update(rng_arrays)
         info: dict[str, Any] = {"epoch": epoch, "pos": pos, "rng": meta, "size": self.size, **self.extra}
+        if carried:
+            info["carried"] = carried
         if self.notes:
             info["unresumable"] = list(self.notes)
         if done:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable
 
-from . import core, env, lifecycle, probe, rng
+from . import carried, core, env, lifecycle, probe, rng
 from . import metrics as metrics_module
 from .interval import AUTO
 from .state import Kept, optimizer_only_ids
@@ -104,7 +104,9 @@ class Loop:
             self.core.say(f"rank {self.core.rank}: no state every rank has; starting from the beginning")
         for problem in self.kept.problems:  # said now, and refused on a relaunch
             self.core.note(problem)
+        self.core.warn(probe.unrepeatable_cells(self.keep))
         self._probe = probe.Unkept(self.kept.ids)
+        self.core.carrier = carried.Carrier(self.keep, lambda: self.kept.ids, self.core.note)
         probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()
 
@@ -141,6 +143,7 @@ class Loop:
         got = self._got
         if got is not None and got.done:
             self._got = None
+            self._put_back_carried(got)  # as the loop left them: the code after it sees them
             return
         first = 0
         if got is not None:
@@ -173,6 +176,7 @@ class Loop:
         size = dataset.get_dataset_size()
         got = self._got
         if got is not None and got.done:
+            self._put_back_carried(got)  # each epoch's end code runs on them as it did
             return
         if got is not None and epoch >= int(got.meta.get("epoch", 0)):
             # The resumed epoch, even when the snapshot was its last step (no batch left, its
@@ -198,6 +202,14 @@ class Loop:
                 self.core.refuse(OUTSIDE_CODE)
         if got is not None and got.meta.get("epoch_rng") is not None:
             self.core.restore(got)
+        if got is not None:
+            self._put_back_carried(got)
+
+    def _put_back_carried(self, got: core.Resumed) -> None:
+        """The values the script's loops carry, as they were at the snapshot: after the epoch's
+        start code ran again (``total = 0``), before the resumed epoch's first batch."""
+        if self.core.carrier is not None and got.meta.get("carried"):
+            self.core.carrier.restore(got.meta["carried"], got.arrays)
 
     def _iterate(self, dataset: Any, epoch: int, first: int) -> Iterator[tuple[int, Any]]:
         before: str | None = probe.global_random_digest()

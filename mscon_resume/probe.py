@@ -170,3 +170,36 @@ def _pynative() -> bool:
         return ms.get_context("mode") == ms.PYNATIVE_MODE
     except Exception:  # noqa: BLE001
         return False
+
+
+DROPOUT = (
+    "{names} on CPU draws masks that two uninterrupted runs with the same seed do not repeat "
+    '(measured on MindSpore 2.10, also with deterministic="ON"): a resume goes on training from the '
+    "snapshot, but not bit for bit as the uninterrupted run would (mscon check --resume says where)"
+)
+
+
+def unrepeatable_cells(keep: Any) -> str | None:
+    """A warning naming the kept Cells in training whose CPU kernels are not deterministic
+    (``nn.Dropout``), or None: said, not refused, as no run of them repeats itself."""
+    try:
+        import mindspore as ms
+        from mindspore import nn
+
+        if ms.get_context("device_target") != "CPU":
+            return None
+    except Exception:  # noqa: BLE001 - no MindSpore: no cells
+        return None
+    objects = list(keep.values()) if isinstance(keep, dict) else keep
+    objects = objects if isinstance(objects, (tuple, list)) else (objects,)
+    names: list[str] = []
+    for obj in objects:
+        if not isinstance(obj, nn.Cell):
+            continue
+        for name, cell in obj.cells_and_names():
+            if isinstance(cell, nn.Dropout) and cell.training and name not in names:
+                names.append(name or type(cell).__name__)
+    if not names:
+        return None
+    shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return DROPOUT.format(names=f"nn.Dropout {shown}")

@@ -1,8 +1,9 @@
-"""A linear learning-rate warm-up driven by a plain module-level int (``steps_done += 1``): no
-library can see a Python int, so a user would be let down by a resume that warms up again from
-its first step; the check must find the difference.
+"""A linear learning-rate warm-up driven by a plain module-level int (``steps_done += 1``): a
+user would be let down by a resume that warms up again from its first step. The loop carries the
+int from step to step (it reads it before it writes it), so the library keeps it with each
+snapshot and puts it back where the resumed epoch begins.
 
-EXPECT: differs
+EXPECT: exact
 PATTERN: 3
 """
 
