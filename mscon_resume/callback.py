@@ -56,7 +56,7 @@ class ResumeCallback(Callback):
         self.size = int(dataset.get_dataset_size()) or 1
         # A collective when resuming: every rank makes its callback. Never at an epoch's end (the
         # module docstring says why).
-        self.got = self.core.resume(problems=self.extra.problems, accept=_not_the_end)
+        self.got = self.core.resume(problems=self.extra.problems, accept=_not_an_epoch_end)
         self.core.drop_at_success()
         self.initial_epoch = 0
         self._fast: bool | None = None  # MindSpore's fast recovery, off until Model has its iterator
@@ -84,6 +84,7 @@ class ResumeCallback(Callback):
         self.kept = Kept({"net": cb.train_network, **self._keep})
         self.core.kept = self.kept
         self.core.extra["total"] = (int(cb.epoch_num) + self.initial_epoch) * int(cb.batch_num)
+        self.core.extra["per_epoch"] = int(cb.batch_num)
         if self.got.source == core.SNAPSHOT:
             self.core.restore(self.got)
         if self.got.step:
@@ -93,6 +94,7 @@ class ResumeCallback(Callback):
         self.core.keep(self.kept.params)
         for problem in self.kept.problems:  # said now, and refused on a relaunch
             self.core.note(problem)
+        self.core.warn(probe.unrepeatable_cells(cb.train_network))
         self._probe = probe.Unkept(self.kept.ids)
         probe.watch_set_data(self._watched_ids, self.core.note)
         self.core.ready()
@@ -128,8 +130,9 @@ class ResumeCallback(Callback):
             record["samples_per_s"] = int(shape[0]) / dt
         epoch, pos = (step - 1) // per_epoch, (step - 1) % per_epoch + 1
         self.core.stepped(step, epoch, pos, dt, record)
-        if step == self.core.extra.get("total", 0) - 1 and not self.core.interval.due(step):
-            self.core.snapshot(step, epoch, pos)  # the training's end resumes from the step before
+        last = step == self.core.extra.get("total", 0) - 1 or (per_epoch > 1 and pos == per_epoch - 1)
+        if last and not self.core.interval.due(step):
+            self.core.snapshot(step, epoch, pos)  # an epoch's end resumes from the step before
         self._end = time.perf_counter()
 
     def on_train_end(self, run_context: Any) -> None:
@@ -143,12 +146,16 @@ class ResumeCallback(Callback):
             )
 
 
-def _not_the_end(snap: Any) -> bool:
-    """A resume never starts at the training's last step (``Model.train`` refuses an
-    ``initial_epoch`` equal to its ``epoch``): the step before is kept too, and resumed from, so
-    the last step, the last validation and everything after it run again."""
-    total = snap.meta.get("total")
-    return not (isinstance(total, int) and snap.step >= total)
+def _not_an_epoch_end(snap: Any) -> bool:
+    """A resume never starts at an epoch's last step: the step before is kept too, and resumed
+    from, so the epoch's last step and its end (a validation, a best-model checkpoint, an epoch's
+    callbacks: a fault in them would otherwise skip them) run again; and never at the training's
+    last step (``Model.train`` refuses an ``initial_epoch`` equal to its ``epoch``), so the last
+    validation and everything after it run again."""
+    total, per_epoch, pos = snap.meta.get("total"), snap.meta.get("per_epoch"), snap.meta.get("pos")
+    if isinstance(total, int) and snap.step >= total:
+        return False
+    return not (isinstance(per_epoch, int) and per_epoch > 1 and pos == per_epoch)
 
 
 def _replay_exactly() -> bool:
