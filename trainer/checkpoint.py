@@ -51,16 +51,6 @@ def save(root: str, rank: int, step: int, params: Any, meta: dict, keep: int) ->
     return path
 
 
-def agree_on_step(root: str, rank: int, size: int, every: int, max_step: int) -> int:
-    """The latest step every rank has complete (0: none). A collective: all ranks must call it."""
-    if size == 1:
-        return max(complete_steps(root, rank), default=0)
-    from mscon_resume.collective import all_reduce_sum
-
-    counts = all_reduce_sum(slot_vector(root, rank, every, max_step))
-    return agreed_step(counts, size, every)
-
-
 def slot_vector(root: str | None, rank: int, every: int, max_step: int) -> Any:
     """A 0/1 per multiple of ``every`` up to ``max_step``: whether this rank has it complete."""
     import numpy as np
