@@ -262,16 +262,6 @@ class GroupStop:
             time.sleep(0.02)
 
 
-def stop_all(procs: list[Proc], grace_s: float, on_reap=None) -> None:  # noqa: ANN001
-    """TERM every live process group, wait against one shared deadline, KILL what is left
-    (``GroupStop``, blocking)."""
-    if not any(p.alive for p in procs):
-        return
-    stop = GroupStop()
-    stop.add(procs, grace_s, time.monotonic())
-    stop.wait(on_reap)
-
-
 def sweep_descendants(procs: list[Proc]) -> None:
     """KILL leftovers: members of each group, and descendants that escaped it."""
     psutil = psutil_module()
