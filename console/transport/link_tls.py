@@ -20,7 +20,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from mscon.agent import tls
 
-VALID_FOR = datetime.timedelta(days=30)  # longer than a detached run is expected to live
+# As long as a run may live, detached ones included (their links dial back weeks later): ten years.
+# Expiry guards nothing here: the key is fresh per run, never reused, and every end pins the exact
+# certificate, so a stolen key is the run's secret however long the certificate says.
+VALID_FOR = datetime.timedelta(days=3650)
 _CLOCK_SKEW = datetime.timedelta(hours=1)  # a node whose clock is behind still accepts it
 
 
@@ -42,11 +45,12 @@ class RunTls:
         return tls.client_context(self.cert, self.key)
 
 
-def make_run_tls(name: str = "mscon run") -> RunTls:
-    """A fresh key and self-signed certificate for one run."""
+def make_run_tls(name: str = "mscon run", now: datetime.datetime | None = None) -> RunTls:
+    """A fresh key and self-signed certificate for one run, valid from ``now`` (default: the
+    clock's now) for ``VALID_FOR``."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64] or "mscon run")])
-    now = datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
         x509.CertificateBuilder()
