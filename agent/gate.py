@@ -8,71 +8,114 @@ Stdlib only, Python 3.8 syntax.
 from __future__ import annotations
 
 import collections
+import time
 
 # The whole handshake (TLS's, then the secret's), however the peer paces its bytes: a connection
 # that sends one byte every few seconds is cut off all the same (a per-read timeout would keep it
 # for ever). A genuine peer needs a few round trips.
 HANDSHAKE_S = 10.0
 # Handshakes in progress at once, each one socket: well below the 1,024 descriptors an agent often
-# has (its ranks' logs and pipes need theirs), well above the nodes that dial at once. Over the cap
-# one is closed at once: the oldest of the address that holds the most, so a flood of connections
-# that never authenticate cannot hold the port or the descriptors, and pushes out its own
-# connections rather than a node's (one handshake from its address). A connection whose peer has
-# shown the run's certificate (TLS done) is pushed out by none: a flood from a node's own address
-# (another user on it) can only close a node's connection before that, and the node dials again
-# (tls.dial).
+# has (its ranks' logs and pipes need theirs), well above the nodes that dial at once.
 PENDING_MAX = 64
+# Of those, from one address: a flood from one host (or from a node's own address: another user
+# on it) holds at most this many, so the other addresses keep theirs.
+PER_HOST_MAX = 16
+# A genuine peer finishes TLS within a few round trips of connecting: a connection younger than
+# this is given the time to; an older one that has not is what a flood looks like.
+YOUNG_S = 1.0
 HELLO_MAX = 4096  # bytes in a line before the peer has authenticated (a hello is about 200)
+
+# Over a cap one connection is closed at once. Never one whose peer has shown the run's
+# certificate (trusted: TLS done; the run is waiting for it). Among the rest, the first kind that
+# exists of: sent nothing valid and old; sent nothing valid yet and young; began a valid handshake
+# (a whole TLS ClientHello came, and was answered) and old; began one and young. Within that kind,
+# the newest of the address that holds the most. So a node's connection that began its handshake is closed
+# only when every other untrusted one began one too and its address holds the most; a flood of
+# connections that never begin one closes only its own. Where the newest is closed that may be
+# the one arriving: the caller refuses it, and the node dials again (tls.dial, coord.dial_within).
+
+
+class _Entry:
+    __slots__ = ("host", "born", "valid", "trusted")
+
+    def __init__(self, host: str, born: float, valid: bool) -> None:
+        self.host = host
+        self.born = born
+        self.valid = valid  # it began a TLS handshake: a whole, valid ClientHello came
+        self.trusted = False  # its peer holds the run's certificate
 
 
 class Pending:
     """The connections whose handshake is in progress (any hashable key), oldest first, with the
     address each came from."""
 
-    def __init__(self) -> None:
-        self._hosts: dict = {}  # key -> host, in arrival order
-        self._trusted: set = set()  # keys whose peer holds the run's certificate
+    def __init__(self, per_host: int = 0, young_s: float = -1.0, clock=time.monotonic) -> None:  # noqa: ANN001
+        self._entries: dict = {}  # key -> _Entry, in arrival order
+        self.per_host = per_host or PER_HOST_MAX  # 0, -1: the module's (a test may set those)
+        self.young_s = young_s if young_s >= 0 else YOUNG_S
+        self._clock = clock
 
     def __len__(self) -> int:
-        return len(self._hosts)
+        return len(self._entries)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._hosts
+        return key in self._entries
 
     def keys(self) -> list:
-        return list(self._hosts)
+        return list(self._entries)
 
-    def add(self, key: object, host: str, cap: int = PENDING_MAX) -> list:
-        """Count ``key`` in; the keys pushed out to keep at most ``cap`` (no longer counted: the
-        caller closes them). ``key`` itself when every counted one is trusted: it is refused."""
+    def add(self, key: object, host: str, cap: int = PENDING_MAX, valid: bool = False) -> list:
+        """Count ``key`` in (``valid``: it is known to have begun a TLS handshake already); the
+        keys pushed out to keep at most ``cap`` in all and ``per_host`` untrusted from one address
+        (no longer counted: the caller closes them). ``key`` may be among them: it is refused."""
+        self._entries[key] = _Entry(host, self._clock(), valid)
         victims = []
-        while self._hosts and len(self._hosts) >= cap:
-            victim = self._victim()
-            if victim is None:
-                return victims + [key]
-            del self._hosts[victim]
+        while self._untrusted(host) > self.per_host:
+            victims.append(self._shed(host))
+        while len(self._entries) > cap:
+            victim = self._shed(None)
+            if victim is None:  # every other one is trusted: the newcomer is refused
+                victim = key
+                del self._entries[key]
             victims.append(victim)
-        self._hosts[key] = host
         return victims
+
+    def began(self, key: object) -> None:
+        """``key``'s peer began a TLS handshake: a whole, valid ClientHello came (and was answered)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.valid = True
 
     def trust(self, key: object) -> bool:
         """``key``'s peer showed the run's certificate: still counted until it authenticates, never
         pushed out. False: it was pushed out already."""
-        if key not in self._hosts:
+        entry = self._entries.get(key)
+        if entry is None:
             return False
-        self._trusted.add(key)
+        entry.trusted = True
         return True
 
     def discard(self, key: object) -> bool:
         """Count ``key`` out (it authenticated, failed or ended); False: it was not counted."""
-        self._trusted.discard(key)
-        return self._hosts.pop(key, None) is not None
+        return self._entries.pop(key, None) is not None
 
-    def _victim(self) -> object:
-        """The oldest untrusted handshake of the address that holds the most untrusted; None: all
-        are trusted."""
-        counts = collections.Counter(h for k, h in self._hosts.items() if k not in self._trusted)
-        if not counts:
+    def _untrusted(self, host: str) -> int:
+        return sum(1 for e in self._entries.values() if e.host == host and not e.trusted)
+
+    def _shed(self, host: object) -> object:
+        """Remove and return the victim (see the comment above), of ``host`` only when given;
+        None: every one is trusted."""
+        now = self._clock()
+        counts = collections.Counter(e.host for e in self._entries.values() if not e.trusted)
+        best, best_rank = None, None
+        for i, (key, e) in enumerate(self._entries.items()):
+            if e.trusted or (host is not None and e.host != host):
+                continue
+            young = now - e.born < self.young_s
+            rank = (e.valid, young, -counts[e.host], -i)  # the smallest goes first
+            if best_rank is None or rank < best_rank:
+                best, best_rank = key, rank
+        if best_rank is None:
             return None
-        most = max(counts.values())
-        return next(k for k, host in self._hosts.items() if k not in self._trusted and counts[host] == most)
+        del self._entries[best]
+        return best

@@ -166,6 +166,7 @@ class _Handshake:
         self.host = host  # the peer's address
         self.nonce = nonce
         self.deadline = deadline
+        self.began = False  # a whole, valid TLS ClientHello came and was answered
         self.tls_done = False
         self.out = b""  # what is still to be sent (the nonce line)
         self.events = selectors.EVENT_READ
@@ -269,7 +270,14 @@ class CoordServer:
                 conn.close()
                 continue
             h = _Handshake(wrapped, str(addr[0]), os.urandom(16).hex(), time.monotonic() + HANDSHAKE_S)
-            victims = self._pending.add(h, h.host, PENDING_MAX)
+            try:
+                self._hello(h)  # its ClientHello may be here already: then it is known to be one
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass
+            except _BAD:
+                wrapped.close()
+                continue
+            victims = self._pending.add(h, h.host, PENDING_MAX, valid=h.began)
             for victim in victims:
                 self._close(sel, victim)
             if h in victims:
@@ -305,7 +313,7 @@ class CoordServer:
         """Advance ``h`` as far as its bytes allow: the selector event it waits for, or None (it
         was admitted). The ssl module's Want errors say what it waits for too."""
         if not h.tls_done:
-            h.conn.do_handshake()
+            self._hello(h)
             tls.check_peer(h.conn, self.cert)  # NotPinned: an SSLError, refused like the rest
             self._pending.trust(h)  # a holder of the run's certificate: no flood pushes it out
             h.tls_done = True
@@ -327,6 +335,17 @@ class CoordServer:
         sel.unregister(h.conn)
         self._admit(h, node, nonce_f, _leftover(lines[1:], h.split))
         return None
+
+    def _hello(self, h: _Handshake) -> None:
+        """One step of TLS's handshake; the first that answers a whole, valid ClientHello (a cipher
+        is chosen then) marks ``h`` as one a flood of silent or garbled connections cannot push
+        out (agent/gate.py). Raises what do_handshake raises."""
+        try:
+            h.conn.do_handshake()
+        finally:
+            if not h.began and h.conn.cipher() is not None:
+                h.began = True
+                self._pending.began(h)
 
     def _admit(self, h: _Handshake, node: str, nonce_f: str, pending: bytes) -> None:
         link_sock = tls.TlsSock(h.conn)
@@ -394,11 +413,25 @@ def dial(
     _no_material(cert, key)
     deadline = time.monotonic() + timeout_s
     key_secret = secret.encode()
-    conn = tls.TlsSock(tls.dial(host, port, cert, key, timeout_s))
-    split = LineSplitter(HELLO_MAX)
-    lines: list = []
+
+    def first(sock: ssl.SSLSocket) -> tuple:
+        """The coordinator's nonce: a connection closed before it (pushed out by a flood) is
+        dialled again (tls.dial)."""
+        split, lines = LineSplitter(HELLO_MAX), []  # type: ignore[var-annotated]
+        conn = tls.TlsSock(sock)
+        while not lines:
+            try:
+                chunk = conn.recv(HELLO_MAX, deadline)
+            except socket.timeout:
+                raise LinkError("the coordinator's handshake took too long") from None
+            if not chunk:
+                raise EOFError("closed before the coordinator's nonce")
+            lines.extend(split.feed(chunk))
+        return conn, split, lines
+
+    _sock, (conn, split, lines) = tls.dial(host, port, cert, key, timeout_s, first)
     try:
-        nonce_c = str(_recv_obj(conn, split, lines, deadline)["nonce"])
+        nonce_c = str(_handshake_obj(lines.pop(0))["nonce"])
         nonce_f = os.urandom(16).hex()
         hello = _line({"node": node, "nonce": nonce_f, "mac": _mac(key_secret, "f", nonce_c, node)})
         conn.sendall(hello, max(0.1, deadline - time.monotonic()))
@@ -422,3 +455,30 @@ def dial(
     )
     link.start()
     return link
+
+
+def dial_within(
+    host: str,
+    port: int,
+    secret: str,
+    node: str,
+    inbox: queue.Queue,
+    deadline: float,
+    *,
+    cert: str = "",
+    key: str = "",
+) -> PeerLink:
+    """:func:`dial`, tried again after any refusal (reset, closed, timed out, a failed handshake:
+    a flood at the coordinator's port) with a growing pause, until ``deadline`` (monotonic; a
+    follower's: its watchdog's). The last error past it."""
+    pause = 0.05
+    while True:
+        try:
+            return dial(
+                host, port, secret, node, inbox, max(0.5, deadline - time.monotonic()), cert=cert, key=key
+            )
+        except (OSError, LinkError):
+            if time.monotonic() + pause >= deadline:
+                raise
+        time.sleep(pause)  # a back-off between tries, not a synchronisation
+        pause = min(1.0, pause * 2)

@@ -29,7 +29,7 @@ from .. import policy as pol
 from .. import protocol as P
 from ..journal import RunStatus
 from ..liveness import Liveness
-from .coord import CoordServer, PeerLink, dial
+from .coord import CoordServer, PeerLink, dial_within
 from .daemon import Client, SocketServer, daemonize
 from .relay import hello, replay
 
@@ -104,12 +104,15 @@ class DetachedRun:
                 )
                 self.coordinator_port = self.coord_server.port
             else:
-                self.link = dial(
+                # Tried again till the watchdog's time is up: a flood at the coordinator's port
+                # may refuse a try or two (agent/gate.py).
+                self.link = dial_within(
                     msg.coordinator_host,
                     msg.coordinator_port,
                     msg.secret,
                     agent.node,
                     agent.inbox,
+                    time.monotonic() + self.watchdog_s,
                     cert=msg.tls_cert,
                     key=msg.tls_key,
                 )
@@ -486,13 +489,13 @@ class DetachedRun:
         """On a thread of its own (a dial can take seconds): the link, or None, to the loop."""
         msg, link = self.msg, None
         try:
-            link = dial(
+            link = dial_within(
                 msg.coordinator_host,
                 msg.coordinator_port,
                 msg.secret,
                 self.agent.node,
                 self.agent.inbox,
-                timeout_s=max(1.0, self.watchdog_s / 2),
+                time.monotonic() + self.watchdog_s,
                 cert=msg.tls_cert,
                 key=msg.tls_key,
             )
