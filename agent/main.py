@@ -75,6 +75,7 @@ class Agent(Ranks, Streaming, Services):
         self._last_summary = 0.0
         self._summary_exits = 0  # processes reported exited at the last NodeSummary
         self._summary_counts: tuple = ()  # the last NodeSummary's counts (unchanged: none is sent)
+        self._last_telemetry_sent = 0.0  # subscribed: telemetry goes once a summary tick
         self._last_telemetry = 0.0
         self._last_state_check = 0.0
         self._last_standby_check = 0.0

@@ -231,6 +231,12 @@ class Streaming:
         self.send(P.NodeSummary(node=self.node, ts=time.time(), counts=counts, metrics=tuple(metrics)))
 
     def _telemetry(self) -> None:
+        sub = self.subscription
+        if sub is not None:  # subscribed: with the summaries, once a tick, not once a second
+            now = time.monotonic()
+            if now - self._last_telemetry_sent < sub.tick_s:
+                return
+            self._last_telemetry_sent = now
         items = []
         for w in self.watched:
             if not w.proc.alive:

@@ -217,7 +217,9 @@ class Worker:
                     self._accrue(node, tick)
                     self._flush(node)
                     self._summary(node)
-                    if n % 10 == 0:  # the agent samples CPU and memory once a second
+                    # The agent samples CPU and memory once a second; subscribed, it sends them
+                    # once a summary tick (agent/streaming.py's _telemetry).
+                    if n % 10 == 0 and (node.sub is None or n % round(10 * node.sub.tick_s) == 0):
                         self._telemetry(node)
 
     def _telemetry(self, node: SimNode) -> None:

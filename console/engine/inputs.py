@@ -5,6 +5,11 @@ not after the log batches queued ahead of it; the message itself still follows i
 own word on which rank failed (``Evidence``) jumps the queue too, in its place among the alarms: an
 agent sends a process's last lines before its exit, so the scheduler's blame line that came before a
 rank's failure is weighed before the stop, not dropped as something said while stopping.
+
+The agents' messages waiting here are bounded (``AGENT_BACKLOG``): a reader that would go past it
+waits, its channel backs up, and the agent keeps its lines in their files until the console has
+caught up (agent/outbox.py). A console short of CPU so falls behind in what it shows, never in
+memory, and an alarm waits behind at most that many messages (issue 44).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from mscon.console.engine.clock import Clock, MonotonicClock
 from mscon.console.engine.commands import Command, DetachRun, RestartGroup, StopJob
 
 T = TypeVar("T")
+
+AGENT_BACKLOG = 5_000  # agent messages queued before their readers wait (~0.2 s of the console's work)
 
 
 class Tick:
@@ -53,14 +60,22 @@ Input = Command | Tick | Alarm | tuple[str, Message | None]
 class Inputs:
     """Everything the supervisor reacts to, in one queue: commands first, then ticks, then agents."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, backlog: int = AGENT_BACKLOG) -> None:
         self.clock: Clock = clock or MonotonicClock()  # what ``serve_while``'s limit is measured on
         self._q: asyncio.PriorityQueue[tuple[int, int, Input]] = asyncio.PriorityQueue()
         self._seq = itertools.count()
         self.tick_pending = False
+        self.backlog = backlog
+        self._agent_items = 0  # (node, message) items queued
+        self._room = asyncio.Event()
+        self._room.set()
 
     def put_nowait(self, item: Input) -> None:
+        """Queue at once, whatever the backlog (a lost channel, an item put back)."""
         if isinstance(item, tuple):
+            self._agent_items += 1
+            if self._agent_items >= self.backlog:
+                self._room.clear()
             node, msg = item
             if alarming(msg):
                 assert isinstance(msg, ProcExited | ProcHung)
@@ -71,13 +86,24 @@ class Inputs:
         self._q.put_nowait((prio, next(self._seq), item))
 
     async def put(self, item: Input) -> None:
+        """Queue; an agent's message waits while ``backlog`` of them are queued (its reader with it)."""
+        if isinstance(item, tuple):
+            while self._agent_items >= self.backlog:
+                await self._room.wait()
         self.put_nowait(item)
 
     async def get(self) -> Input:
-        return (await self._q.get())[2]
+        return self._taken((await self._q.get())[2])
 
     def get_nowait(self) -> Input:
-        return self._q.get_nowait()[2]
+        return self._taken(self._q.get_nowait()[2])
+
+    def _taken(self, item: Input) -> Input:
+        if isinstance(item, tuple):
+            self._agent_items -= 1
+            if self._agent_items < self.backlog:
+                self._room.set()
+        return item
 
     def empty(self) -> bool:
         return self._q.empty()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from mscon.agent.protocol import Evidence, LogBatch, ProcExited
 from mscon.console.engine.commands import StopJob
 from mscon.console.engine.inputs import TICK, Alarm, Inputs
@@ -43,3 +45,21 @@ def test_commands_come_first_then_ticks_then_agents() -> None:
     stop = StopJob("operator", 130)
     q.put_nowait(stop)
     assert _drain(q) == [stop, TICK, ("a", LOG)]
+
+
+def test_agent_messages_past_the_backlog_wait_and_an_alarm_still_jumps_them() -> None:
+    """Issue 44: the console's memory does not grow with a backlog. A reader whose message would
+    go past ``backlog`` waits (its channel backs up; the agent keeps the lines in their files)."""
+
+    async def main() -> None:
+        q = Inputs(backlog=3)
+        for _ in range(3):
+            await q.put(("a", LOG))
+        blocked = asyncio.ensure_future(q.put(("a", FAILED)))
+        await asyncio.sleep(0)  # one turn of the loop: it had its chance to go in
+        assert not blocked.done()
+        assert q.get_nowait() == ("a", LOG)  # room for one
+        await asyncio.wait_for(blocked, 5)
+        assert _drain(q) == [Alarm("a", FAILED), ("a", LOG), ("a", LOG), ("a", FAILED)]
+
+    asyncio.run(main())
