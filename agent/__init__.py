@@ -36,6 +36,7 @@ AGENT_FILES = (
     "journal.py",
     "layout.py",
     "retention.py",
+    "compile_cache.py",
     "detached/__init__.py",
     "detached/coord.py",
     "tls.py",  # the coordinator link's TLS

@@ -36,7 +36,15 @@ _GONE_S = 10.0
 # What differs between two runs of one job without changing what MindSpore saw at import and
 # join: the attempt's metrics file, the run's snapshot folder and key, the SSH session's own variables.
 _RUN_KEYS = frozenset(
-    ("MSCON_METRICS", "MSCON_STATE_DIR", "MSCON_SNAPSHOT_KEY", "OLDPWD", "_", "XDG_SESSION_ID")
+    (
+        "MSCON_METRICS",
+        "MSCON_STATE_DIR",
+        "MSCON_SNAPSHOT_KEY",
+        "MSCON_COMPILE_CACHE",
+        "OLDPWD",
+        "_",
+        "XDG_SESSION_ID",
+    )
 )
 _open: list = []  # this agent's connections (a keeper serves one at a time)
 

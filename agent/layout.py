@@ -15,6 +15,9 @@
         checkpoints/                     the trainer's checkpoints (fetched only when asked); its
                                          digest names the ranks' snapshot folder in /dev/shm
         resume.key                       the run's snapshot key (0600; never fetched)
+        compile_cache/<key>/             MindSpore's compiled graphs, one folder per graph key
+                                         (mscon_resume/compile_cache.py; bounded by
+                                         agent/compile_cache.py; never fetched)
         spares/<name>.<N>.log            a spare for attempt N: its output until it becomes a rank
                                          (a standby scheduler's, all of it, linked as its
                                          attempt_<N>/sched.log once taken: spares.py)
@@ -59,6 +62,7 @@ SOCKET = "agent.sock"  # bound relative to the run folder: absolute paths may pa
 ERRORS = "agent.err"  # the daemon's stderr once no console holds it
 RANK_LIBRARY_DIR = "rank"  # in the agent's package folder: holds mscon_resume
 RESUME_KEY = "resume.key"  # the run's secret that every snapshot of its ranks is MACed with
+COMPILE_CACHE_DIR = "compile_cache"  # MindSpore's compiled graphs, kept for the run's later attempts
 LOGS_DIR = "mscon-runs"  # the console's default folder for fetched run folders (relative to its cwd)
 # What of a run folder stays on the node unless asked for (``mscon run --fetch NAME``): NAME -> its folder.
 FETCHED_ON_REQUEST = {"checkpoints": CHECKPOINT_DIR}
@@ -67,7 +71,10 @@ FETCHED_ON_REQUEST = {"checkpoints": CHECKPOINT_DIR}
 def not_fetched(include: tuple = ()) -> frozenset:
     """The top-level names of a run folder the console does not copy back: the synced workdir
     always (it is no log), and each of :data:`FETCHED_ON_REQUEST` not named in ``include``."""
-    return frozenset([WORK_DIR, RESUME_KEY] + [d for k, d in FETCHED_ON_REQUEST.items() if k not in include])
+    return frozenset(
+        [WORK_DIR, RESUME_KEY, COMPILE_CACHE_DIR]
+        + [d for k, d in FETCHED_ON_REQUEST.items() if k not in include]
+    )
 
 
 def plain(name: object) -> bool:
@@ -201,6 +208,12 @@ def own_shm_snapshot_folders(run_dir: str) -> list:
 
 def checkpoint_folder(run_dir: str) -> str:
     return posixpath.join(run_dir, CHECKPOINT_DIR)
+
+
+def compile_cache_folder(run_dir: str) -> str:
+    """Where the run's ranks keep MindSpore's compiled graphs on the node (``$MSCON_COMPILE_CACHE``):
+    a restarted attempt, or a spare that becomes a rank, loads them instead of compiling again."""
+    return posixpath.join(run_dir, COMPILE_CACHE_DIR)
 
 
 def resume_key_file(run_dir: str) -> str:

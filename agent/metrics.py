@@ -38,7 +38,15 @@ def phase_from_line(node: str, name: str, rank: int, line: str) -> P.RankPhase |
     obj = _record(line, "phase")
     if obj is None or obj["phase"] not in P.Milestone.RECORDED:
         return None
-    return P.RankPhase(node=node, name=name, rank=rank, phase=obj["phase"], ts_ns=_ts_ns(obj))
+    graph = obj.get("graph") if obj["phase"] == P.Milestone.COMPILED else None
+    return P.RankPhase(
+        node=node,
+        name=name,
+        rank=rank,
+        phase=obj["phase"],
+        ts_ns=_ts_ns(obj),
+        graph=graph if graph in P.GraphSource.ALL else None,
+    )
 
 
 def resume_from_line(node: str, name: str, rank: int, line: str) -> P.RankResumed | None:

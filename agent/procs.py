@@ -150,6 +150,7 @@ def library_env(env: dict, run_dir: str) -> None:
     twin is named after it) and key, and the library itself on PYTHONPATH (first: the copy that
     matches this agent)."""
     env["MSCON_STATE_DIR"] = layout.checkpoint_folder(run_dir)
+    env["MSCON_COMPILE_CACHE"] = layout.compile_cache_folder(run_dir)  # compiled graphs, for the restarts
     try:
         env["MSCON_SNAPSHOT_KEY"] = run_key(run_dir)
     except OSError:

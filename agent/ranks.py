@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from . import kept, layout
+from . import compile_cache, kept, layout
 from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
@@ -70,6 +70,7 @@ class Ranks:
                 os.chmod(cmd.run_dir, 0o700)  # logs, journal and (detached) the socket: the user's only
                 # Made here, 0700, so that whatever the job writes there is the user's only.
                 layout.private_dirs(layout.checkpoint_folder(cmd.run_dir))
+                compile_cache.prepare(cmd.run_dir)  # 0700 before a rank writes its graphs there
                 self.run_dir = cmd.run_dir
                 self.journal = Journal(cmd.run_dir)
                 self._state_extra["started"] = time.time()
@@ -83,6 +84,7 @@ class Ranks:
             self.send(P.AllExited(node=self.node, ts_ns=time.time_ns()))
             self.all_exited_sent = True
             return
+        self._bound_graphs(cmd.run_dir)
         base_env = procmod.attempt_env(cmd.attempt)
         procs = cmd.procs
         if cmd.warm:  # every node's standby is ready: its processes become the attempt, on its port
@@ -127,6 +129,20 @@ class Ranks:
             )
         self.spares.discard()  # those this attempt did not take
         self._save_state()
+
+    def _bound_graphs(self, run_dir: str) -> None:
+        """The run's compiled graphs held to their bound before the attempt's ranks load them."""
+        try:
+            gone = compile_cache.bound(run_dir)
+        except OSError as exc:
+            self._note_once("compile cache: %s" % exc)
+            return
+        if gone:
+            size = compile_cache.describe(sum(e.bytes for e in gone))
+            self._note_once(
+                "compile cache: %d graph folder(s) (%s) removed to stay within %s"
+                % (len(gone), size, compile_cache.describe(compile_cache.MAX_BYTES))
+            )
 
     def adopt(self, msg: P.Adopt) -> None:
         """Take the standby a run of this job kept on the node, if it fits attempt 0 (the policy

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from . import compile_cache
 from .journal import RunStatus, agent_alive, read_state
 from .layout import own_shm_snapshot_folders, plain, runs_root
 
@@ -167,6 +168,23 @@ def prune(
     return done
 
 
+def _over(path: str) -> bool:
+    """The run whose node folder is ``path`` is over: ended, or lost (its agent was killed before
+    it could say so). A running or detached run is not, nor one with no state yet."""
+    state = read_state(path)
+    if state is None or (state.get("detached") and state.get("status") == RunStatus.RUNNING):
+        return False
+    return not (state.get("status", RunStatus.RUNNING) == RunStatus.RUNNING and agent_alive(state))
+
+
+def release_graphs(root: str, node: str, skip: tuple = ()) -> int:
+    """Remove the compiled graphs (agent/compile_cache.py) of the node's runs that are over: no
+    other run loads them. Those of runs in ``skip`` (run ids) stay. The bytes freed."""
+    return sum(
+        compile_cache.drop(c.path) for c in node_runs(root, node) if c.key not in skip and _over(c.path)
+    )
+
+
 def release_memory(root: str, node: str, skip: tuple = ()) -> list[str]:
     """Remove the trainer's state copies in node memory (/dev/shm) of the node's runs that are
     over: ended, or lost (their agent was killed before it could remove them, so the memory
@@ -174,12 +192,7 @@ def release_memory(root: str, node: str, skip: tuple = ()) -> list[str]:
     or detached run's stay, as do those of runs in ``skip`` (run ids). The folders removed."""
     freed = []
     for c in node_runs(root, node):
-        if c.key in skip:
-            continue
-        state = read_state(c.path)
-        if state is None or (state.get("detached") and state.get("status") == RunStatus.RUNNING):
-            continue
-        if state.get("status", RunStatus.RUNNING) == RunStatus.RUNNING and agent_alive(state):
+        if c.key in skip or not _over(c.path):
             continue
         for folder in own_shm_snapshot_folders(c.path):
             shutil.rmtree(folder, ignore_errors=True)
@@ -196,6 +209,7 @@ def prune_at_start(run_dir: str, node: str, keep: int) -> None:
         starting = (posixpath.basename(posixpath.dirname(run_dir)),)
         prune(root, node, keep, skip=starting)
         release_memory(root, node, skip=starting)
+        release_graphs(root, node, skip=starting)
     except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never the run's failure
         print("mscon agent: pruning old runs: %s" % exc, file=sys.stderr, flush=True)
 

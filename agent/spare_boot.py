@@ -125,7 +125,22 @@ def _become(order: dict) -> None:
     script = argv[1]
     sys.argv = list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    _as_entry_script(script)
     _set_name(os.path.basename(argv[0]).encode("utf-8", "replace"))
+
+
+def _as_entry_script(script: str) -> None:
+    """MindSpore noted its entry script (this file) and import path as it was imported here; its
+    compile cache checks the entry script and the local files it imports (``graph/api.py``), so
+    they are set to what a cold rank's import notes: else a spare's graphs would never match the
+    first attempt's, nor would a cold restart load a spare's."""
+    api = sys.modules.get("mindspore.graph.api")
+    if api is None or not hasattr(api, "entry_script_path"):
+        return
+    entry = os.path.realpath(script)
+    api.entry_script_path = entry  # type: ignore[attr-defined]
+    if isinstance(getattr(api, "sys_path", None), list):
+        api.sys_path = [p for p in sys.path if p and p != os.path.dirname(entry)]  # type: ignore[attr-defined]
 
 
 def main() -> None:

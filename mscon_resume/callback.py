@@ -29,7 +29,7 @@ from typing import Any
 
 from mindspore.train import Callback
 
-from . import core, probe
+from . import compile_cache, core, probe
 from . import metrics as metrics_module
 from .interval import AUTO
 from .loop import stage_name
@@ -57,6 +57,8 @@ class ResumeCallback(Callback):
         # A collective when resuming: every rank makes its callback. Never at an epoch's end (the
         # module docstring says why).
         self.got = self.core.resume(problems=self.extra.problems, accept=_not_an_epoch_end)
+        # After the resume's collective: Model.train's graphs are kept and loaded by every attempt.
+        compile_cache.enable(self.core.rank, self.core.size, trains_cells=True)
         self.core.drop_at_success()
         self.initial_epoch = 0
         self._fast: bool | None = None  # MindSpore's fast recovery, off until Model has its iterator

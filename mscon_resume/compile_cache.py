@@ -10,8 +10,16 @@ MindSpore or rank layout finds another folder, never a stale graph. MindSpore's 
 of the script and its local imports, ``compile_dependency.hash``) stays behind it.
 
 MindSpore reads ``MS_COMPILER_CACHE_ENABLE``/``MS_COMPILER_CACHE_PATH`` when it compiles, so they are
-set here, before the first step (``Resumer``). A script that sets either itself (or the context's
-``enable_compile_cache``) keeps its own choice. Whether the first step loaded the graph or compiled
+set here, before the first step. A script that sets either itself (or the context's
+``enable_compile_cache``) keeps its own choice.
+
+Which scripts (``$MSCON_GRAPH_CACHE``, the job's environment): ``auto`` (the default) those that
+train through ``Model.train`` (:class:`ResumeCallback`: one cell graph a step); ``on`` every
+script; ``off`` none. MindSpore calls its compile cache an experimental prototype, and on MindSpore
+2.10 (CPU) a hand-written loop's graphs (``value_and_grad`` of a function, then the optimizer) loaded
+from it computed wrong losses in one process and failed on the restart of two ranks ("Parameter[1]
+has no default param"), while ``Model.train``'s loaded graphs computed the same losses as compiled
+ones (docs/resume.md, "Compiled graphs"). Whether the first step loaded the graph or compiled
 it is read from the folder: MindSpore rewrites its cache files when it compiles and leaves them
 untouched when it loads them (:func:`outcome`).
 """
@@ -25,6 +33,8 @@ import sys
 from typing import Any
 
 ROOT = "MSCON_COMPILE_CACHE"  # the agent: the run's cache folder on this node (empty: off)
+MODE = "MSCON_GRAPH_CACHE"  # the job: auto (default), on or off
+AUTO, ON, OFF = "auto", "on", "off"
 MS_ENABLE = "MS_COMPILER_CACHE_ENABLE"
 MS_PATH = "MS_COMPILER_CACHE_PATH"
 LOADED = "loaded"  # the first step's graph came from the cache (no cache file written)
@@ -126,17 +136,41 @@ def _private_folder(path: str) -> None:
         os.chmod(path, 0o700)
 
 
+def mode(environ: Any = None) -> str:
+    """The job's choice (``$MSCON_GRAPH_CACHE``): AUTO, ON or OFF (1/true/yes: ON; 0/false/no: OFF)."""
+    text = (os.environ if environ is None else environ).get(MODE, "").strip().lower()
+    if text in ("1", "true", "yes", ON):
+        return ON
+    if text in ("0", "false", "no", OFF):
+        return OFF
+    return AUTO
+
+
+def wanted(trains_cells: bool, environ: Any = None) -> bool:
+    """Whether this script's graphs are kept: ``trains_cells``, it trains through ``Model.train``."""
+    chosen = mode(environ)
+    return chosen == ON or (chosen == AUTO and trains_cells)
+
+
 def enable(
-    rank: int, rank_count: int, script: str | None = None, args: tuple[str, ...] | None = None
+    rank: int,
+    rank_count: int,
+    trains_cells: bool = False,
+    script: str | None = None,
+    args: tuple[str, ...] | None = None,
 ) -> str | None:
     """Point MindSpore's compile cache at this rank's folder in the run's cache (once per process);
-    the folder, or None where mscon gave none, the script chose its own, or it cannot be made (said
-    on stderr: the rank then compiles as it would have)."""
+    the folder, or None where mscon gave none, the job or the script chose otherwise
+    (:func:`wanted`), or it cannot be made (said on stderr: the rank then compiles as it would
+    have). Call it after any collective of the resume: the graphs compiled before the cache is on
+    are not kept, so every attempt keeps and loads the same ones."""
     global _folder, _before
     if _folder is not None:
         return _folder
     root = os.environ.get(ROOT, "").strip()
-    if not root or os.environ.get(MS_ENABLE) is not None or os.environ.get(MS_PATH) is not None:
+    if not root or not wanted(trains_cells):
+        return None
+    if os.environ.get(MS_ENABLE) is not None or os.environ.get(MS_PATH) is not None:
         return None
     if _context_says() is not None:
         return None

@@ -76,7 +76,6 @@ class Resumer:
         stage: str = "",
     ) -> None:
         self.rank, self.size = collective.rank_and_size()
-        compile_cache.enable(self.rank, self.size)  # before the first step compiles: a restart loads it
         self.state_dir = env.state_dir(state_dir)
         # ``snapshot_dir``: this one folder, not node memory first (the trainer's --snapshot-dir)
         self.roots = [os.path.abspath(snapshot_dir)] if snapshot_dir else store.candidate_dirs(self.state_dir)
@@ -236,6 +235,7 @@ class Resumer:
 
     def ready(self) -> None:
         """Model and data built, state loaded: the first step begins (a start-up milestone)."""
+        compile_cache.enable(self.rank, self.size)  # a hand-written loop's graphs: when the job says "on"
         if self._phases:
             self.metrics.phase("ready")
 

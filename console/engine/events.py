@@ -99,6 +99,15 @@ class PhaseOrigin(enum.StrEnum):
     START = "start"  # the attempt's own start: nothing earlier is known (an attached console)
 
 
+class GraphLoad(enum.StrEnum):
+    """How an attempt's workers got their first step's graph (``AttemptPhases.graph``), from their
+    compiled milestones (wire.GraphSource): the run's compile cache on the node, or compiled."""
+
+    LOADED = "loaded"  # every worker loaded it
+    COMPILED = "compiled"  # every worker compiled it
+    MIXED = "mixed"  # some loaded it, some compiled it
+
+
 class StartSource(enum.StrEnum):
     """Where a rank of an attempt started (``RankStart.source``): its resume record's source
     (wire.ResumeSource), or what its first step says where it wrote none."""
@@ -225,6 +234,9 @@ class AttemptPhases:
     ready: float | None = None  # model and data built on every worker: first steps begin (same)
     compiled: float | None = None  # every worker's first step returned: graphs compiled (same)
     first_step: float | None = None  # every worker reported its first step (any script)
+    # how that first step got its graph, once every worker said (None: not said; a script without
+    # mscon_resume, or no compile cache)
+    graph: GraphLoad | None = None
 
 
 @dataclass(frozen=True, slots=True)

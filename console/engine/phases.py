@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mscon.agent.protocol import Milestone, ProcStarted, RankPhase, is_scheduler
+from mscon.agent.protocol import GraphSource, Milestone, ProcStarted, RankPhase, is_scheduler
 from mscon.console.engine.events import (
     AttemptEnded,
     AttemptPhases,
     AttemptStarted,
+    GraphLoad,
     NodeState,
     NodeUpdate,
     PhaseOrigin,
@@ -65,6 +66,7 @@ class _Attempt:
     last_exit_ns: int = 0
     fault_ns: int | None = None
     warm: bool = False
+    graphs: dict[str, str] = field(default_factory=dict)  # worker -> GraphSource (its first say)
 
 
 class PhaseClock:
@@ -150,6 +152,8 @@ class PhaseClock:
         if last is None:
             last = att.ranks[name] = _Last()
         last.add(msg.name, msg.ts_ns)
+        if msg.phase == Milestone.COMPILED and msg.graph in GraphSource.ALL:
+            att.graphs.setdefault(msg.name, msg.graph)
 
     # ------------------------------------------------------------ the answer
 
@@ -171,7 +175,20 @@ class PhaseClock:
             launched=rel(att.launched_ns),
             spawned=rel(att.spawned.of(len(att.procs))),
             **ranks,
+            graph=graph_load(att.graphs, workers),
         )
+
+
+def graph_load(graphs: dict[str, str], workers: int) -> GraphLoad | None:
+    """The attempt's GraphLoad from each worker's GraphSource: None until every worker said."""
+    if not workers or len(graphs) < workers:
+        return None
+    said = set(graphs.values())
+    if said == {GraphSource.LOADED}:
+        return GraphLoad.LOADED
+    if said == {GraphSource.COMPILED}:
+        return GraphLoad.COMPILED
+    return GraphLoad.MIXED
 
 
 # ------------------------------------------------------------------ in words
@@ -199,9 +216,18 @@ _FROM = {
 }
 
 
+# The compiled milestone's name when the ranks said how their first step got its graph.
+_GRAPH_LABELS = {
+    GraphLoad.LOADED: "graph loaded (compile cache)",
+    GraphLoad.COMPILED: "compiled",
+    GraphLoad.MIXED: "compiled or loaded (some ranks each)",
+}
+
+
 def steps(p: AttemptPhases) -> list[tuple[str, float]]:
     """The known milestones in time order, each with the seconds it took after the one before (the
-    first: after the origin). A restart's wait from its stop to its launch is its backoff."""
+    first: after the origin). A restart's wait from its stop to its launch is its backoff; the
+    compile step says whether the graph came from the compile cache."""
     out: list[tuple[str, float]] = []
     last, before = 0.0, ""
     for name, label in _STEPS:
@@ -210,6 +236,8 @@ def steps(p: AttemptPhases) -> list[tuple[str, float]]:
             continue
         if name == "launched" and before in ("detected", "stopped"):
             label = "backoff"
+        if name == "compiled" and p.graph is not None:
+            label = _GRAPH_LABELS[p.graph]
         out.append((label, t - last))
         last, before = t, name
     return out
@@ -235,4 +263,5 @@ def phases_from_json(raw: dict) -> AttemptPhases:
         origin=PhaseOrigin(raw["origin"]),
         warm=bool(raw.get("warm", False)),
         **{k: float(raw[k]) if raw.get(k) is not None else None for k in names},
+        graph=GraphLoad(raw["graph"]) if raw.get("graph") is not None else None,
     )
