@@ -28,9 +28,11 @@ def test_journaled_are_the_lifecycle_messages_and_streamed_the_bulk_ones() -> No
         "rank_resumed",
         "standby_state",
     }
-    assert _tags("streamed") == {"log", "metric", "metrics", "telemetry", "telemetry_batch"}
-    assert _tags("sampled") == {"metric", "metrics", "telemetry", "telemetry_batch"}  # not logs
-    assert not (P.Message.journaled or P.Message.streamed or P.Message.sampled)
+    assert _tags("streamed") == {"log", "metric", "metrics", "telemetry", "telemetry_batch", "summary"}
+    assert _tags("sampled") == {"metric", "metrics", "telemetry", "telemetry_batch", "summary"}  # not logs
+    # Written ahead of queued batches (issue 44): what the policy must hear at once.
+    assert _tags("alarm") == {"proc_exited", "proc_hung", "evidence", "agent_error"}
+    assert not (P.Message.journaled or P.Message.streamed or P.Message.sampled or P.Message.alarm)
 
 
 def test_what_the_policy_hears_is_journaled_too() -> None:

@@ -24,6 +24,7 @@ from mscon.agent.protocol import (
     LogBatch,
     Metric,
     MetricBatch,
+    NodeSummary,
     ProcExited,
     ProcHung,
     StandbyState,
@@ -276,7 +277,7 @@ class HeadlessReporter:
             self.note(
                 f"MindSpore names rank(s) {', '.join(map(str, msg.ranks))}: {printable(msg.text)[:300]}"
             )
-        elif isinstance(msg, MetricBatch):
+        elif isinstance(msg, MetricBatch | NodeSummary):
             for m in msg.metrics:
                 if m.profile_dir:
                     self.note(f"{_who(m.name, m.node)}: profiler output in {m.profile_dir}")
