@@ -1016,7 +1016,9 @@ class NodeSummary(Message):
             for row in counts:
                 if not isinstance(row, list) or len(row) != len(_COUNT_FIELDS):
                     raise ProtocolError("bad summary count: expected %d values" % len(_COUNT_FIELDS))
-                built.append(RankCount(*row))
+                c = object.__new__(RankCount)  # as MetricBatch: no field-by-field frozen __init__
+                c.__dict__.update(zip(_COUNT_FIELDS, row))
+                built.append(c)
             object.__setattr__(self, "counts", tuple(built))
         items = self.metrics
         if not all(isinstance(m, Metric) for m in items):  # as decoded: compact mappings
