@@ -26,13 +26,16 @@ YOUNG_S = 1.0
 HELLO_MAX = 4096  # bytes in a line before the peer has authenticated (a hello is about 200)
 
 # Over a cap one connection is closed at once. Never one whose peer has shown the run's
-# certificate (trusted: TLS done; the run is waiting for it). Among the rest, the first kind that
-# exists of: sent nothing valid and old; sent nothing valid yet and young; began a valid handshake
-# (a whole TLS ClientHello came, and was answered) and old; began one and young. Within that kind,
-# the newest of the address that holds the most. So a node's connection that began its handshake is closed
-# only when every other untrusted one began one too and its address holds the most; a flood of
-# connections that never begin one closes only its own. Where the newest is closed that may be
-# the one arriving: the caller refuses it, and the node dials again (tls.dial, coord.dial_within).
+# certificate (trusted: TLS done; the run is waiting for it). Among the rest, first those that have
+# sent nothing valid (silent, garbled or a partial hello): from the address that holds the most
+# (of equal ones, the address that came last: the one flooding now), its oldest (it had the longest
+# to speak; a node's newcomer, its hello not read yet, gets the time a flood takes to go round).
+# Then those that began a valid handshake (a whole TLS ClientHello came, and was answered): the
+# stalled ones (older than YOUNG_S) before the young, the newest of the busiest address first.
+# So a node's connection that began its handshake is closed only when every other untrusted one
+# began one too; a flood of connections that never begin one closes only its own. The one closed
+# may be the one arriving: the caller refuses it, and the node dials again (tls.dial,
+# coord.dial_within).
 
 
 class _Entry:
@@ -106,13 +109,20 @@ class Pending:
         """Remove and return the victim (see the comment above), of ``host`` only when given;
         None: every one is trusted."""
         now = self._clock()
-        counts = collections.Counter(e.host for e in self._entries.values() if not e.trusted)
+        counts: dict = collections.Counter()
+        last: dict = {}  # host -> the arrival index of its newest untrusted
+        for i, e in enumerate(self._entries.values()):
+            if not e.trusted:
+                counts[e.host] += 1
+                last[e.host] = i
         best, best_rank = None, None
         for i, (key, e) in enumerate(self._entries.items()):
             if e.trusted or (host is not None and e.host != host):
                 continue
-            young = now - e.born < self.young_s
-            rank = (e.valid, young, -counts[e.host], -i)  # the smallest goes first
+            if not e.valid:
+                rank = (0, -counts[e.host], -last[e.host], i)  # the smallest goes first
+            else:
+                rank = (2 if now - e.born < self.young_s else 1, -counts[e.host], -last[e.host], -i)
             if best_rank is None or rank < best_rank:
                 best, best_rank = key, rank
         if best_rank is None:

@@ -2,9 +2,13 @@
 that times a connect (one round trip) to each peer's listener. Stdlib only.
 
 Both ends prove the run's mesh secret (the console hands it to every agent on its stdin, the
-channel already trusted) without sending it: the caller sends a fresh nonce and an HMAC of it,
-the listener answers only a valid, unseen one, with its node's name and an HMAC of the nonce and
-that name. A caller without the secret gets no byte and is closed within ``HANDSHAKE_S``."""
+channel already trusted) without sending it: the caller sends a fresh nonce and an HMAC of it and
+of the node it calls (so a call seen on the network is refused by every other listener), the
+listener answers only a valid, unseen one, with its node's name and an HMAC of the nonce and that
+name. A caller without the secret gets no byte and is closed within ``HANDSHAKE_S``. Callers are
+read as they come (a caller's line is there when it is accepted), never after the whole backlog:
+a flood of silent connections fills the cap (``agent/gate.py``'s rule) without shutting out a
+caller whose line is there."""
 
 from __future__ import annotations
 
@@ -18,19 +22,22 @@ import socket
 import threading
 import time
 
-MAGIC = "mscon-mesh1"
+from ..gate import Pending
+
+MAGIC = "mscon-mesh2"  # 2: the call's HMAC names the node called
 HANDSHAKE_S = 2.0  # an unauthenticated caller is closed after this long at the latest
 LINE_MAX = 256  # the caller's line: magic, a 32-hex nonce, a 64-hex HMAC
-PENDING_MAX = 64  # connections still to prove the secret; past it the oldest is closed
+PENDING_MAX = 64  # connections still to prove the secret; past it one is closed (agent/gate.py)
+_ACCEPT_BATCH = 16  # connections taken per wake-up before those waiting are read
 _SEEN_MAX = 4096  # nonces remembered against replays (a mesh makes one per peer)
 _BACKOFF_S = 0.1  # out of descriptors: accept again after this long
 _NO_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
-def mac(secret: str, label: str, nonce: str, name: str = "") -> str:
+def mac(secret: str, label: str, nonce: str, name: str) -> str:
     """HMAC-SHA256 of one side's proof: ``label`` ("call" or "answer") keeps one from passing as
-    the other."""
+    the other; ``name`` is the listener's node (called, or answering)."""
     text = "\0".join((MAGIC, label, nonce, name)).encode("utf-8", "replace")
     return hmac.new(secret.encode("utf-8", "replace"), text, hashlib.sha256).hexdigest()
 
@@ -53,6 +60,7 @@ class MeshListener:
         self.address = self.socks[0].getsockname()[0]
         self.closed = False
         self._seen: set = set()
+        self._gate = Pending()  # of the pending connections: which one a flood may push out
         threading.Thread(target=self._serve, name="mesh-listen", daemon=True).start()
 
     def _serve(self) -> None:
@@ -81,20 +89,21 @@ class MeshListener:
                         self._read(key.fileobj, sel, pending)
                 now = time.monotonic()
                 for conn in [c for c, (due, _) in pending.items() if due <= now]:
-                    _drop(conn, sel, pending)
+                    self._drop(conn, sel, pending)
         except (OSError, ValueError):
             pass  # closed under it (close() from the agent's thread)
         finally:
             for conn in list(pending):
-                _drop(conn, sel, pending)
+                self._drop(conn, sel, pending)
             sel.close()
             self.close()
 
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector, pending: dict) -> bool:
-        """Take the connections waiting; False when out of descriptors."""
-        while True:
+        """Take some of the connections waiting, each read at once (its line may be there
+        already); False when out of descriptors."""
+        for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _ = listener.accept()
+                conn, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return True
             except ConnectionAbortedError:
@@ -103,13 +112,16 @@ class MeshListener:
                 if exc.errno in _NO_FDS:
                     return False
                 raise
-            if len(pending) >= PENDING_MAX:
-                # A flood: the oldest goes, with nothing said. A real caller sends its proof as it
-                # connects, so it is answered long before a flood could push it out.
-                _drop(next(iter(pending)), sel, pending)
             conn.setblocking(False)
             pending[conn] = [time.monotonic() + HANDSHAKE_S, b""]
             sel.register(conn, selectors.EVENT_READ, "conn")
+            self._read(conn, sel, pending)  # answered and closed if its line is here
+            if conn not in pending:
+                continue
+            # Over the cap, one that said nothing of a call goes, with nothing said (agent/gate.py).
+            for victim in self._gate.add(conn, str(addr[0]), PENDING_MAX, valid=_calls(pending[conn][1])):
+                self._drop(victim, sel, pending)
+        return True
 
     def _read(self, conn: socket.socket, sel: selectors.BaseSelector, pending: dict) -> None:
         if conn not in pending:
@@ -123,6 +135,8 @@ class MeshListener:
         got = pending[conn][1] + chunk
         pending[conn][1] = got
         if chunk and b"\n" not in got and len(got) <= LINE_MAX:
+            if _calls(got):
+                self._gate.began(conn)
             return  # more to come, within the deadline
         nonce = self._proven(got.split(b"\n", 1)[0]) if b"\n" in got else None
         if nonce is not None:
@@ -131,6 +145,10 @@ class MeshListener:
                 conn.send(answer.encode("utf-8", "replace"))  # a few bytes into an empty buffer
             except OSError:
                 pass
+        self._drop(conn, sel, pending)
+
+    def _drop(self, conn: socket.socket, sel: selectors.BaseSelector, pending: dict) -> None:
+        self._gate.discard(conn)
         _drop(conn, sel, pending)
 
     def _proven(self, line: bytes) -> str | None:
@@ -142,7 +160,7 @@ class MeshListener:
         if len(words) != 3 or words[0] != MAGIC or not 16 <= len(words[1]) <= 64:
             return None
         nonce, proof = words[1], words[2]
-        if not hmac.compare_digest(proof, mac(self.secret, "call", nonce)) or nonce in self._seen:
+        if not hmac.compare_digest(proof, mac(self.secret, "call", nonce, self.name)) or nonce in self._seen:
             return None
         if len(self._seen) >= _SEEN_MAX:
             self._seen.clear()
@@ -156,6 +174,12 @@ class MeshListener:
                 sock.close()
             except OSError:
                 pass
+
+
+def _calls(got: bytes) -> bool:
+    """The bytes so far begin a call (the magic word, then more)."""
+    head = (MAGIC + " ").encode()
+    return len(got) > 0 and (got.startswith(head) or head.startswith(got))
 
 
 def _drop(conn: socket.socket, sel: selectors.BaseSelector, pending: dict) -> None:
@@ -289,7 +313,8 @@ def probe_peer(peer: dict, secret: str, timeout_s: float) -> dict:
     nonce = os.urandom(16).hex()
     try:
         sock.settimeout(timeout_s)
-        sock.sendall(("%s %s %s\n" % (MAGIC, nonce, mac(secret, "call", nonce))).encode("ascii"))
+        call = "%s %s %s\n" % (MAGIC, nonce, mac(secret, "call", nonce, name))
+        sock.sendall(call.encode("ascii", "replace"))
         got = b""
         while not got.endswith(b"\n") and len(got) < 1024:
             chunk = sock.recv(1024)

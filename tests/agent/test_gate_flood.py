@@ -73,15 +73,31 @@ def test_a_flood_from_the_nodes_own_address_closes_its_own_not_the_node_that_beg
     assert len(p) <= gate.PENDING_MAX
 
 
-def test_old_silent_connections_go_before_a_young_one() -> None:
-    """A connection that has said nothing for YOUNG_S goes before one that just came (a node's, its
-    ClientHello not read yet), whatever their addresses hold."""
+def test_a_silent_newcomer_gets_the_time_a_flood_takes_to_go_round() -> None:
+    """A node's connection whose hello is not read yet, among a flood of silent ones from its own
+    address: the flood's oldest go first, so the node's lasts until the flood has gone round."""
+    p = gate.Pending()
+    for i in range(8):
+        assert p.add(i, NODE, cap=8) == []
+    closed = p.add("node", NODE, cap=8)
+    for i in range(8, 14):
+        closed += p.add(i, NODE, cap=8)
+    assert closed == list(range(7)) and "node" in p
+    p.began("node")  # its hello came: no silent one pushes it out now
+    for i in range(14, 100):
+        p.add(i, NODE, cap=8)
+    assert "node" in p
+
+
+def test_a_stalled_handshake_goes_before_a_young_one() -> None:
+    """Of connections that began a TLS handshake, one that has not finished it in YOUNG_S goes
+    before one that just began (a node's)."""
     now = [0.0]
     p = gate.Pending(clock=lambda: now[0])
     for i in range(4):
-        assert p.add(i, f"10.1.0.{i}", cap=4) == []
+        assert p.add(i, f"10.1.0.{i}", cap=4, valid=True) == []
     now[0] += gate.YOUNG_S
-    assert p.add("node", NODE, cap=4) == [3]  # the newest of the old ones, not the newcomer
+    assert p.add("node", NODE, cap=4, valid=True) == [3]
     assert "node" in p
 
 

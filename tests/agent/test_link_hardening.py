@@ -154,7 +154,7 @@ def test_a_handshake_has_one_deadline_however_slowly_the_peer_drips(
     assert inbox.empty()
 
 
-def test_handshakes_in_progress_are_capped_the_newest_closed_first(
+def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     server: tuple[coord.CoordServer, queue.Queue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(coord, "PENDING_MAX", 4)
@@ -163,9 +163,9 @@ def test_handshakes_in_progress_are_capped_the_newest_closed_first(
     silent = [_raw(srv.port) for _ in range(10)]  # taken in this order; never a TLS byte
     wait_until(lambda: len(srv._pending) == 4, 5, "four handshakes in progress")
     assert threading.active_count() == threads, "a thread per connection that has not authenticated"
-    wait_until(lambda: all(_closed_by_peer(s) for s in silent[4:]), 5, "the six newest closed")
-    assert not any(_closed_by_peer(s) for s in silent[:4]), "the four oldest wait for their deadline"
-    # A follower gets in all the same (once they are older than gate.YOUNG_S, it pushes one out).
+    wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
+    assert not any(_closed_by_peer(s) for s in silent[6:]), "the four newest wait for their deadline"
+    # A follower gets in all the same (it pushes the oldest silent one out).
     link = _dial(srv.port, "node2", queue.Queue())
     _, up, _ = _next(inbox, "peer_up")
     assert link.send({"type": "ping"})
@@ -189,7 +189,7 @@ def test_a_flood_pushes_out_its_own_connections_never_a_follower_past_tls(
     follower = _connect(srv.port)  # a slow follower: the oldest handshake of all
     nonce = _read_obj(follower)["nonce"]
     flood = [_raw(srv.port, source=flood_from) for _ in range(20)]  # no certificate: never past TLS
-    wait_until(lambda: all(_closed_by_peer(s) for s in flood[3:]), 5, "the flood's newest closed")
+    wait_until(lambda: all(_closed_by_peer(s) for s in flood[:17]), 5, "the flood's oldest closed")
     assert not _closed_by_peer(follower)
     mac = coord._mac(SECRET.encode(), "f", nonce, "node2")
     follower.sendall(json.dumps({"node": "node2", "nonce": "00", "mac": mac}).encode() + b"\n")

@@ -184,16 +184,16 @@ def test_one_connection_carries_a_reader_and_writers_at_once(listener: socket.so
         ]
 
 
-def test_pending_pushes_out_the_newest_of_the_busiest_address() -> None:
+def test_pending_pushes_out_the_oldest_of_the_busiest_address() -> None:
     p = gate.Pending()
     assert p.add("f1", "10.0.0.1", 3) == []
     assert p.add("x1", "10.0.0.9", 3) == []
     assert p.add("x2", "10.0.0.9", 3) == []
-    assert p.add("x3", "10.0.0.9", 3) == ["x3"]  # the flood's newest, not the follower's
-    assert p.add("x4", "10.0.0.9", 3) == ["x4"]
-    assert p.keys() == ["f1", "x1", "x2"]
+    assert p.add("x3", "10.0.0.9", 3) == ["x1"]  # the flood's oldest, not the follower's
+    assert p.add("x4", "10.0.0.9", 3) == ["x2"]
+    assert p.keys() == ["f1", "x3", "x4"]
     assert p.discard("f1") and not p.discard("f1")
-    assert len(p) == 2 and "x2" in p
+    assert len(p) == 2 and "x3" in p
 
 
 def test_a_peer_that_showed_the_run_certificate_is_never_pushed_out() -> None:
@@ -203,10 +203,10 @@ def test_a_peer_that_showed_the_run_certificate_is_never_pushed_out() -> None:
     assert p.trust("node")
     assert p.add("x1", "10.0.0.1", 3) == []
     assert p.add("x2", "10.0.0.1", 3) == []
-    assert p.add("x3", "10.0.0.1", 3) == ["x3"]  # the same address, yet the node's stays
-    assert p.add("x4", "10.0.0.1", 3) == ["x4"]
+    assert p.add("x3", "10.0.0.1", 3) == ["x1"]  # the same address, yet the node's stays
+    assert p.add("x4", "10.0.0.1", 3) == ["x2"]
     assert "node" in p and p.discard("node")
-    assert not p.trust("x3")  # pushed out already: the caller closes it
+    assert not p.trust("x1")  # pushed out already: the caller closes it
 
 
 def test_when_every_handshake_holds_the_certificate_the_newcomer_is_refused() -> None:
