@@ -3,9 +3,10 @@ node-0 coordinator alike.
 
 Pure: no I/O and no clock of its own (every input carries ``now``, monotonic seconds), stdlib
 only, Python 3.8, so the agent carries it to the nodes. A host turns what it hears (agent
-messages, operator commands, ticks) into its inputs (``policy_types.py``, re-exported here), calls
-``RunPolicy.step`` and carries out the actions it returns, in order. Neither host decides anything
-itself:
+messages, operator commands, ticks, a rank's progress) into its inputs (``policy_types.py``,
+re-exported here), calls ``RunPolicy.step`` and carries out the actions it returns, in order.
+``step`` is the only way in: it looks the input up in ``TABLE`` by (``RunPhase``, input type), one
+small handler per row (the shape of h11's ``_state.py``). Neither host decides anything itself:
 
 - a rank fails, hangs, or a node is lost or cannot start its processes: stop every node;
 - attempt 0 waits for every node's word on a kept standby (``ADOPT_WAIT_S`` at most): warm when
@@ -28,11 +29,13 @@ itself:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable, List
 
 from .liveness import Liveness
 
 # The inputs and actions (policy_types.py), read by the hosts as policy.Begin, policy.EndRun, ...
 from .policy_types import (  # noqa: F401 - re-exported
+    INPUTS,
     Action,
     AgentFailed,
     AttemptOver,
@@ -50,18 +53,22 @@ from .policy_types import (  # noqa: F401 - re-exported
     NodeLost,
     Outcome,
     PeerLost,
-    Phase,
+    ProgressReport,
     RankExited,
     RankHung,
+    RankProgress,
     RankStarted,
     RankStepped,
     Redial,
     Restarting,
     RestartRefused,
     RestartRequested,
+    Resume,
+    RunPhase,
     StandbyChanged,
     StartAttempt,
     Status,
+    StepReport,
     StopAll,
     StopCause,
     StopNode,
@@ -187,6 +194,19 @@ class PolicyConfig:
     watchdog_s: float = WATCHDOG_FLOOR_S
 
 
+def restart_may_come(max_restarts: int, operator_wait_s: float | None) -> bool:
+    """A restart may come in this run: a budget, or an operator who may press r after a failure.
+    Only then does the trainer keep checkpoints and snapshots (they cost, and pay only then; a
+    restarted attempt resumes from them, so every attempt of such a run keeps them)."""
+    return max_restarts > 0 or operator_wait_s is not None
+
+
+def restart_may_follow(restarts_left: int, operator_wait_s: float | None) -> bool:
+    """A restart may still follow the attempt about to start: budget left, or an operator. Spares
+    are prepared only then (a standby cluster's join costs the running ranks CPU)."""
+    return operator_wait_s is not None or restarts_left > 0
+
+
 @dataclass
 class _Attempt:
     number: int
@@ -210,38 +230,35 @@ class _Attempt:
     hang: HangRule = field(default_factory=HangRule)
 
 
+class PolicyError(RuntimeError):
+    """An input the table refuses in the current phase: a host's mistake, said at once."""
+
+
 class RunPolicy:
+    """``step`` looks each input up in ``TABLE`` by (phase, input type) and runs that row's handler;
+    the handlers below are grouped by the phase whose rows they are."""
+
     def __init__(self, config: PolicyConfig, restarts_left: int | None = None) -> None:
         self.config = config
-        self.phase = Phase.IDLE
+        self.phase = RunPhase.IDLE
         self.restarts_left = config.max_restarts if restarts_left is None else restarts_left
         self.att = _Attempt(-1, 0.0)
         self.restart_at: float | None = None
         self.wait_until: float | None = None
         self._workers: frozenset[str] = frozenset(config.workers)
-        self._ending_verdict: Verdict | None = None
         # node -> its spares for attempt ``standby_for`` have joined their standby cluster
         self.standby: dict[str, bool] = {}
         self.standby_for = -1
-        self.liveness = Liveness(config.watched, config.watchdog_s, 0.0)  # counts from Begin/resume
+        self.liveness = Liveness(config.watched, config.watchdog_s, 0.0)  # counts from Begin/Resume
         self._begun = False  # the host said Begin: attempt 0 starts once no adoption is awaited
         self._adopting: set[str] = set()  # nodes whose word on their kept standby is awaited
         self._adopt_until = 0.0
 
-    # ------------------------------------------------------------ host helpers
+    # ------------------------------------------------------------ what hosts read
 
     @property
     def attempt(self) -> int:
         return self.att.number
-
-    def resume(self, attempt: int, now: float, standby_ready: tuple = ()) -> None:
-        """Take over an attempt already running (a detached run's coordinator), with the nodes whose
-        standby for the next attempt had said it was ready (``standby_ready``)."""
-        self.att = _Attempt(attempt, now, hang=HangRule(self.config.hang_timeout_s))
-        self.phase = Phase.RUNNING
-        self.liveness = Liveness(self.config.watched, self.config.watchdog_s, now)
-        self.standby = {n: True for n in standby_ready}
-        self.standby_for = attempt + 1 if standby_ready else -1
 
     @property
     def done_nodes(self) -> frozenset:
@@ -258,131 +275,267 @@ class RunPolicy:
         """Attempt ``number`` would start on the standby cluster (``standby_complete``)."""
         return number == self.standby_for and standby_complete(self.standby, self.config.nodes)
 
-    def progress(self, name: str, now: float) -> None:
-        """A rank made progress (a log line, a metric) at ``now``: kept apart from ``step`` for its
-        rate. Never moves a rank's last progress back (a report that took longer on its way)."""
-        att = self.att
-        if now <= att.progress.get(name, float("-inf")):
-            return
-        att.progress[name] = now
-        if att.inspected:
-            att.inspected.discard(name)  # alive after all (its agent saw it too): watched again
-
-    def stepped(self, name: str, ts: float, now: float) -> None:
-        """A step report of a rank (its clock's ``ts``): progress, and the pace its hang limit follows."""
-        self.progress(name, now)
-        self.att.stepped = True
-        self.att.hang.stepped(name, ts)
-
-    def heard(self, name: str, at: float | None, pace: tuple | None) -> None:
-        """What a detached coordinator hears of a rank from its node's agent (``LinkProgress``, its
-        own agent's alike): its last progress ``at`` on this host's clock (None: no new progress),
-        and its step pace as the agent's ``HangRule`` has it (``HangRule.pace``)."""
-        if at is not None:
-            self.progress(name, at)
-        if pace is not None:
-            self.att.stepped = True
-            self.att.hang.merge(name, pace[0], pace[1])
-
-    # ------------------------------------------------------------ the dispatcher
+    # ------------------------------------------------------------ the one entry point
 
     def step(self, ev: Input) -> list[Action]:
         out: list[Action] = []
-        if self.phase is Phase.ENDED:
-            return out
-        if isinstance(ev, (Begin, AwaitAdoption)):
-            pass  # before attempt 0 only (below)
-        elif isinstance(ev, Heard):
-            back = self.liveness.is_down(ev.node)
-            self.liveness.step(ev)
-            att = self.att
-            if back and self.phase is Phase.STOPPING and ev.node not in att.done:
-                out.append(StopNode(ev.node, att.stop_reason))  # its link was down as the stop went
-        elif isinstance(ev, LinkLost):
-            self.liveness.step(ev)
-        elif isinstance(ev, Tick):
-            self._tick(ev.now, out)
-        elif isinstance(ev, StopRequested):
-            self._stop_requested(ev, out)
-        elif isinstance(ev, RestartRequested):
-            self._restart_requested(ev, out)
-        elif isinstance(ev, NodeLost):
-            self.standby.pop(ev.node, None)  # its spares went with its agent
-            self._node_lost(ev, out)
-        elif isinstance(ev, StandbyChanged):
-            if ev.attempt > self.att.number:  # else stale: that attempt has started already
-                if ev.attempt != self.standby_for:
-                    self.standby, self.standby_for = {}, ev.attempt
-                self.standby[ev.node] = ev.ready
-        elif self.phase in (Phase.RUNNING, Phase.STOPPING):
-            self._attempt_input(ev, out)
-        if self.phase is Phase.IDLE:
-            self._before_start(ev, out)
+        self._dispatch(ev, out)
         return out
 
-    def _before_start(self, ev: Input, out: list[Action]) -> None:
-        """Begin, and the wait for the nodes' word on their kept standbys (the standby rule above
-        has recorded it): attempt 0 starts once the host began and nobody's word is awaited."""
-        if isinstance(ev, AwaitAdoption):
-            self._adopting, self._adopt_until = set(ev.nodes), ev.now + ADOPT_WAIT_S
-        elif isinstance(ev, Begin):
-            self._begun = True
-            self.liveness = Liveness(self.config.watched, self.config.watchdog_s, ev.now)
-        elif isinstance(ev, StandbyChanged) and ev.attempt == 0 and ev.node in self._adopting:
+    def _dispatch(self, ev: Input, out: list[Action]) -> None:
+        TABLE[(self.phase, type(ev))](self, ev, out)
+
+    # ------------------------------------------------------------ rows of every phase but ENDED
+
+    def _ignore(self, ev: Input, out: list[Action]) -> None:
+        """Not this phase's business: a stale report, or one that changes nothing now."""
+
+    def _refuse(self, ev: Input, out: list[Action]) -> None:
+        raise PolicyError("%s in phase %s: the host's mistake" % (type(ev).__name__, self.phase))
+
+    def _heard(self, ev: Heard, out: list[Action]) -> None:
+        self.liveness.step(ev)
+
+    def _link_lost(self, ev: LinkLost, out: list[Action]) -> None:
+        self.liveness.step(ev)
+
+    def _standby(self, ev: StandbyChanged, out: list[Action]) -> None:
+        if ev.attempt > self.att.number:  # else stale: that attempt has started already
+            if ev.attempt != self.standby_for:
+                self.standby, self.standby_for = {}, ev.attempt
+            self.standby[ev.node] = ev.ready
+
+    def _interrupt(self, ev: StopRequested, out: list[Action]) -> None:
+        """No attempt runs: the run ends, interrupted."""
+        self._end(Verdict(Status.INTERRUPTED, ev.reason, ev.exit_code), out)
+
+    def _watchdog(self, ev: Tick, out: list[Action]) -> bool:
+        """A watched peer silent for the watchdog period is cut off and lost (its NodeLost row
+        decides). True when that moved the phase on: the tick then went to the new phase's row."""
+        phase = self.phase
+        for lost in self.liveness.step(ev):
+            assert isinstance(lost, PeerLost)
+            out.append(CutOff((lost.node,), lost.why))
+            self._dispatch(NodeLost(lost.node, lost.why, ev.now), out)
+            if self.phase is RunPhase.ENDED:
+                return True
+        if self.phase is phase:
+            return False
+        self._dispatch(ev, out)
+        return True
+
+    # ------------------------------------------------------------ IDLE: before attempt 0
+
+    def _await_adoption(self, ev: AwaitAdoption, out: list[Action]) -> None:
+        self._adopting, self._adopt_until = set(ev.nodes), ev.now + ADOPT_WAIT_S
+        self._maybe_begin(ev.now, out)
+
+    def _begin(self, ev: Begin, out: list[Action]) -> None:
+        self._begun = True
+        self.liveness = Liveness(self.config.watched, self.config.watchdog_s, ev.now)
+        self._maybe_begin(ev.now, out)
+
+    def _resume(self, ev: Resume, out: list[Action]) -> None:
+        self.att = _Attempt(ev.attempt, ev.now, hang=HangRule(self.config.hang_timeout_s))
+        self.phase = RunPhase.RUNNING
+        self.liveness = Liveness(self.config.watched, self.config.watchdog_s, ev.now)
+        self.standby = {n: True for n in ev.standby_ready}
+        self.standby_for = ev.attempt + 1 if ev.standby_ready else -1
+
+    def _standby_idle(self, ev: StandbyChanged, out: list[Action]) -> None:
+        self._standby(ev, out)
+        if ev.attempt == 0 and ev.node in self._adopting:
             if ev.ready:
                 self._adopting.discard(ev.node)
             else:
                 self._adopting.clear()  # all or nothing: attempt 0 starts cold, now
-        elif isinstance(ev, NodeLost):
-            self._adopting.clear()  # its spares went with its agent: cold (its Start finds it lost)
-        elif isinstance(ev, Tick):
-            if self._adopting and ev.now >= self._adopt_until:
-                self._adopting.clear()  # a node that did not answer: cold
-        else:
+        self._maybe_begin(ev.now, out)
+
+    def _lost_idle(self, ev: NodeLost, out: list[Action]) -> None:
+        self.standby.pop(ev.node, None)
+        self._adopting.clear()  # its spares went with its agent: cold (its Start finds it lost)
+        self._maybe_begin(ev.now, out)
+
+    def _tick_idle(self, ev: Tick, out: list[Action]) -> None:
+        if self._watchdog(ev, out):
             return
+        if self._adopting and ev.now >= self._adopt_until:
+            self._adopting.clear()  # a node that did not answer: cold
+        self._maybe_begin(ev.now, out)
+
+    def _maybe_begin(self, now: float, out: list[Action]) -> None:
         if self._begun and not self._adopting:
-            self._start(0, ev.now, out)
+            self._start(0, now, out)
 
-    def _attempt_input(self, ev: Input, out: list[Action]) -> None:
+    # ------------------------------------------------------------ RUNNING and STOPPING: an attempt
+
+    def _rank_started(self, ev: RankStarted, out: list[Action]) -> None:
         att = self.att
-        if isinstance(ev, RankStarted):
-            att.started_nodes.add(ev.node)
-            att.progress[ev.name] = ev.now
-            if ev.name in self._workers:
-                att.live.add(ev.name)
-        elif isinstance(ev, RankExited):
-            att.live.discard(ev.name)
-            if ev.ok:
-                if ev.worker:
-                    att.ok_workers.add(ev.name)
-                    if att.workers_done_at is None and self._workers <= att.ok_workers:
-                        att.workers_done_at = ev.now
-            elif not ev.stopped_by_agent:
-                att.failed = True
-                self._stop(
-                    StopCause.FAILURE,
-                    "%s on %s failed (%s)" % (ev.name, ev.node, ev.detail),
-                    ev.name,
-                    ev.now,
-                    out,
-                )
-        elif isinstance(ev, RankStepped):
-            att.stepped = True
-            att.progress[ev.name] = ev.now
-        elif isinstance(ev, RankHung):
-            att.failed = True
-            self._stop(
-                StopCause.FAILURE, "%s on %s is hung (%s)" % (ev.name, ev.node, ev.why), ev.name, ev.now, out
-            )
-        elif isinstance(ev, AgentFailed):
-            if ev.node not in att.started_nodes:  # it could not even start its processes
-                att.failed = True
-                self._stop(StopCause.FAILURE, "%s: %s" % (ev.node, ev.message), ev.node, ev.now, out)
-        elif isinstance(ev, NodeDone):
-            att.done.add(ev.node)
-            self._maybe_over(ev.now, out)
+        att.started_nodes.add(ev.node)
+        att.progress[ev.name] = ev.now
+        if ev.name in self._workers:
+            att.live.add(ev.name)
 
-    # ------------------------------------------------------------ stops and restarts
+    def _rank_exited(self, ev: RankExited, out: list[Action]) -> None:
+        att = self.att
+        att.live.discard(ev.name)
+        if ev.ok:
+            if ev.worker:
+                att.ok_workers.add(ev.name)
+                if att.workers_done_at is None and self._workers <= att.ok_workers:
+                    att.workers_done_at = ev.now
+        elif not ev.stopped_by_agent:
+            reason = "%s on %s failed (%s)" % (ev.name, ev.node, ev.detail)
+            self._fail(reason, ev.name, ev.now, out)
+
+    def _rank_stepped(self, ev: RankStepped, out: list[Action]) -> None:
+        self.att.stepped = True
+        self.att.progress[ev.name] = ev.now
+
+    def _rank_hung(self, ev: RankHung, out: list[Action]) -> None:
+        self._fail("%s on %s is hung (%s)" % (ev.name, ev.node, ev.why), ev.name, ev.now, out)
+
+    def _agent_failed(self, ev: AgentFailed, out: list[Action]) -> None:
+        if ev.node not in self.att.started_nodes:  # it could not even start its processes
+            self._fail("%s: %s" % (ev.node, ev.message), ev.node, ev.now, out)
+
+    def _node_done(self, ev: NodeDone, out: list[Action]) -> None:
+        self.att.done.add(ev.node)
+        self._maybe_over(ev.now, out)
+
+    def _progress(self, ev: RankProgress, out: list[Action]) -> None:
+        """Never moves a rank's last progress back (a report that took longer on its way)."""
+        att = self.att
+        if ev.now <= att.progress.get(ev.name, float("-inf")):
+            return
+        att.progress[ev.name] = ev.now
+        att.inspected.discard(ev.name)  # alive after all (its agent saw it too): watched again
+
+    def _step_report(self, ev: StepReport, out: list[Action]) -> None:
+        self._progress(RankProgress(ev.name, ev.now), out)
+        self.att.stepped = True
+        self.att.hang.stepped(ev.name, ev.ts)
+
+    def _progress_report(self, ev: ProgressReport, out: list[Action]) -> None:
+        if ev.at is not None:
+            self._progress(RankProgress(ev.name, ev.at), out)
+        if ev.pace is not None:
+            self.att.stepped = True
+            self.att.hang.merge(ev.name, ev.pace[0], ev.pace[1])
+
+    def _lost_running(self, ev: NodeLost, out: list[Action]) -> None:
+        if self._mark_lost(ev.node):
+            self._fail("lost the node %s: %s" % (ev.node, ev.why), ev.node, ev.now, out)
+        self._maybe_over(ev.now, out)
+
+    def _lost_stopping(self, ev: NodeLost, out: list[Action]) -> None:
+        self._mark_lost(ev.node)
+        self._maybe_over(ev.now, out)
+
+    def _heard_stopping(self, ev: Heard, out: list[Action]) -> None:
+        back = self.liveness.is_down(ev.node)
+        self.liveness.step(ev)
+        if back and ev.node not in self.att.done:  # its link was down as the stop went
+            out.append(StopNode(ev.node, self.att.stop_reason))
+
+    def _stop_first(self, ev: StopRequested, out: list[Action]) -> None:
+        att = self.att
+        att.stop_cause, att.stop_code, att.stop_reason = StopCause.OPERATOR, ev.exit_code, ev.reason
+        att.stop_sent_at = ev.now
+        self.phase = RunPhase.STOPPING
+        out.append(StopAll(ev.reason, None, announce=True))
+
+    def _stop_again(self, ev: StopRequested, out: list[Action]) -> None:
+        att = self.att
+        if att.stop_cause is StopCause.OPERATOR:  # a second stop: stop waiting for the agents
+            out.append(Force())
+            out.append(AttemptOver(att.number, Outcome.INTERRUPTED, att.stop_reason))
+            self._end(Verdict(Status.INTERRUPTED, att.stop_reason, att.stop_code), out)
+        else:  # the run ends once the attempt has stopped, interrupted
+            att.stop_cause, att.stop_code, att.stop_reason = StopCause.OPERATOR, ev.exit_code, ev.reason
+            out.append(StopAll(ev.reason, None, announce=False))
+
+    def _restart_running(self, ev: RestartRequested, out: list[Action]) -> None:
+        why = "%s: the whole group restarts (a rank cannot rejoin a running collective)" % ev.reason
+        self._stop(StopCause.RESTART, why, None, ev.now, out)
+
+    def _restart_stopping(self, ev: RestartRequested, out: list[Action]) -> None:
+        if self.att.stop_cause is StopCause.FAILURE:
+            self.att.restart_after = True  # once the failed attempt has stopped
+        else:  # the operator's stop or restart is under way already
+            out.append(RestartRefused("the run is stopping"))
+
+    def _tick_attempt(self, ev: Tick, out: list[Action]) -> None:
+        if self._watchdog(ev, out):
+            return
+        att, cfg, now = self.att, self.config, ev.now
+        if att.stop_sent_at is not None and now - att.stop_sent_at > cfg.grace_s + STOP_CONFIRM_S:
+            late = tuple(n for n in cfg.nodes if n not in att.done)
+            if late:
+                att.done.update(late)
+                att.lost.update(late)
+                out.append(CutOff(late))
+                self._maybe_over(now, out)
+                if self.phase not in (RunPhase.RUNNING, RunPhase.STOPPING):
+                    return
+        if att.workers_done_at is not None and not att.sched_stopped:
+            if now - att.workers_done_at > SCHEDULER_LINGER_S:
+                att.sched_stopped = True
+                out.append(StopScheduler())
+        if self.phase is RunPhase.RUNNING:
+            self._inspect_silent(now, out)
+
+    # ------------------------------------------------------------ BACKOFF: between attempts
+
+    def _restart_now(self, ev: RestartRequested, out: list[Action]) -> None:
+        self.restart_at = ev.now  # cut the backoff short
+        self._dispatch(Tick(ev.now), out)
+
+    def _lost_between(self, ev: NodeLost, out: list[Action]) -> None:
+        self.standby.pop(ev.node, None)  # its spares went with its agent
+
+    def _tick_backoff(self, ev: Tick, out: list[Action]) -> None:
+        if self._watchdog(ev, out):
+            return
+        if self.restart_at is not None and ev.now >= self.restart_at:
+            self._start(self.att.number + 1, ev.now, out)
+
+    # ------------------------------------------------------------ AWAITING_OPERATOR: r or q
+
+    def _give_up(self, ev: StopRequested, out: list[Action]) -> None:
+        self._end(Verdict(Status.FAILED), out)  # q: the failed attempt's verdict stands
+
+    def _restart_by_operator(self, ev: RestartRequested, out: list[Action]) -> None:
+        if self.att.lost and not self.config.can_reconnect:
+            return
+        why = "restart requested by the operator after attempt %d failed" % self.att.number
+        self._restart(ev.now, why, 0.0, out)
+
+    def _lost_awaiting(self, ev: NodeLost, out: list[Action]) -> None:
+        self._mark_lost(ev.node)
+        if not self.config.can_reconnect:
+            self._end(Verdict(Status.FAILED, self._lost_reason()), out)
+
+    def _tick_awaiting(self, ev: Tick, out: list[Action]) -> None:
+        if self._watchdog(ev, out):
+            return
+        if self.wait_until is not None and ev.now >= self.wait_until:
+            self._end(Verdict(Status.FAILED), out)
+
+    # ------------------------------------------------------------ what the rows share
+
+    def _mark_lost(self, node: str) -> bool:
+        """The node is lost for the attempt; True when it had not finished it."""
+        self.standby.pop(node, None)  # its spares went with its agent
+        att = self.att
+        was_done = node in att.done
+        att.lost.add(node)
+        att.done.add(node)
+        return not was_done
+
+    def _fail(self, reason: str, trigger: str, now: float, out: list[Action]) -> None:
+        self.att.failed = True
+        self._stop(StopCause.FAILURE, reason, trigger, now, out)
 
     def _stop(
         self, cause: StopCause, reason: str, trigger: str | None, now: float, out: list[Action]
@@ -393,68 +546,8 @@ class RunPolicy:
         att.stop_cause = cause
         att.stop_sent_at = now
         att.stop_reason = reason
-        self.phase = Phase.STOPPING
+        self.phase = RunPhase.STOPPING
         out.append(StopAll(reason, trigger, announce=True))
-
-    def _stop_requested(self, ev: StopRequested, out: list[Action]) -> None:
-        att = self.att
-        if self.phase in (Phase.IDLE, Phase.BACKOFF):
-            self._end(Verdict(Status.INTERRUPTED, ev.reason, ev.exit_code), out)
-        elif self.phase is Phase.AWAITING_OPERATOR:
-            self._end(Verdict(Status.FAILED), out)  # q: the failed attempt's verdict stands
-        elif att.stop_cause is StopCause.OPERATOR:
-            out.append(Force())  # a second stop: stop waiting for the agents
-            out.append(AttemptOver(att.number, Outcome.INTERRUPTED, att.stop_reason))
-            self._end(Verdict(Status.INTERRUPTED, att.stop_reason, att.stop_code), out)
-        else:
-            first = att.stop_cause is None
-            att.stop_cause, att.stop_code, att.stop_reason = StopCause.OPERATOR, ev.exit_code, ev.reason
-            if first:
-                att.stop_sent_at = ev.now
-                self.phase = Phase.STOPPING
-            out.append(StopAll(ev.reason, None, announce=first))
-
-    def _restart_requested(self, ev: RestartRequested, out: list[Action]) -> None:
-        att = self.att
-        if self.phase is Phase.RUNNING:
-            att.stop_cause = None
-            self._stop(
-                StopCause.RESTART,
-                "%s: the whole group restarts (a rank cannot rejoin a running collective)" % ev.reason,
-                None,
-                ev.now,
-                out,
-            )
-        elif self.phase is Phase.STOPPING:
-            if att.stop_cause is StopCause.FAILURE:
-                att.restart_after = True  # once the failed attempt has stopped
-            else:  # the operator's stop or restart is under way already
-                out.append(RestartRefused("the run is stopping"))
-        elif self.phase is Phase.BACKOFF:
-            self.restart_at = ev.now  # cut the backoff short
-            self._tick(ev.now, out)
-        elif self.phase is Phase.AWAITING_OPERATOR:
-            if self.att.lost and not self.config.can_reconnect:
-                return
-            self._restart(
-                ev.now, "restart requested by the operator after attempt %d failed" % att.number, 0.0, out
-            )
-
-    def _node_lost(self, ev: NodeLost, out: list[Action]) -> None:
-        att = self.att
-        if self.phase not in (Phase.RUNNING, Phase.STOPPING, Phase.AWAITING_OPERATOR):
-            return
-        was_done = ev.node in att.done
-        att.lost.add(ev.node)
-        att.done.add(ev.node)
-        if self.phase is Phase.AWAITING_OPERATOR:
-            if not self.config.can_reconnect:
-                self._end(Verdict(Status.FAILED, self._lost_reason()), out)
-            return
-        if self.phase is Phase.RUNNING and not was_done:
-            att.failed = True
-            self._stop(StopCause.FAILURE, "lost the node %s: %s" % (ev.node, ev.why), ev.node, ev.now, out)
-        self._maybe_over(ev.now, out)
 
     def _maybe_over(self, now: float, out: list[Action]) -> None:
         att = self.att
@@ -483,7 +576,7 @@ class RunPolicy:
                 self.restarts_left -= 1
                 self._restart(now, "attempt %d failed" % att.number, self._failure_backoff(), out)
             elif self.config.operator_wait_s is not None and self.config.operator_wait_s > 0:
-                self.phase = Phase.AWAITING_OPERATOR
+                self.phase = RunPhase.AWAITING_OPERATOR
                 wait = self.config.operator_wait_s
                 finite = wait != float("inf")
                 self.wait_until = now + wait if finite else None
@@ -503,61 +596,24 @@ class RunPolicy:
         )
 
     def _restart(self, now: float, why: str, backoff_s: float, out: list[Action]) -> None:
-        self.phase = Phase.BACKOFF
+        self.phase = RunPhase.BACKOFF
         self.wait_until = None
         self.restart_at = now + backoff_s
         out.append(Restarting(self.att.number + 1, why, backoff_s, self.restarts_left))
         if backoff_s <= 0:
-            self._tick(now, out)
+            self._dispatch(Tick(now), out)
 
     def _start(self, number: int, now: float, out: list[Action]) -> None:
         warm = self.warm_for(number)
         self.standby, self.standby_for = {}, -1
         self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s))
         self.restart_at = None
-        self.phase = Phase.RUNNING
+        self.phase = RunPhase.RUNNING
         out.append(StartAttempt(number, warm))
 
     def _end(self, verdict: Verdict, out: list[Action]) -> None:
-        self.phase = Phase.ENDED
+        self.phase = RunPhase.ENDED
         out.append(EndRun(verdict))
-
-    # ------------------------------------------------------------ timers
-
-    def _tick(self, now: float, out: list[Action]) -> None:
-        for lost in self.liveness.step(Tick(now)):
-            assert isinstance(lost, PeerLost)
-            out.append(CutOff((lost.node,), lost.why))
-            self.standby.pop(lost.node, None)
-            self._node_lost(NodeLost(lost.node, lost.why, now), out)
-            if self.phase is Phase.ENDED:
-                return
-        att, cfg = self.att, self.config
-        if self.phase is Phase.BACKOFF:
-            if self.restart_at is not None and now >= self.restart_at:
-                self._start(att.number + 1, now, out)
-            return
-        if self.phase is Phase.AWAITING_OPERATOR:
-            if self.wait_until is not None and now >= self.wait_until:
-                self._end(Verdict(Status.FAILED), out)
-            return
-        if self.phase not in (Phase.RUNNING, Phase.STOPPING):
-            return
-        if att.stop_sent_at is not None and now - att.stop_sent_at > cfg.grace_s + STOP_CONFIRM_S:
-            late = tuple(n for n in cfg.nodes if n not in att.done)
-            if late:
-                att.done.update(late)
-                att.lost.update(late)
-                out.append(CutOff(late))
-                self._maybe_over(now, out)
-                if self.phase not in (Phase.RUNNING, Phase.STOPPING):
-                    return
-        if att.workers_done_at is not None and not att.sched_stopped:
-            if now - att.workers_done_at > SCHEDULER_LINGER_S:
-                att.sched_stopped = True
-                out.append(StopScheduler())
-        if self.phase is Phase.RUNNING:
-            self._inspect_silent(now, out)
 
     def _inspect_silent(self, now: float, out: list[Action]) -> None:
         """Inspect the workers silent past their limit, and with them those within
@@ -590,3 +646,77 @@ class RunPolicy:
                 first,
             )
             out.append(Inspect(node, tuple(names), reason, limit - SILENT_TOGETHER_S))
+
+
+# ------------------------------------------------------------------ the table
+
+Handler = Callable[[RunPolicy, Any, List[Action]], None]
+_R = RunPolicy
+
+# The rows each phase handles; every other input is ``_ignore``d there (``_table`` fills them in).
+_EVERY_PHASE: dict[type, Handler] = {Heard: _R._heard, LinkLost: _R._link_lost, StandbyChanged: _R._standby}
+_ATTEMPT: dict[type, Handler] = {  # RUNNING and STOPPING
+    RankStarted: _R._rank_started,
+    RankExited: _R._rank_exited,
+    RankStepped: _R._rank_stepped,
+    RankHung: _R._rank_hung,
+    AgentFailed: _R._agent_failed,
+    NodeDone: _R._node_done,
+    RankProgress: _R._progress,
+    StepReport: _R._step_report,
+    ProgressReport: _R._progress_report,
+    Tick: _R._tick_attempt,
+}
+ROWS: dict[RunPhase, dict[type, Handler]] = {
+    RunPhase.IDLE: {
+        AwaitAdoption: _R._await_adoption,
+        Begin: _R._begin,
+        Resume: _R._resume,
+        StandbyChanged: _R._standby_idle,
+        NodeLost: _R._lost_idle,
+        StopRequested: _R._interrupt,
+        Tick: _R._tick_idle,
+    },
+    RunPhase.RUNNING: {
+        **_ATTEMPT,
+        NodeLost: _R._lost_running,
+        StopRequested: _R._stop_first,
+        RestartRequested: _R._restart_running,
+    },
+    RunPhase.STOPPING: {
+        **_ATTEMPT,
+        NodeLost: _R._lost_stopping,
+        StopRequested: _R._stop_again,
+        RestartRequested: _R._restart_stopping,
+        Heard: _R._heard_stopping,
+    },
+    RunPhase.BACKOFF: {
+        NodeLost: _R._lost_between,
+        StopRequested: _R._interrupt,
+        RestartRequested: _R._restart_now,
+        Tick: _R._tick_backoff,
+    },
+    RunPhase.AWAITING_OPERATOR: {
+        NodeLost: _R._lost_awaiting,
+        StopRequested: _R._give_up,
+        RestartRequested: _R._restart_by_operator,
+        Tick: _R._tick_awaiting,
+    },
+    RunPhase.ENDED: {},  # the run is over: every input is ignored
+}
+
+
+def _table() -> dict[tuple[RunPhase, type], Handler]:
+    table: dict[tuple[RunPhase, type], Handler] = {}
+    for phase in RunPhase:
+        shared = _EVERY_PHASE if phase is not RunPhase.ENDED else {}
+        rows = {**shared, **ROWS[phase]}
+        for kind in INPUTS:
+            refused = kind is Resume and phase is not RunPhase.IDLE
+            default = RunPolicy._refuse if refused else RunPolicy._ignore
+            table[(phase, kind)] = rows.get(kind, default)
+    return table
+
+
+# (phase, input type) -> the handler: every pair has one.
+TABLE: dict[tuple[RunPhase, type], Handler] = _table()

@@ -20,7 +20,10 @@ class _Str(str, enum.Enum):
         return str(self.value)
 
 
-class Phase(_Str):
+class RunPhase(_Str):
+    """Where the run is, for the policy (its table's first key). Not a rank's start-up milestone
+    (``protocol.RankPhase``) nor the start-up time breakdown (``AttemptPhases``)."""
+
     IDLE = "idle"  # before the first attempt
     RUNNING = "running"
     STOPPING = "stopping"  # a stop went out; waiting for every node to be done
@@ -174,6 +177,44 @@ class Tick:
     now: float
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Take over ``attempt``, already running (a detached run's coordinator), with the nodes whose
+    standby for the next attempt had said it was ready."""
+
+    attempt: int
+    now: float
+    standby_ready: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """A rank made progress (a log line, a metric) at ``now`` (the console's word)."""
+
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """A step report of a rank: progress, and the pace its hang limit follows (``ts``: its clock)."""
+
+    name: str
+    ts: float
+    now: float
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """What a detached coordinator hears of a rank from its node's agent (``LinkProgress``): its
+    last progress ``at`` on this host's clock (None: none new), and its step pace as the agent's
+    ``HangRule`` has it (``HangRule.pace``: (last ts, longest gap), or None)."""
+
+    name: str
+    at: float | None
+    pace: tuple | None
+
+
 Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     AwaitAdoption,
     Begin,
@@ -190,7 +231,14 @@ Input = Union[  # noqa: UP007 - evaluated at run time, on Python 3.8
     Heard,
     LinkLost,
     Tick,
+    Resume,
+    RankProgress,
+    StepReport,
+    ProgressReport,
 ]
+
+# Every input type, in the order the policy's table lists them.
+INPUTS: tuple[type, ...] = Input.__args__  # type: ignore[attr-defined]
 
 
 def from_message(node: str, msg: P.Message, now: float) -> Input | None:

@@ -91,7 +91,9 @@ class DetachedRun:
                         watchdog_s=self.watchdog_s,
                     )
                 )
-                self.policy.resume(agent.start_cmd.attempt, time.monotonic(), tuple(msg.standby_ready))
+                self.policy.step(
+                    pol.Resume(agent.start_cmd.attempt, time.monotonic(), tuple(msg.standby_ready))
+                )
                 # On the scheduler's address only (node 0's, where the followers reach it): none
                 # given is an error (CoordServer), never every address.
                 self.coord_server = CoordServer(
@@ -349,7 +351,8 @@ class DetachedRun:
         for name, (stamp, silent_s, pace) in ranks.items():
             new = self.stamps.get(name) != stamp
             self.stamps[name] = stamp
-            self.policy.heard(name, now - float(silent_s) if new else None, tuple(pace) if pace else None)
+            at = now - float(silent_s) if new else None
+            self._decide(pol.ProgressReport(name, at, tuple(pace) if pace else None))
 
     def _command(self, msg: P.RunCommand) -> None:
         now = time.monotonic()

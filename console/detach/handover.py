@@ -38,8 +38,8 @@ async def hand_over(
 ) -> str | None:
     """Hand the run to the nodes (in the session's order, node 0 first); the error (the run then
     stays attached, nothing changed) or None."""
-    if policy.phase is not policy_mod.Phase.RUNNING:
-        stopping = policy.phase is policy_mod.Phase.STOPPING
+    if policy.phase is not policy_mod.RunPhase.RUNNING:
+        stopping = policy.phase is policy_mod.RunPhase.STOPPING
         return "the run is stopping" if stopping else "no attempt is running"
     names = list(session.links)
     down = [n for n, link in session.links.items() if not link.open or n in policy.done_nodes]

@@ -301,18 +301,13 @@ class Supervisor:
         return attempt_argv(spec.argv, self.script, number, self._restart_may_come(), folder, resume)
 
     def _restart_may_come(self) -> bool:
-        """A budget, or an operator who may press r after a failure: only then does the trainer keep
-        checkpoints and snapshots (they cost, and pay only then; a restarted attempt resumes from
-        them, so every attempt keeps them: spares follow ``_restart_may_follow``)."""
-        return self.max_restarts > 0 or self.options.operator_wait_s is not None
+        """``policy.restart_may_come`` for this run."""
+        return policy_mod.restart_may_come(self.max_restarts, self.options.operator_wait_s)
 
     def _restart_may_follow(self) -> bool:
-        """A restart may still follow the attempt about to start: budget left (the policy's count
-        once it runs), or an operator. Spares are prepared only then (a standby cluster's join costs
-        the running ranks CPU)."""
-        if self.options.operator_wait_s is not None:
-            return True
-        return (self.policy.restarts_left if self.policy is not None else self.max_restarts) > 0
+        """``policy.restart_may_follow``, with the policy's budget left once it runs."""
+        left = self.policy.restarts_left if self.policy is not None else self.max_restarts
+        return policy_mod.restart_may_follow(left, self.options.operator_wait_s)
 
     async def _drive(self, session: ClusterSession) -> RunVerdict:
         """Feed the policy what happens and carry out what it decides, until it ends the run."""
@@ -411,14 +406,15 @@ class Supervisor:
         """An agent's message as the policy's event; progress and replica checks on the way."""
         assert self.policy is not None
         if isinstance(msg, LogBatch):
-            self.policy.progress(msg.name, now)
+            return [policy_mod.RankProgress(msg.name, now)]
         elif isinstance(msg, NodeSummary):
             seen = self._lines_seen
+            moved: list[policy_mod.Input] = []
             for c in msg.counts:  # a line read on the node is progress, sent or not
                 if c.lines > seen.get(c.name, 0):
                     seen[c.name] = c.lines
-                    self.policy.progress(c.name, now)
-            return self._policy_metrics(msg, now)
+                    moved.append(policy_mod.RankProgress(c.name, now))
+            return moved + self._policy_metrics(msg, now)
         elif isinstance(msg, Metric | MetricBatch):
             return self._policy_metrics(msg, now)
         else:
@@ -432,8 +428,9 @@ class Supervisor:
         metrics = (msg,) if isinstance(msg, Metric) else msg.metrics
         if not metrics:
             return []
+        reports: list[policy_mod.Input] = []
         for m in metrics:
-            self.policy.stepped(m.name, m.ts or time.time(), now)
+            reports.append(policy_mod.StepReport(m.name, m.ts or time.time(), now))
             if m.checksum is not None:
                 divergence = self.replicas.observe(m.name, m.step, m.checksum)
                 if divergence is not None:
@@ -443,7 +440,7 @@ class Supervisor:
         for one in metrics if isinstance(msg, NodeSummary) else (msg,):
             for ev in self.stragglers.observe(self.attempt_no, one):
                 self.emit(ev)
-        return []
+        return reports
 
     async def _carry_out(
         self, session: ClusterSession, act: policy_mod.Action

@@ -667,12 +667,11 @@ def run_row(row: Row, host: str) -> None:
         got = []
         for ev in inputs if isinstance(inputs, list) else [inputs]:
             if isinstance(ev, _Stepped) and host == "console":
-                policy.stepped(ev.name, ev.ts, ev.now)  # each metric it reads
+                ev = P.StepReport(ev.name, ev.ts, ev.now)  # each metric it reads
             elif isinstance(ev, _Stepped):  # the agent reads it, the coordinator hears its report
                 agents.stepped(ev.name, ev.ts)
-                policy.heard(ev.name, ev.now, agents.pace(ev.name))
-            else:
-                got += [summary(a) for a in policy.step(ev)]
+                ev = P.ProgressReport(ev.name, ev.now, agents.pace(ev.name))
+            got += [summary(a) for a in policy.step(ev)]
         assert got == want, f"{row.name!r}, {host}, step {i}"
 
 
@@ -688,7 +687,7 @@ def test_progress_keeps_a_rank_from_being_inspected() -> None:
     for ev in started(0.0):
         policy.step(ev)
     for name in ("r0", "r2", "r3"):
-        policy.progress(name, 9.0)
+        policy.step(P.RankProgress(name, 9.0))
     assert [summary(a) for a in policy.step(P.Tick(10.5))] == ["inspect a: r1"]
 
 
@@ -700,10 +699,10 @@ def test_ranks_silent_nearly_as_long_are_inspected_with_the_one_past_its_limit()
     policy.step(P.Begin(0.0))
     for ev in started(0.0):
         policy.step(ev)
-    policy.progress("r1", 0.2)  # past its 10 s at 10.5
-    policy.progress("r2", 0.2 + P.SILENT_TOGETHER_S - 0.1)  # 0.1 s within it
-    policy.progress("r0", 9.0)
-    policy.progress("r3", 9.0)
+    policy.step(P.RankProgress("r1", 0.2))  # past its 10 s at 10.5
+    policy.step(P.RankProgress("r2", 0.2 + P.SILENT_TOGETHER_S - 0.1))  # 0.1 s within it
+    policy.step(P.RankProgress("r0", 9.0))
+    policy.step(P.RankProgress("r3", 9.0))
     got = policy.step(P.Tick(10.5))
     assert [summary(a) for a in got] == ["inspect a: r1", "inspect b: r2"]
     assert got[0].reason == "no progress for 10 s (hang.timeout_s)" and got[0].silent_s == 10.0
@@ -716,7 +715,7 @@ def test_ranks_silent_nearly_as_long_are_inspected_with_the_one_past_its_limit()
     for ev in started(0.0):
         quiet.step(ev)
     for name in WORKERS:
-        quiet.progress(name, 1.0)
+        quiet.step(P.RankProgress(name, 1.0))
     assert quiet.step(P.Tick(10.5)) == []
 
 
@@ -763,7 +762,7 @@ def test_nothing_after_the_end() -> None:
     policy.step(P.Begin(0.0))
     policy.step(P.StopRequested("stop", 130, 1.0))
     assert [summary(a) for a in policy.step(P.StopRequested("again", 130, 1.1))][-1].startswith("end")
-    assert policy.phase is P.Phase.ENDED
+    assert policy.phase is P.RunPhase.ENDED
     assert policy.step(P.RestartRequested("r", 2.0)) == [] and policy.step(P.Tick(99.0)) == []
 
 
@@ -775,12 +774,12 @@ def test_a_coordinator_takes_over_the_standby_the_console_heard_of() -> None:
         console.step(ev)
     assert console.standby_ready() == NODES
     coord = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), max_restarts=1, **HOSTS["coordinator"]))
-    coord.resume(0, 2.0, console.standby_ready())
+    coord.step(P.Resume(0, 2.0, console.standby_ready()))
     assert [summary(a) for a in coord.step(exited("r1", 3.0, code=7))] == [FAIL_R1]
     got = [summary(a) for ev in done(3.2) for a in coord.step(ev)]
     assert got == ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed", "start 1 warm"]
     fresh = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **HOSTS["coordinator"]))
-    fresh.resume(0, 2.0)
+    fresh.step(P.Resume(0, 2.0))
     assert fresh.standby_ready() == ()
 
 
@@ -844,7 +843,7 @@ def test_liveness_table(row: tuple, end: str) -> None:
 
 
 def test_a_coordinator_hears_progress_and_pace_as_its_agents_read_them() -> None:
-    """``heard``: a report that took longer on its way never moves a rank's last progress back (nor
+    """``ProgressReport``: a report that took longer on its way never moves a rank's last progress back (nor
     makes an inspected rank look alive), and the pace merges the agent's record of every step."""
     policy = P.RunPolicy(P.PolicyConfig(NODES, dict(WORKERS), **{**HOSTS["coordinator"], **DERIVED}))
     policy.step(P.Begin(0.0))
@@ -855,13 +854,13 @@ def test_a_coordinator_hears_progress_and_pace_as_its_agents_read_them() -> None
         agent.stepped("r1", ts)
     assert agent.pace("r1") == (1.10, pytest.approx(0.05)) and agent.pace("r0") is None
     for name in WORKERS:
-        policy.heard(name, 9.0, agent.pace("r1") if name == "r1" else (9.0, 0.05))
-    policy.heard("r1", 1.10, None)  # an older word, arriving late: ignored
+        policy.step(P.ProgressReport(name, 9.0, agent.pace("r1") if name == "r1" else (9.0, 0.05)))
+    policy.step(P.ProgressReport("r1", 1.10, None))  # an older word, arriving late: ignored
     got = policy.step(P.Tick(10.2))
     assert [summary(a) for a in got] == []  # r1 silent since 9.0, not 1.1: not yet at its 9 s
     assert [summary(a) for a in policy.step(P.Tick(18.2))] == [
         "inspect a: r0,r1 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))",
         "inspect b: r2,r3 (no progress for 9 s (20 x its longest gap between steps, 0.05 s))",
     ]
-    policy.heard("r1", 8.9, None)  # still no newer progress: inspected, not watched again
+    policy.step(P.ProgressReport("r1", 8.9, None))  # still no newer progress: inspected, not watched again
     assert policy.step(P.Tick(30.0)) == []
