@@ -27,9 +27,18 @@ global step (E x 20 + I + 1) >= --fault-step (151 for 150), (a) is the first los
 rank in attempt 1 (printed after step 1), and steps lost is the last step printed in attempt 0 by
 every rank (a lower bound: up to 9 more went unprinted) minus 0, where it starts over.
 
-Needs root (sshd) and mscon + MindSpore in the running Python (else in .venv). Run from anywhere:
+``--model resnet18``: the model-zoo case instead (issue 43): MindCV 0.3's ResNet-18 built as MindCV's
+train.py builds it, with ResumeCallback (bench/mindcv_resnet.py; synthetic images, ``--samples`` per
+rank, ``--epochs``), the same nodes and fault. Its compiled graphs are kept on the nodes and loaded
+by the restart (``--graph-cache off``: compiled again, for the comparison); each trial prints both
+attempts' start-up breakdowns (the cold start, and the restart's stop, spawn, import, join, data,
+compile or graph load, first step).
+
+Needs root (sshd) and mscon + MindSpore in the running Python (else in .venv); ``--model resnet18``
+also MindCV (``pip install mindcv==0.3.0``, pyproject's ``bench-mindcv`` group). Run from anywhere:
 
     .venv/bin/python bench/user_restart.py [--repeat 3] [--fault-step 150] [--unmodified]
+    .venv/bin/python bench/user_restart.py --model resnet18 --samples 160 --epochs 4 --fault-step 60
 
 Prints the command, one line per trial and p50/min/max of (a), (b) and (c). The machine has 2
 cores: each trial waits until other jobs leave it idle (bench/launch.py) and says when one ran
@@ -70,6 +79,11 @@ SCRIPT = "net.py"
 EXAMPLE = REPO / "examples" / SCRIPT
 NODE_RUNS = node_runs("root")  # where the sshd nodes' agents (user root) keep a run's files
 BATCH = 32  # net.py's create_dataset(32)
+# --model: the script the job runs, where it comes from, and its batch size
+MODELS = {
+    "net": (SCRIPT, EXAMPLE, BATCH),
+    "resnet18": ("mindcv_resnet.py", REPO / "bench" / "mindcv_resnet.py", 8),
+}
 POLL_S = 0.01
 SPARE_BOOT = "spare_boot.py"  # agent/spares.py: a spare rank runs this, then becomes the rank
 LOSS_RE = re.compile(r"^epoch: ?(\d+),? step: ?(\d+), loss is (.+)$")
@@ -103,7 +117,13 @@ def stripped_net_py() -> str:
     return "\n".join(out) + "\n"
 
 
-def write_inventory(path: Path, cluster: Any, ranks_per_node: int, port: int, work: Path, data: Path) -> None:
+def write_inventory(
+    path: Path, cluster: Any, ranks_per_node: int, port: int, work: Path, data: Path, a: argparse.Namespace
+) -> None:
+    script, _, batch = MODELS[a.model]
+    env = {"GLOG_v": "3", "DATA_PATH": str(data), "MSCON_GRAPH_CACHE": a.graph_cache}
+    if a.model == "resnet18":
+        env.update(SAMPLES=str(a.samples), BATCH=str(batch), EPOCHS=str(a.epochs), IMAGE=str(a.image))
     doc = {
         "name": "bench-user-restart",
         "device_target": "CPU",
@@ -117,7 +137,7 @@ def write_inventory(path: Path, cluster: Any, ranks_per_node: int, port: int, wo
             {"host": n.host, "name": n.name, "port": n.port, "devices": ranks_per_node} for n in cluster.nodes
         ],
         "scheduler": {"port": port},
-        "job": {"workdir": str(work), "script": SCRIPT, "env": {"GLOG_v": "3", "DATA_PATH": str(data)}},
+        "job": {"workdir": str(work), "script": script, "env": env},
         "ssh": {"known_hosts": str(cluster.known_hosts)},
         "stop": {"grace_s": 3},
     }
@@ -146,6 +166,7 @@ class Trial:
     resumed: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> attempt 1's resume record
     twice: dict[int, list[str]] = field(default_factory=dict)  # rank -> loss lines in both attempts
     restart_line: float | None = None  # "mscon: restarting", s from the kill
+    phases0: str = ""  # mscon's breakdown of attempt 0 (the cold start)
     phases1: str = ""  # mscon's breakdown of attempt 1
     verdict: str = ""  # the summary's word on attempt 1's resume
     outcomes: list[str] = field(default_factory=list)
@@ -235,7 +256,7 @@ def last_step(path: Path) -> int:
     return max((r["step"] for r in records(path) if isinstance(r.get("step"), int)), default=0)
 
 
-def rank_process(pids: list[int], rank: int, ours: Any) -> int | None:
+def rank_process(pids: list[int], rank: int, ours: Any, script: str = SCRIPT) -> int | None:
     """Rank ``rank``'s own process in attempt 0 (the one whose parent is none of the candidates:
     a process it forked carries its environment and command line too)."""
     cands = [
@@ -245,7 +266,7 @@ def rank_process(pids: list[int], rank: int, ours: Any) -> int | None:
         and e.get("MS_ROLE") == "MS_WORKER"
         and e.get("MSCON_ATTEMPT", "0") == "0"
         and ours(e)
-        and any(w.endswith((SCRIPT, SPARE_BOOT)) for w in cmdline(p))
+        and any(w.endswith((script, SPARE_BOOT)) for w in cmdline(p))
     ]
     roots = [p for p in cands if (st := proc_stat(p)) is not None and st[1] not in cands]
     return roots[0] if len(roots) == 1 else None
@@ -268,12 +289,13 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
     base = tmp / f"trial-{trial.index}"
     work = base / "work"
     work.mkdir(parents=True)
+    script, source, _ = MODELS[a.model]
     if a.unmodified:
         (work / SCRIPT).write_text(stripped_net_py(), encoding="utf-8")
     else:
-        shutil.copy(EXAMPLE, work / SCRIPT)
+        shutil.copy(source, work / script)
     inv = base / "inv.yaml"
-    write_inventory(inv, cluster, a.ranks_per_node, port, work, data)
+    write_inventory(inv, cluster, a.ranks_per_node, port, work, data, a)
     summary = base / "summary.json"
     cmd = [
         sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", str(inv),
@@ -307,7 +329,7 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
             if victim is None or not alive(victim):
                 pids = marked(ours)
                 known.update(pids)
-                victim = rank_process(pids, 1, ours)
+                victim = rank_process(pids, 1, ours, script)
             step = None
             if a.unmodified:
                 snap = reader.snapshot()
@@ -397,7 +419,9 @@ def analyse(trial: Trial, a: argparse.Namespace, lines: list, metrics: Any, summ
     trial.outcomes = [str(x.get("outcome")) for x in attempts]
     if len(attempts) > 1 and isinstance(attempts[1].get("resume"), dict):
         trial.verdict = str(attempts[1]["resume"].get("verdict", ""))
-    trial.phases1 = next((text for n, text, _ in start_up(summary) if n == 1), "")
+    breakdowns = start_up(summary)
+    trial.phases0 = next((text for n, text, _ in breakdowns if n == 0), "")
+    trial.phases1 = next((text for n, text, _ in breakdowns if n == 1), "")
     problems = []
     if trial.rc != 0:
         problems.append(f"mscon exited {trial.rc}")
@@ -438,6 +462,7 @@ def trial_line(t: Trial, a: argparse.Namespace) -> str:
         f"    attempt 0 trained {_s(t.trained0)} s (every rank's first step -> kill); "
         f"mscon 'restarting' at {_s(t.restart_line)} s; attempt 1 {'warm' if t.warm else 'NOT WARM'}: "
         f"{t.phases1 or '(no breakdown)'}",
+        f"    attempt 0 (cold): {t.phases0 or '(no breakdown)'}",
         f"    summary: attempts {t.outcomes}, attempt 1's resume: {t.verdict or '-'}; "
         + ("OK" if t.ok else f"NOT OK: {t.error}"),
     ]
@@ -469,6 +494,8 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
     print()
     ok = [t for t in trials if t.t_kill is not None]
     what = "net.py without mscon_resume (--unmodified)" if a.unmodified else "examples/net.py (mscon_resume)"
+    if a.model == "resnet18":
+        what = f"MindCV ResNet-18 (bench/mindcv_resnet.py, ResumeCallback; graph cache {a.graph_cache})"
     print(f"{what}: r1 SIGKILLed at step >= {a.fault_step}; seconds / steps from the kill:")
     rows = [
         ("(a) every rank of attempt 1 at its first step", [t.all_first_step for t in ok], "{:.2f} s"),
@@ -507,7 +534,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="trials")
     p.add_argument("--fault-step", type=int, default=150, help="kill r1 once its step is >= this")
     p.add_argument("--unmodified", action="store_true", help="net.py without its three mscon_resume lines")
-    p.add_argument("--samples", type=int, default=2560, help="fake MNIST samples (2560: 20 steps an epoch)")
+    p.add_argument("--model", choices=sorted(MODELS), default="net", help="the job's script (see above)")
+    p.add_argument("--graph-cache", choices=("auto", "on", "off"), default="auto", help="MSCON_GRAPH_CACHE")
+    p.add_argument(
+        "--samples",
+        type=int,
+        help="net: fake MNIST samples (2560: 20 steps an epoch); resnet18: a rank's (160)",
+    )
+    p.add_argument("--epochs", type=int, default=4, help="resnet18: epochs")
+    p.add_argument("--image", type=int, default=32, help="resnet18: the synthetic images' side")
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--timeout", type=float, default=400.0, help="s from the start to the fault step, at most")
     p.add_argument("--cap", type=float, default=400.0, help="s from the kill until mscon finished, at most")
@@ -523,9 +558,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeat must be >= 1")
     if problem := ENV.problem("mscon"):
         p.error(problem)
-    spe = a.samples // (world * BATCH)
-    if spe < 1 or not 0 < a.fault_step < 10 * spe:
-        p.error(f"--fault-step must be within net.py's 10 epochs of {spe} steps")
+    if a.samples is None:
+        a.samples = 160 if a.model == "resnet18" else 2560
+    if a.model == "resnet18":
+        if a.unmodified:
+            p.error("--unmodified is net.py's")
+        spe, epochs = a.samples // MODELS[a.model][2], a.epochs
+    else:
+        spe, epochs = a.samples // (world * BATCH), 10
+    if spe < 1 or not 0 < a.fault_step < epochs * spe:
+        p.error(f"--fault-step must be within the script's {epochs} epochs of {spe} steps")
     if a.unmodified:
         stripped_net_py()  # fails early if net.py's lines changed
     exe = Path(sys.executable)
@@ -539,17 +581,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{nodes} sshd nodes x {a.ranks_per_node} ranks (world {world}) on loopback; "
-        f"mscon run --no-tui INV --max-restarts 1, job.script {SCRIPT}"
-        + (" (stripped of mscon_resume)" if a.unmodified else " (examples/net.py)")
+        f"mscon run --no-tui INV --max-restarts 1, job.script {MODELS[a.model][0]}"
+        + (" (stripped of mscon_resume)" if a.unmodified else f" ({MODELS[a.model][1].relative_to(REPO)})")
+        + f", MSCON_GRAPH_CACHE={a.graph_cache}"
     )
-    print(f"data: bench/fake_mnist.py, {a.samples} samples: {spe} steps an epoch, {10 * spe} in all")
+    if a.model == "resnet18":
+        print(
+            f"data: synthetic {a.image}x{a.image} images, {a.samples} a rank: {spe} steps an epoch, "
+            f"{epochs * spe} in all"
+        )
+    else:
+        print(f"data: bench/fake_mnist.py, {a.samples} samples: {spe} steps an epoch, {10 * spe} in all")
     tmp = Path(tempfile.mkdtemp(prefix="mscon-bench-user-restart-"))
     cluster = None
     trials: list[Trial] = []
     watch = Contention()
     watch.start()
     try:
-        data = write_fake_mnist(tmp / "mnist", a.samples)
+        data = write_fake_mnist(tmp / "mnist", a.samples if a.model == "net" else 1)
         cluster = sshd_nodes().start_sshd_cluster(tmp / "sshd", n=nodes)
         print(f"sshd nodes: {', '.join(f'{n.host}:{n.port}' for n in cluster.nodes)}", flush=True)
         for i in range(1, a.repeat + 1):
