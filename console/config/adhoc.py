@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mscon.console.config import named_files
 from mscon.console.config.domains import (
     ENV_KEY_RE,
     HOST_WHAT,
@@ -154,15 +155,12 @@ def read_hostfile(path: Path, default_slots: int | None) -> list[tuple[str, int]
     """``(host, ranks)`` per line of an MPI/DeepSpeed hostfile: ``HOST [slots=N]``; a line without
     ``slots=`` takes ``--nproc-per-node``. Errors name the file and line."""
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise AdhocError(str(path), f"too large (at most {MAX_FILE_BYTES} bytes)")
-        text = path.read_text(encoding="utf-8")
-    except AdhocError:
-        raise
+        # A regular file of bounded size: a FIFO or /dev/zero given as --hostfile must not hold mscon.
+        text = named_files.read_bounded(path, MAX_FILE_BYTES).decode("utf-8")
     except UnicodeDecodeError:
         raise AdhocError(str(path), "not UTF-8 text") from None
-    except OSError as exc:
-        raise AdhocError("--hostfile", f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise AdhocError("--hostfile", str(exc)) from None
     default = _nproc(default_slots) if default_slots is not None else None
     out: list[tuple[str, int]] = []
     for lineno, raw in enumerate(text.splitlines(), 1):

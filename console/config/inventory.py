@@ -20,7 +20,8 @@ written there only; brackets say what a missing key means where that is not a pl
       user           a login name: [A-Za-z_][A-Za-z0-9._-]*[$]?, at most 32 characters
       port           1..65535
       python         an absolute path or a bare command name, without spaces or shell characters
-      identity_file  a path (no control characters, not starting with '-')
+      identity_file  a path (no control characters, not starting with '-'); if it exists, a
+                     regular file of at most 1 MiB (named_files.py: checked before it is read)
       address        how other nodes reach this one: an IP literal or an RFC 1123 hostname
       env            NAME: value, NAME = [A-Za-z_][A-Za-z0-9_]*, values without NUL/control chars
     scheduler        port 1..65535; host [the first node's address]: like address
@@ -36,7 +37,8 @@ written there only; brackets say what a missing key means where that is not a pl
                      after the run for the next run of the job (agent/keeper.py)
     hang             timeout_s 5..86400: seconds without output before a rank counts as hung
     checks           shm_min_gib 0..1024
-    ssh              known_hosts, config (paths, relative to the inventory's folder);
+    ssh              known_hosts, config (paths, relative to the inventory's folder; if they
+                     exist, regular files of at most 16 MiB and 1 MiB);
                      connect_timeout_s (0, 600]; keepalive_s 1..300 (old name:
                      keepalive_interval_s); max_parallel_connects 1..1024
     stop             grace_s 0..600
@@ -54,8 +56,9 @@ are refused by name. Numbers must be finite; integers have at most 18 digits.
 The parts, one job each: ``model.py`` (the dataclasses and their defaults), ``yaml_source.py`` (the
 bounded file and YAML reading), ``scalars.py`` (plain scalars, YAML 1.2 style), ``domains.py`` (what
 a host, name or user may be), ``node_reader.py`` (typed values with their positions), ``schema.py``
-(the keys of each section, checked and built into the model), ``limits.py`` and ``errors.py``. This
-module is the entry point, and re-exports the model for the code that reads inventories.
+(the keys of each section, checked and built into the model), ``limits.py``, ``errors.py`` and
+``named_files.py`` (the files an inventory names). This module is the entry point, and re-exports
+the model for the code that reads inventories.
 """
 
 from __future__ import annotations

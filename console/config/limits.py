@@ -18,3 +18,8 @@ MAX_HOST = 255
 MAX_NAME = 64
 MAX_USER = 32
 MAX_ENV_KEY = 256
+# Files an inventory names, checked to be regular files of at most this size before anything reads
+# them (a key at /dev/zero was read until memory ran out): keys, ssh configs, .gitignore files and
+# hostfiles are a few KiB; a known-hosts file may list every host of a site.
+MAX_KEY_FILE_BYTES = 1 << 20
+MAX_KNOWN_HOSTS_BYTES = 16 << 20

@@ -12,9 +12,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from mscon.console.config import named_files
 from mscon.console.config.domains import LABEL_RE, NAME_WHAT, PY_ABS, PY_BARE, USER_RE
 from mscon.console.config.errors import gathered
-from mscon.console.config.limits import MAX_DEVICES_PER_NODE, MAX_NAME, MAX_NODES, MAX_USER, MAX_WORLD_SIZE
+from mscon.console.config.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_KEY_FILE_BYTES,
+    MAX_KNOWN_HOSTS_BYTES,
+    MAX_NAME,
+    MAX_NODES,
+    MAX_USER,
+    MAX_WORLD_SIZE,
+)
 from mscon.console.config.model import (
     DEVICE_TARGETS,
     STANDBY_KINDS,
@@ -124,8 +133,8 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         "ssh",
         SshSpec,
         {
-            "known_hosts": lambda n, w: _file_path(r, path, n, w),
-            "config": lambda n, w: _file_path(r, path, n, w),
+            "known_hosts": lambda n, w: _file_path(r, path, n, w, MAX_KNOWN_HOSTS_BYTES),
+            "config": lambda n, w: _file_path(r, path, n, w, MAX_KEY_FILE_BYTES),
             "connect_timeout_s": lambda n, w: r.number(n, w, 0, 600, True),
             "keepalive_s": lambda n, w: r.number(n, w, 1, 300),
             "max_parallel_connects": lambda n, w: r.integer(n, w, 1, 1024),
@@ -282,7 +291,7 @@ def _node_fields(r: NodeReader, m: dict[str, yaml.Node], where: str) -> dict[str
         ),
         "port": lambda n, w: r.integer(n, w, 1, 65535),
         "python": lambda n, w: _python(r, n, w),
-        "identity_file": lambda n, w: os.path.expanduser(r.path_text(n, w)),
+        "identity_file": lambda n, w: _identity_file(r, n, w),
         "address": r.address,
         "env": r.env_map,
     }
@@ -293,6 +302,10 @@ def _node_fields(r: NodeReader, m: dict[str, yaml.Node], where: str) -> dict[str
             if value is not None:
                 out[key] = value
     return out
+
+
+def _identity_file(r: NodeReader, node: yaml.Node, where: str) -> str:
+    return _named_file(r, node, where, os.path.expanduser(r.path_text(node, where)), MAX_KEY_FILE_BYTES)
 
 
 def _python(r: NodeReader, node: yaml.Node, where: str) -> str:
@@ -367,7 +380,9 @@ def _script(r: NodeReader, m: dict[str, yaml.Node], workdir: Path | None) -> str
             f"must be a file inside job.workdir {workdir}, got {show_value(m['script'])}",
         )
     if not _safe(target.is_file):
-        raise r.fail(m["script"], "job.script", f"no such file: {workdir / script}")
+        mode = _safe(lambda: target.stat().st_mode)
+        said = "no such file" if mode is None else f"not a regular file ({named_files.kind(mode)})"
+        raise r.fail(m["script"], "job.script", f"{said}: {workdir / script}")
     return script
 
 
@@ -407,5 +422,14 @@ def _resolve(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str) -
     return resolved
 
 
-def _file_path(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str) -> str:
-    return str(_resolve(r, inventory_path, node, where))
+def _file_path(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str, max_bytes: int) -> str:
+    return _named_file(r, node, where, str(_resolve(r, inventory_path, node, where)), max_bytes)
+
+
+def _named_file(r: NodeReader, node: yaml.Node, where: str, path: str, max_bytes: int) -> str:
+    """``path``, refused unless it is a regular file of at most ``max_bytes`` (checked before
+    anything reads it; a missing one is left to its reader, as ssh does)."""
+    why = named_files.problem(path, max_bytes, missing_ok=True)
+    if why is not None:
+        raise r.fail(node, where, why)
+    return path

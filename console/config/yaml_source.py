@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from mscon.console.config import named_files
 from mscon.console.config.errors import InventoryError
 from mscon.console.config.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_YAML_VALUES
 
@@ -58,17 +59,8 @@ def _os_reason(exc: Exception) -> str:
 
 
 def _check_regular(p: Path, mode: int) -> None:
-    if stat.S_ISREG(mode):
-        return
-    kinds = [
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ]
-    kind = next((name for test, name in kinds if test(mode)), "not a file")
-    raise InventoryError(p, 0, 0, "", f"cannot read: not a regular file ({kind})")
+    if not stat.S_ISREG(mode):
+        raise InventoryError(p, 0, 0, "", f"cannot read: not a regular file ({named_files.kind(mode)})")
 
 
 _BOMS = [

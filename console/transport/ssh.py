@@ -19,7 +19,9 @@ from pathlib import Path
 
 import asyncssh
 from mscon.agent import layout
+from mscon.console.config import named_files
 from mscon.console.config.inventory import Inventory, NodeSpec, SshSpec
+from mscon.console.config.limits import MAX_KEY_FILE_BYTES, MAX_KNOWN_HOSTS_BYTES
 from mscon.console.config.safepath import is_plain_name, remote_within, within
 from mscon.console.transport import reach
 from mscon.console.transport.base import (
@@ -73,6 +75,17 @@ class _Route:
     opts: asyncssh.SSHClientConnectionOptions  # what the ssh config says for it
     target: Target
     check: HostKeyCheck
+
+
+def _refuse_unreadable(who: str, paths: Iterable[object], max_bytes: int) -> None:
+    """NodeUnreachable for the first of ``paths`` (keys, known-hosts files, ssh configs) that is not
+    a regular file of at most ``max_bytes``: asyncssh would read a /dev/zero key until memory ran
+    out, and wait on a FIFO for ever. Missing ones are left to asyncssh, as ssh skips them."""
+    for path in paths:
+        if isinstance(path, str | os.PathLike):
+            why = named_files.problem(path, max_bytes, missing_ok=True)
+            if why is not None:
+                raise NodeUnreachable(f"{who}: {why}")
 
 
 def _parse_jump(hop: str) -> tuple[str | None, str, int | None]:
@@ -229,7 +242,8 @@ class SshTransport(NodeTransport):
 
     def _route(self, host: str, kwargs: dict, who: str) -> _Route:
         """What the ssh config says about ``host`` (HostName, Port, User, ProxyJump) and where its
-        host keys are looked up."""
+        host keys are looked up; the key and known-hosts files it names checked before any is read."""
+        _refuse_unreadable(who, kwargs.get("config") or (), MAX_KEY_FILE_BYTES)
         keys = ("config", "port", "username")
         try:
             opts = asyncssh.SSHClientConnectionOptions(
@@ -248,6 +262,10 @@ class SshTransport(NodeTransport):
             files = host_key_files(target, config_paths(self.inv.ssh.config), self.inv.ssh.known_hosts)
         except ValueError as exc:
             raise NodeUnreachable(f"{who}: {exc}") from None
+        _refuse_unreadable(who, files.existing(), MAX_KNOWN_HOSTS_BYTES)
+        given = kwargs.get("client_keys")  # the inventory's identity_file, else the config's
+        keys = given or [os.path.expanduser(str(k)) for k in opts.config.get("IdentityFile") or ()]
+        _refuse_unreadable(who, keys, MAX_KEY_FILE_BYTES)
         check = HostKeyCheck(files, self.options.accept_new_host_keys)
         return _Route(host, kwargs, who, opts, target, check)
 
@@ -336,7 +354,8 @@ class SshTransport(NodeTransport):
         None when it cannot be read (connect then says why)."""
         kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
         try:
-            return asyncssh.SSHClientConnectionOptions(host=self.node.host, **kw)
+            # client_keys None: only the config is wanted, no key file is read here.
+            return asyncssh.SSHClientConnectionOptions(host=self.node.host, client_keys=None, **kw)
         except (OSError, ValueError, asyncssh.Error):
             return None
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from mscon.agent.layout import LOGS_DIR
+from mscon.console.config.limits import MAX_KEY_FILE_BYTES
 from mscon.console.transport import ignore
 
 # Never synced: VCS data, virtual environments, caches, and mscon's own outputs.
@@ -91,6 +93,7 @@ def workdir_files(
 
     def walk(folder: Path, rel: str, rules: list[ignore.Rule]) -> None:
         nonlocal total
+        _check_gitignore(folder)
         rules = rules + ignore.read_rules(folder, rel)
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -124,6 +127,21 @@ def workdir_files(
     walk(root, "", base_rules)
     found.sort(key=lambda f: f.arc)
     return found
+
+
+def _check_gitignore(folder: Path) -> None:
+    """A .gitignore is read whole: one larger than any list of patterns is refused, not read
+    (one that is not a regular file is skipped by ``ignore.read_rules``)."""
+    path = folder / ignore.GITIGNORE
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_size > MAX_KEY_FILE_BYTES:
+        raise WorkdirRefused(
+            f"{path} is too large: {st.st_size} bytes (at most {MAX_KEY_FILE_BYTES}); "
+            "a .gitignore holds patterns, not data"
+        )
 
 
 def check_workdir(root: Path, extra_excludes: tuple[str, ...] = (), max_gib: float | None = None) -> None:
