@@ -98,6 +98,11 @@ class Inputs:
     def get_nowait(self) -> Input:
         return self._taken(self._q.get_nowait()[2])
 
+    @property
+    def queued(self) -> int:
+        """Agent messages waiting (how far behind the console is)."""
+        return self._agent_items
+
     def _taken(self, item: Input) -> Input:
         if isinstance(item, tuple):
             self._agent_items -= 1

@@ -34,6 +34,39 @@ def default_lines(world_size: int) -> frozenset[int] | None:
     return None if world_size <= ALL_RANKS_UP_TO else frozenset({0})
 
 
+# A console that falls behind (starved of CPU beside other jobs) slows the summaries down, up to
+# this, rather than letting a backlog grow; it speeds them up again once it has caught up.
+SLOWEST_TICK_S = 30.0
+
+
+class SummaryPace:
+    """The summary tick: ``summary_tick_s`` of the run's size, doubled while the console's queue
+    of agent messages stays past ``behind`` (at most once a tick), halved back towards it once the
+    queue is under ``caught_up`` for three ticks. Never past ``slowest`` (a third of the hang
+    timeout: a rank's progress reaches the console with the summaries)."""
+
+    def __init__(
+        self, nodes: int, behind: int, caught_up: int = 100, slowest: float = SLOWEST_TICK_S
+    ) -> None:
+        self.slowest = min(SLOWEST_TICK_S, slowest)
+        self.base = min(summary_tick_s(nodes), self.slowest)
+        self.tick_s = self.base
+        self.behind = behind
+        self.caught_up = caught_up
+        self._changed = float("-inf")
+
+    def observe(self, queued: int, now: float) -> bool:
+        """The queue's length now; True when the tick changed (the agents are to be told)."""
+        if queued >= self.behind and self.tick_s < self.slowest and now - self._changed >= self.tick_s:
+            self.tick_s = min(self.slowest, self.tick_s * 2)
+        elif queued < self.caught_up and self.tick_s > self.base and now - self._changed >= 3 * self.tick_s:
+            self.tick_s = max(self.base, self.tick_s / 2)
+        else:
+            return False
+        self._changed = now
+        return True
+
+
 class RanksSpecError(ValueError):
     """A --lines value that names no ranks the way it should."""
 

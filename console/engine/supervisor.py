@@ -57,9 +57,9 @@ from mscon.console.engine.events import (
     StandbyUpdated,
     Stopping,
 )
-from mscon.console.engine.inputs import TICK, Alarm, Input, Inputs, Tick
+from mscon.console.engine.inputs import AGENT_BACKLOG, TICK, Alarm, Input, Inputs, Tick
 from mscon.console.engine.job_kinds import attempt_argv, restart_note
-from mscon.console.engine.lines_wanted import LinesWanted, summary_tick_s
+from mscon.console.engine.lines_wanted import SLOWEST_TICK_S, LinesWanted, SummaryPace
 from mscon.console.engine.plan import build_plan, policy_config, run_started, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
 from mscon.console.engine.run_options import RunOptions
@@ -125,6 +125,11 @@ class Supervisor:
         self.lines = LinesWanted()  # which ranks' lines the views want (the agents' Subscribe)
         self._lines_seen: dict[str, int] = {}  # rank -> lines its node counted (NodeSummary)
         self._resubscribe: asyncio.Task[None] | None = None
+        # Slower summaries while the console is behind (half its inbox's bound queued).
+        hang_s = self.hang_timeout_s or 0.0
+        self.pace = SummaryPace(
+            len(self.plans), behind=AGENT_BACKLOG // 2, slowest=hang_s / 3 if hang_s > 0 else SLOWEST_TICK_S
+        )
 
     # ------------------------------------------------------------ commands and events
 
@@ -140,8 +145,10 @@ class Supervisor:
     def want_lines(self, view: str, ranks: frozenset[int] | None) -> None:
         """A view shows the lines of ``ranks`` (None: every rank's): the agents are told at the
         next Start, and at once while the run is up. Call on the loop's thread."""
-        if not self.lines.want(view, ranks) or self.session is None:
-            return
+        if self.lines.want(view, ranks) and self.session is not None:
+            self._subscribe_soon()
+
+    def _subscribe_soon(self) -> None:
         if self._resubscribe is not None:
             self._resubscribe.cancel()  # the new one tells every node the newest wish
         loop = asyncio.get_running_loop()
@@ -149,7 +156,7 @@ class Supervisor:
 
     def _subscription(self, plan_index: int) -> Message:
         plan = self.plans[plan_index]
-        return self.lines.subscription((s.rank for s in plan.procs), summary_tick_s(len(self.plans)))
+        return self.lines.subscription((s.rank for s in plan.procs), self.pace.tick_s)
 
     async def _subscribe_all(self) -> None:
         session = self.session
@@ -235,6 +242,8 @@ class Supervisor:
             if not self._inputs.tick_pending:
                 self._inputs.tick_pending = True
                 self._inputs.put_nowait(TICK)
+            if self.lines.any and self.pace.observe(self._inputs.queued, self.clock.now()):
+                self._subscribe_soon()  # behind (or caught up again): the summaries' new pace
             if self.clock.now() - last_ping >= self.inv.ssh.keepalive_s:
                 last_ping = self.clock.now()
                 await self.session.ping()

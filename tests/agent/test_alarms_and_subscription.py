@@ -12,7 +12,13 @@ from mscon.agent import layout
 from mscon.agent import protocol as P
 from mscon.agent.main import Agent, Watched
 from mscon.agent.outbox import Outbox
-from mscon.console.engine.lines_wanted import LinesWanted, RanksSpecError, parse_ranks
+from mscon.console.engine.lines_wanted import (
+    LinesWanted,
+    RanksSpecError,
+    SummaryPace,
+    parse_ranks,
+    summary_tick_s,
+)
 from test_agent import AgentUnderTest, _start
 
 
@@ -158,3 +164,18 @@ def test_lines_flag_values() -> None:
         except RanksSpecError:
             continue
         raise AssertionError(f"{bad!r} accepted")
+
+
+def test_the_summary_tick_slows_while_the_console_is_behind_and_recovers() -> None:
+    pace = SummaryPace(nodes=500, behind=1000, slowest=20.0)
+    assert pace.tick_s == 1.0
+    assert not pace.observe(10, now=0.0)
+    assert pace.observe(1000, now=0.0) and pace.tick_s == 2.0
+    assert not pace.observe(5000, now=1.0)  # at most once a tick
+    assert pace.observe(5000, now=2.0) and pace.tick_s == 4.0
+    for t in (6.0, 14.0, 30.0):
+        pace.observe(5000, now=t)
+    assert pace.tick_s == 20.0  # never past ``slowest`` (a third of the hang timeout)
+    assert not pace.observe(0, now=31.0)  # caught up, but for three ticks first
+    assert pace.observe(0, now=90.0) and pace.tick_s == 10.0
+    assert summary_tick_s(10_000) == 10.0 and summary_tick_s(3_000) == 3.0 and summary_tick_s(10) == 1.0
