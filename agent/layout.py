@@ -181,11 +181,34 @@ def shm_snapshot_folder(run_dir: str) -> str:
     """Where the ranks keep their per-step state copies in node memory (``mscon_resume/store.py``,
     ``shm_folder`` of the state folder, the run's checkpoint folder: the same digest; a test holds
     the two equal; ``.1`` ... when another user held the name). The agent removes it when the run
-    ends on the node: /dev/shm is RAM."""
+    ends on the node: /dev/shm is RAM. Keyed by the run's snapshot key (``resume.key``, what the
+    ranks get as MSCON_SNAPSHOT_KEY), so another user on the node, who can work out the run's
+    path, cannot take the name and its alternates first; unkeyed when the run has no key (nor
+    do its ranks)."""
     import hashlib
+    import hmac
 
-    key = hashlib.sha256(os.path.abspath(checkpoint_folder(run_dir)).encode()).hexdigest()[:16]
-    return posixpath.join("/dev/shm", "mscon-" + key)
+    path = os.path.abspath(checkpoint_folder(run_dir)).encode()
+    key = _run_key(run_dir)
+    if key:
+        digest = hmac.new(key, b"shm\0" + path, hashlib.sha256).hexdigest()[:16]
+    else:
+        digest = hashlib.sha256(path).hexdigest()[:16]
+    return posixpath.join("/dev/shm", "mscon-" + digest)
+
+
+def _run_key(run_dir: str) -> bytes:
+    """The run's snapshot key (``resume.key``: hex, this user's, 0600; agent/procs.run_key makes
+    it), or b"" when there is none."""
+    try:
+        fd = os.open(resume_key_file(run_dir), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return bytes.fromhex(f.read(4096).decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            return b""
 
 
 _SHM_ALTERNATES = 8  # mscon_resume/store.py: the names a snapshot folder may take

@@ -78,8 +78,12 @@ class Resumer:
         self.rank, self.size = collective.rank_and_size()
         self.state_dir = env.state_dir(state_dir)
         # ``snapshot_dir``: this one folder, not node memory first (the trainer's --snapshot-dir)
-        self.roots = [os.path.abspath(snapshot_dir)] if snapshot_dir else store.candidate_dirs(self.state_dir)
         self.key = env.snapshot_key()
+        self.roots = (
+            [os.path.abspath(snapshot_dir)]
+            if snapshot_dir
+            else store.candidate_dirs(self.state_dir, key=self.key)  # keyed: nobody else can name it
+        )
         self.interval = Interval(every, budget)
         self.metrics = metrics if metrics is not None else MetricsWriter()
         self.writer: store.Writer | None = None

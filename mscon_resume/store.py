@@ -40,7 +40,7 @@ import numpy as np
 
 KEEP = 2  # a rank killed mid-write still has the previous one, which every other rank also has
 SHM = "/dev/shm"
-SHM_PREFIX = "mscon-"  # + a digest of the state folder (agent/layout.py names the same folder)
+SHM_PREFIX = "mscon-"  # + a digest of the state folder, keyed (agent/layout.py names the same folder)
 _NAME_RE = re.compile(r"^snap_(\d+)\.npz$")
 _TEMP_RE = re.compile(r"^\.snap_\d+\..+\.tmp$")  # a write's temp file (write)
 _META = "__mscon_meta__"  # the npz member holding the step, the MAC and what the script needs to go on
@@ -67,16 +67,22 @@ class Snapshot:
 # ------------------------------------------------------------------ folders
 
 
-def shm_folder(state_dir: str, shm: str = SHM) -> str:
+def shm_folder(state_dir: str, shm: str = SHM, key: bytes | None = None) -> str:
     """The /dev/shm folder of a state folder: the same digest ``agent/layout.py`` uses, so the
-    agent frees a run's node memory when the run is over."""
-    key = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:16]
-    return os.path.join(shm, SHM_PREFIX + key)
+    agent frees a run's node memory when the run is over. With the run's ``key`` (mscon's
+    ``MSCON_SNAPSHOT_KEY``) an HMAC of the folder under it: another user on the node, who can
+    work out the folder's path, cannot take the name and its alternates first."""
+    path = os.path.abspath(state_dir).encode()
+    if key:
+        digest = hmac.new(key, b"shm\0" + path, hashlib.sha256).hexdigest()[:16]
+    else:
+        digest = hashlib.sha256(path).hexdigest()[:16]
+    return os.path.join(shm, SHM_PREFIX + digest)
 
 
-def candidate_dirs(state_dir: str, shm: str = SHM) -> list[str]:
+def candidate_dirs(state_dir: str, shm: str = SHM, key: bytes | None = None) -> list[str]:
     """Where this rank's snapshots may be: node memory first, then ``<state dir>/snapshots``."""
-    return [shm_folder(state_dir, shm), os.path.join(os.path.abspath(state_dir), "snapshots")]
+    return [shm_folder(state_dir, shm, key), os.path.join(os.path.abspath(state_dir), "snapshots")]
 
 
 def alternates(folder: str) -> list[str]:

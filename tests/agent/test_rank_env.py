@@ -68,7 +68,8 @@ def test_ranks_get_the_runs_state_folder_and_key(tmp_path: Path, no_library: Non
     os.environ.update(MSCON_SNAPSHOT_KEY=key, MSCON_STATE_DIR=env["MSCON_STATE_DIR"])
     try:
         assert resume_env.snapshot_key() == bytes.fromhex(key) and len(bytes.fromhex(key)) == 32
-        assert store.shm_folder(resume_env.state_dir(None)) == layout.shm_snapshot_folder(run_dir)
+        found = store.candidate_dirs(resume_env.state_dir(None), key=resume_env.snapshot_key())[0]
+        assert found == layout.shm_snapshot_folder(run_dir)  # keyed alike (core.Resumer's roots)
     finally:
         del os.environ["MSCON_SNAPSHOT_KEY"], os.environ["MSCON_STATE_DIR"]
     assert env["PYTHONPATH"] == "/theirs"  # no shipped library: the installed one serves
