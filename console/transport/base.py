@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import os
 import posixpath
@@ -17,7 +18,22 @@ from mscon.console.config.safepath import UnsafePath, label, remote_within, with
 from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
+# Before the peer has proved its key (a dial's challenge and proof lines are about 100 bytes): a
+# line past this ends the connection, and no more than about twice this is buffered for it.
+PRE_AUTH_LINE_LIMIT = 4096
 Progress = Callable[[int], None]  # told the bytes of a fetch as they arrive
+
+
+def pre_auth_reader() -> asyncio.StreamReader:
+    """The reader of a network connection whose peer has not authenticated yet: its lines are
+    bounded by ``PRE_AUTH_LINE_LIMIT`` (readline raises ValueError past it) until
+    :func:`authenticated`."""
+    return asyncio.StreamReader(limit=PRE_AUTH_LINE_LIMIT)
+
+
+def authenticated(reader: asyncio.StreamReader) -> None:
+    """The peer proved its key: its lines may be as long as an agent's (``LINE_LIMIT``)."""
+    reader._limit = LINE_LIMIT  # noqa: SLF001 - asyncio's reader keeps its limit there (3.8 to 3.13)
 
 
 class TransportKind(enum.Enum):
