@@ -49,6 +49,7 @@ AGENT_FILES = (
     "outbox.py",
     "policy.py",
     "policy_types.py",
+    "node_rules.py",  # the agent's own rules, next to the policy's
     "liveness.py",  # policy.py imports it (added by the TLS task so the bundle starts)
     "ranks.py",
     "spares.py",

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import exit_codes, layout
+from . import exit_codes, layout, node_rules
 from . import procs as procmod
 from . import protocol as P
 from .checks.mesh import MeshListener
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 # agent that only runs checks, lists runs or relays an attach needs none of them.
 
 _FINAL_WRITE_S = 30.0  # at exit, how long the last messages may take to reach a slow console
-_STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
-_STOPPED_CONFIRM_S = 0.3  # state T this long is a stop, not a debugger's brief attach
 
 
 class Agent(Ranks, Streaming, Services):
@@ -198,10 +196,8 @@ class Agent(Ranks, Streaming, Services):
 
     def _console_silent(self) -> bool:
         """A partition leaves the channel open on this side: without this, ranks would run on."""
-        if self.detached is not None:
-            return False  # no console pings a detached run (followers watch their coordinator)
-        limit = self._watchdog()
-        return limit > 0 and time.monotonic() - self.last_heard > limit
+        detached = self.detached is not None
+        return node_rules.console_silent(self._watchdog(), self.last_heard, time.monotonic(), detached)
 
     def grace(self) -> float:
         """How long a stopped process gets between TERM and KILL (the Start says; else the default)."""

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from . import compile_cache, kept, layout
+from . import compile_cache, kept, layout, node_rules
 from . import procs as procmod
 from . import protocol as P
 from .journal import Journal
@@ -18,9 +18,6 @@ from .layout import attempt_folder
 from .policy import HangRule
 from .streaming import Watched
 from .tail import LineMetrics, extract_traceback
-
-_STATE_CHECK_S = 0.2  # how often process states are read (a SIGSTOPped rank is seen within ~0.5 s)
-_STOPPED_CONFIRM_S = 0.3  # state T this long is a stop, not a debugger's brief attach
 
 
 class UnsafeArchive(Exception):
@@ -231,7 +228,7 @@ class Ranks:
         exited = [w for w in self.watched if w.proc.poll()]
         if self.stopping is not None and self.stopping.step(now):  # after the reaping above
             self.stopping = None
-        if now - self._last_standby_check >= _STATE_CHECK_S:  # also between attempts
+        if now - self._last_standby_check >= node_rules.STATE_CHECK_S:  # also between attempts
             self._last_standby_check = now
             self._standby_state()
         if not self.watched or self.all_exited_sent:
@@ -247,14 +244,13 @@ class Ranks:
         for w in exited:
             if w.hung_pending is None:  # else once its ProcHung has gone (_hung_stack)
                 self._report_exit(w)
-            if w.proc.returncode != 0 and not w.proc.stop_sent and not self.failed:
-                # Root-cause candidate: stop the node-local siblings now, not after a round trip.
-                self.failed = True
+            if node_rules.stops_siblings(w.proc.returncode, w.proc.stop_sent, self.failed):
+                self.failed = True  # root-cause candidate: its siblings stop now
                 self.stop("%s failed" % w.proc.spec.name, self.grace())
         if now - self._last_telemetry >= 1.0:
             self._last_telemetry = now
             self._telemetry()
-        if now - self._last_state_check >= _STATE_CHECK_S:
+        if now - self._last_state_check >= node_rules.STATE_CHECK_S:
             self._last_state_check = now
             self._prepare_spares()
             self._check_stopped(now)
@@ -267,13 +263,10 @@ class Ranks:
         for w in self.watched:
             if not w.proc.alive or w.hung_reported or w.proc.stop_sent:
                 continue
-            if procmod.proc_state(w.proc.popen.pid) in ("T", "t"):
-                if w.stopped_since is None:
-                    w.stopped_since = now
-                elif now - w.stopped_since >= _STOPPED_CONFIRM_S:
-                    self._report_hung(w, "stopped")
-            else:
-                w.stopped_since = None
+            state = procmod.proc_state(w.proc.popen.pid)
+            w.stopped_since, hung = node_rules.stopped_state(state, w.stopped_since, now)
+            if hung:
+                self._report_hung(w, "stopped")
 
     def inspect(self, msg: P.Inspect) -> None:
         """The policy saw these ranks silent on its host's clock (a console's, or a detached
