@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO / ".dev"))
 from mscon.agent import protocol as P  # noqa: E402
 
 FILLER = "x" * 40
+SSH_WINDOW = 2 * 2**20  # asyncssh's default channel window: unread output a node can have waiting
 HOST = "127.0.0.1"  # what the fake agents' Hello gives as ssh_addr: the scheduler's address
 
 
@@ -410,7 +411,9 @@ def make_classes(
             return False
 
         async def start_agent(self, agent_dir: str, python: str) -> Any:
-            reader, writer = await asyncio.open_unix_connection(self.socket, limit=LINE_LIMIT)
+            # Reading pauses at 2 x limit buffered, as an SSH channel's stops at its window
+            # (asyncssh's default: 2 MiB): what a console behind holds per node, not more.
+            reader, writer = await asyncio.open_unix_connection(self.socket, limit=SSH_WINDOW // 2)
             writer.write(f"node {self.node.name}\n".encode())
             return SimChannel(self.node.name, reader, writer)
 
