@@ -8,6 +8,8 @@ Stdlib only, Python 3.8 syntax.
 from __future__ import annotations
 
 import collections
+import os
+import socket
 import time
 
 # The whole handshake (TLS's, then the secret's), however the peer paces its bytes: a connection
@@ -129,3 +131,28 @@ class Pending:
             return None
         del self._entries[best]
         return best
+
+
+def hello_waiting(sock) -> bool:  # noqa: ANN001 - a socket, or anything with fileno() (asyncio's)
+    """Whether a whole TLS ClientHello waits unread on connected ``sock`` (peeked at, nothing
+    consumed): what a listener that cannot watch its handshake step by step (asyncio's start_tls)
+    passes to :meth:`Pending.add` as ``valid``."""
+    try:
+        peek = socket.socket(fileno=os.dup(sock.fileno()))
+    except (OSError, ValueError):
+        return False
+    try:
+        flags = socket.MSG_PEEK | socket.MSG_DONTWAIT  # the socket's own mode untouched
+        head = peek.recv(_RECORD_HEAD, flags)
+        if len(head) < _RECORD_HEAD or head[0] != 0x16 or head[1] != 0x03:
+            return False
+        length = int.from_bytes(head[3:5], "big")
+        whole = peek.recv(_RECORD_HEAD + length, flags)
+        return len(whole) == _RECORD_HEAD + length and whole[_RECORD_HEAD] == 0x01  # a ClientHello
+    except OSError:
+        return False
+    finally:
+        peek.close()
+
+
+_RECORD_HEAD = 5  # a TLS record's header: type, version (2 bytes), length (2 bytes)

@@ -5,15 +5,17 @@ reset, while 2,000 such connections come from its own address and from 64 others
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
+import ssl
 import threading
 from pathlib import Path
 
 from conftest import wait_for
-from detached_agents import DetachedAgent
+from detached_agents import RUN_TLS, DetachedAgent
 from flood import Flood, raise_nofile
-from mscon.agent import gate
+from mscon.agent import gate, tls
 from mscon.agent import protocol as P
 from test_detached_redial import Relay
 
@@ -107,6 +109,34 @@ def test_a_trusted_peer_is_never_shed_and_a_newcomer_is_refused_when_all_are() -
         assert p.add(i, NODE, cap=3) == [] and p.trust(i)
     assert p.add("x", NODE, cap=3) == ["x"]
     assert sorted(p.keys()) == [0, 1, 2]
+
+
+def test_hello_waiting_tells_a_whole_client_hello_from_silence_and_a_partial_one() -> None:
+    """What the Slurm port (asyncio: it cannot watch the handshake step by step) passes as
+    ``valid``: a whole TLS ClientHello waits unread, peeked at without taking it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s_silent, _ = server.accept()
+        partial = socket.create_connection(("127.0.0.1", port), timeout=5)
+        partial.sendall(b"\x16\x03\x01\x00\xff\x01")  # a header announcing 255 bytes, one sent
+        s_partial, _ = server.accept()
+        hello = tls.client_context(RUN_TLS.cert, RUN_TLS.key).wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=5), do_handshake_on_connect=False
+        )
+        hello.setblocking(False)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            hello.do_handshake()  # sends the ClientHello, then waits for the answer
+        s_hello, _ = server.accept()
+        wait_for(lambda: gate.hello_waiting(s_hello), 5, "the ClientHello seen")
+        assert not gate.hello_waiting(s_silent) and not gate.hello_waiting(s_partial)
+        assert s_hello.recv(2, socket.MSG_PEEK) == b"\x16\x03", "nothing taken: TLS reads it all"
+        assert s_hello.getblocking(), "the socket's own mode untouched"
+        for sock in (silent, partial, hello, s_silent, s_partial, s_hello):
+            sock.close()
+    finally:
+        server.close()
 
 
 def test_a_detached_run_keeps_its_follower_through_2000_connections_from_65_addresses(tmp_path: Path) -> None:
