@@ -477,6 +477,16 @@ def _median_without(ordered: Sequence[float], skip: int) -> float:
     return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
+def straggler_verdict(policy: StragglerPolicy, flagged: bool, own: float, yardstick: float) -> bool | None:
+    """The one straggler rule, for the engine, an attach and a replay alike (each through
+    ``StragglerWatch``): True flags a rank (``policy.is_straggler``), False clears a flagged one
+    (below ``policy.clear_below`` x the yardstick: a rank hovering at the threshold is not flagged
+    and cleared at every check), None changes nothing."""
+    if flagged:
+        return False if own < policy.clear_below * yardstick else None
+    return True if policy.is_straggler(own, yardstick) else None
+
+
 class StragglerWatch:
     """The engine's straggler verdicts: each rank's metrics in, flag and clear events out.
 
@@ -520,11 +530,11 @@ class StragglerWatch:
         judged = self.times.judge(live, policy.needed, policy.min_ranks)
         for name, (own, yardstick) in judged.items():  # empty when too few ranks to compare: no change
             node, step = self._where.get(name, ("", 0))
-            if name in self._flagged:
-                if own < policy.clear_below * yardstick:
-                    self._flagged.discard(name)
-                    events.append(StragglerCleared(self._attempt, name, node, step, own, yardstick))
-            elif policy.is_straggler(own, yardstick):
+            verdict = straggler_verdict(policy, name in self._flagged, own, yardstick)
+            if verdict is False:
+                self._flagged.discard(name)
+                events.append(StragglerCleared(self._attempt, name, node, step, own, yardstick))
+            elif verdict is True:
                 self._flagged.add(name)
                 events.append(
                     StragglerFlagged(self._attempt, name, node, step, own, yardstick, policy.factor)
