@@ -243,6 +243,21 @@ def steps(p: AttemptPhases) -> list[tuple[str, float]]:
     return out
 
 
+def describe_graph(p: AttemptPhases) -> str | None:
+    """How the attempt's first step got its graph, in words, with the seconds from data ready to
+    the first step's end where both are known: "graph loaded from the compile cache (2.10 s)";
+    None when the ranks did not say."""
+    if p.graph is None:
+        return None
+    took = f" ({p.compiled - p.ready:.2f} s)" if p.compiled is not None and p.ready is not None else ""
+    words = {
+        GraphLoad.LOADED: "graph loaded from the compile cache",
+        GraphLoad.COMPILED: "graph compiled",
+        GraphLoad.MIXED: "graph loaded on some ranks, compiled on others",
+    }
+    return words[p.graph] + took
+
+
 def describe_phases(p: AttemptPhases) -> str:
     """One line: "from the launch: connected +0.31 s, agents up +1.20 s, ..., first step +0.01 s;
     9.30 s to first step"."""

@@ -367,3 +367,29 @@ def test_graph_load_of_an_attempt() -> None:
     assert graph_load({"r0": loaded, "r1": compiled}, 2) is GraphLoad.MIXED
     assert graph_load({"r0": loaded}, 2) is None
     assert graph_load({}, 0) is None
+
+
+def test_the_tui_overview_and_the_words_say_it_with_the_seconds() -> None:
+    from types import SimpleNamespace
+
+    from mscon.console.engine.phases import describe_graph
+    from mscon.console.views.tui.screens.overview import summary_text
+
+    evs = [e for e in launch() if getattr(getattr(e, "msg", None), "phase", None) != "compiled"]
+    state = feed(evs)
+    model = SimpleNamespace(
+        state=state,
+        elapsed_s=lambda: 1.0,
+        restarts_used=lambda: 0,
+        workers=lambda: [],
+        feed=SimpleNamespace(notices=[]),
+    )
+    assert "graph" not in summary_text(model).plain  # type: ignore[arg-type]  # not said yet
+    state.apply(_compiled(0, "r0", 8.0, "loaded"))
+    state.apply(_compiled(0, "r1", 8.5, "loaded"))
+    p = state.phases()
+    assert (
+        p is not None
+        and describe_graph(p) == f"graph loaded from the compile cache ({p.compiled - p.ready:.2f} s)"
+    )
+    assert "attempt 0: graph loaded from the compile cache (" in summary_text(model).plain  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mscon.console.engine.events import ResumeVerdict
+from mscon.console.engine.phases import describe_graph
 from mscon.console.engine.resume import describe_resume
 from mscon.console.engine.root_cause import describe
 from mscon.console.views import plain
@@ -42,6 +43,10 @@ def summary_text(model: ViewModel) -> Text:
             bad = resumed.verdict in (ResumeVerdict.STARTED_OVER, ResumeVerdict.REFUSED, ResumeVerdict.MIXED)
             line = f"attempt {att.number}: {plain.printable(describe_resume(resumed))}"
             text.append(f"\n{line}", style=fmt.STARTED_OVER_STYLE if bad else "")
+    timed = st.phases(att) if att is not None else None
+    graph = describe_graph(timed) if timed is not None else None
+    if att is not None and graph is not None:  # whether the compile cache spared this attempt's compile
+        text.append(f"\nattempt {att.number}: {graph}", style="dim")
     for note in list(model.feed.notices)[-3:]:
         text.append(f"\n{fmt.line(note, 200)}", style="dim")
     return text
