@@ -33,7 +33,7 @@ from typing import Any
 
 from mscon.agent import gate, tls
 from mscon.console.config.inventory import Inventory, NodeSpec
-from mscon.console.transport.base import LINE_LIMIT, NodeUnreachable
+from mscon.console.transport.base import NodeUnreachable, authenticated, pre_auth_reader
 from mscon.console.transport.link_tls import make_run_tls
 from mscon.console.transport.slurm_dial import (
     AUTH_TIMEOUT_S,
@@ -136,7 +136,11 @@ class SlurmLauncher:
         """A new TCP connection (nothing read from it yet): counted as pending, its handshake
         started at once."""
         peer = raw.get_extra_info("peername")
-        victims = self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX)
+        sock = raw.get_extra_info("socket")
+        # A whole ClientHello already waiting marks a real dial (a flood's silent or garbled
+        # connections are shed first); start_tls gives no hook for the hello arriving later.
+        began = sock is not None and gate.hello_waiting(sock)
+        victims = self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX, valid=began)
         for victim in victims:
             victim.abort()  # over the cap: the oldest of the busiest address
         if raw in victims:
@@ -147,7 +151,7 @@ class SlurmLauncher:
 
     async def _accept(self, raw: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        reader = pre_auth_reader()  # short lines until the peer proves its key
         protocol = asyncio.StreamReaderProtocol(reader)
         writer: asyncio.StreamWriter | None = None
         try:
@@ -166,6 +170,7 @@ class SlurmLauncher:
                 if not self._pending.trust(raw):  # from here on no flood pushes it out
                     raise ValueError("pushed out")
                 role, key = await authenticate(reader, writer, self.keys)
+                authenticated(reader)
             if not self._pending.discard(raw):
                 raise ValueError("pushed out")
             if role is DialRole.BOOT:
