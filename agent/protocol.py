@@ -254,6 +254,10 @@ class Subscribe(Message):
     ranks: tuple[int, ...] = ()
     all_ranks: bool = False
     tick_s: float = 1.0
+    # True: every metric still goes as a MetricBatch each flush (a small run: its charts and the
+    # straggler watch, which compares ranks step by step, see every step); the NodeSummary then
+    # carries the counts. False: the latest metric of each rank, in the NodeSummary.
+    every_metric: bool = False
 
     def wants(self, rank: int) -> bool:
         return self.all_ranks or rank in self.ranks

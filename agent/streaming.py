@@ -169,7 +169,7 @@ class Streaming:
             return
         w.steps += len(batch)
         msg = P.MetricBatch(node=self.node, name=spec.name, rank=spec.rank, metrics=tuple(batch))
-        if self.subscription is None:
+        if self.subscription is None or self.subscription.every_metric:
             self.send(msg)
             return
         # Subscribed: the console hears of them in the next NodeSummary (a detached run's

@@ -297,7 +297,7 @@ class Worker:
                     )
                 )
             r.seq += len(lines)  # in its log file on the node, sent or not
-            if metrics and node.sub is not None:
+            if metrics and node.sub is not None and not node.sub.every_metric:
                 node.latest[r.name] = metrics[-1]  # the next summary carries it
             elif metrics:
                 if self.single_metrics:

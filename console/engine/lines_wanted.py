@@ -18,6 +18,11 @@ SUMMARIES_PER_S = 1000.0
 MIN_TICK_S = 1.0
 MAX_TICK_S = 10.0
 
+# Up to this many ranks every metric still reaches the console (Subscribe.every_metric): the
+# straggler watch compares ranks step by step, and 1,024 ranks at a few steps a second are cheap.
+# Beyond, each rank's latest metric comes once a summary tick.
+EVERY_METRIC_UP_TO = 1024
+
 # The default of --no-tui and the TUI: every rank's lines up to this many ranks, rank 0's beyond (see
 # docs/usage.md: "What --no-tui prints").
 ALL_RANKS_UP_TO = 64
@@ -128,9 +133,10 @@ class LinesWanted:
             out |= ranks
         return frozenset(out)
 
-    def subscription(self, node_ranks: Iterable[int], tick_s: float) -> Subscribe:
+    def subscription(self, node_ranks: Iterable[int], tick_s: float, every_metric: bool = False) -> Subscribe:
         """What one node's agent is told: the wanted ranks among its own (``node_ranks``)."""
         union = self.union()
         if union is None:
-            return Subscribe(all_ranks=True, tick_s=tick_s)
-        return Subscribe(ranks=tuple(sorted(r for r in node_ranks if r in union)), tick_s=tick_s)
+            return Subscribe(all_ranks=True, tick_s=tick_s, every_metric=every_metric)
+        ranks = tuple(sorted(r for r in node_ranks if r in union))
+        return Subscribe(ranks=ranks, tick_s=tick_s, every_metric=every_metric)

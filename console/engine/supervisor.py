@@ -59,7 +59,7 @@ from mscon.console.engine.events import (
 )
 from mscon.console.engine.inputs import AGENT_BACKLOG, TICK, Alarm, Input, Inputs, Tick
 from mscon.console.engine.job_kinds import attempt_argv, restart_note
-from mscon.console.engine.lines_wanted import SLOWEST_TICK_S, LinesWanted, SummaryPace
+from mscon.console.engine.lines_wanted import EVERY_METRIC_UP_TO, SLOWEST_TICK_S, LinesWanted, SummaryPace
 from mscon.console.engine.plan import build_plan, policy_config, run_started, with_scheduler
 from mscon.console.engine.replicas import ReplicaWatch
 from mscon.console.engine.run_options import RunOptions
@@ -156,7 +156,8 @@ class Supervisor:
 
     def _subscription(self, plan_index: int) -> Message:
         plan = self.plans[plan_index]
-        return self.lines.subscription((s.rank for s in plan.procs), self.pace.tick_s)
+        every = self.inv.world_size <= EVERY_METRIC_UP_TO
+        return self.lines.subscription((s.rank for s in plan.procs), self.pace.tick_s, every)
 
     async def _subscribe_all(self) -> None:
         session = self.session
