@@ -8,6 +8,7 @@ Stdlib only, Python 3.8 syntax.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import os
 import socket
 import time
@@ -73,6 +74,7 @@ class Pending:
         """Count ``key`` in (``valid``: it is known to have begun a TLS handshake already); the
         keys pushed out to keep at most ``cap`` in all and ``per_host`` untrusted from one address
         (no longer counted: the caller closes them). ``key`` may be among them: it is refused."""
+        host = _group(host)
         self._entries[key] = _Entry(host, self._clock(), valid)
         victims = []
         while self._untrusted(host) > self.per_host:
@@ -131,6 +133,17 @@ class Pending:
             return None
         del self._entries[best]
         return best
+
+
+def _group(host: str) -> str:
+    """The address as the caps count it: an IPv6 address by its /64 (one host may hold all of
+    one), an IPv4 address alone."""
+    if ":" not in host:
+        return host
+    try:
+        return str(ipaddress.ip_network(host.split("%", 1)[0] + "/64", strict=False))
+    except ValueError:
+        return host
 
 
 def hello_waiting(sock) -> bool:  # noqa: ANN001 - a socket, or anything with fileno() (asyncio's)

@@ -111,6 +111,16 @@ def test_a_trusted_peer_is_never_shed_and_a_newcomer_is_refused_when_all_are() -
     assert sorted(p.keys()) == [0, 1, 2]
 
 
+def test_an_ipv6_flood_counts_as_one_address_per_64() -> None:
+    """One host holds a whole /64: its addresses are one address to the per-address cap."""
+    p = gate.Pending()
+    closed = []
+    for i in range(100):
+        closed += p.add(i, f"2001:db8:0:1::{i + 1:x}")
+    assert len(p) == gate.PER_HOST_MAX and len(closed) == 100 - gate.PER_HOST_MAX
+    assert p.add("node", "2001:db8:0:2::1") == [] and "node" in p
+
+
 def test_hello_waiting_tells_a_whole_client_hello_from_silence_and_a_partial_one() -> None:
     """What the Slurm port (asyncio: it cannot watch the handshake step by step) passes as
     ``valid``: a whole TLS ClientHello waits unread, peeked at without taking it."""
