@@ -6,16 +6,13 @@ dials in again under the flood: no attempt fails but the one whose node was kill
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from pathlib import Path
 
 import psutil
-import pytest
 from conftest import mscon_popen, wait_for
 from flood import Flood, raise_nofile
-from mscon.console.transport import slurm_launcher
 from mscon.console.transport.slurm_launcher import ENV_CONSOLE_ADDRESS
 from test_slurm import FAKE, Alloc, _dials, _inventory, _wait_for_line, _wait_no_step, alloc, slurm
 
@@ -34,16 +31,6 @@ def _dial_port(pid: int) -> int | None:
     return None
 
 
-# The Slurm port cannot tell a node's connection from the flood's unless it says which ones hold a
-# whole ClientHello (gate.hello_waiting, as Pending.add's ``valid``): until the launcher does, this
-# test fails (the node's dial gives up), so it says so instead of running.
-_WIRED = "hello_waiting" in inspect.getsource(slurm_launcher.SlurmLauncher._incoming)
-
-
-@pytest.mark.skipif(
-    not _WIRED,
-    reason="slurm_launcher._incoming does not pass valid=gate.hello_waiting(...) to Pending.add yet",
-)
 def test_a_slurm_run_keeps_its_node_through_2000_connections_from_65_addresses(
     tmp_path: Path, alloc: Alloc
 ) -> None:
