@@ -10,7 +10,8 @@ so no process on the node holds them in its environment).
 
 The listening port keeps the limits of every mscon listener (``agent/gate.py``): a connection has
 ``HANDSHAKE_S`` for its TLS handshake and the key's proof together, at most ``PENDING_MAX`` are in
-progress (over it the oldest of the busiest address is closed), no byte of a line is read before
+progress (over it, one that held no whole ClientHello when accepted goes first, from the busiest
+address; one past TLS never goes), no byte of a line is read before
 TLS has checked the peer's certificate, and asyncio's accept loop pauses, not stops, when
 descriptors run out. Closing ends every control connection: each dial ends its agent and exits, so the step
 ends; a step still there after that is signalled, and as a last resort cancelled by name
@@ -142,7 +143,7 @@ class SlurmLauncher:
         began = sock is not None and gate.hello_waiting(sock)
         victims = self._pending.add(raw, str(peer[0]) if peer else "", gate.PENDING_MAX, valid=began)
         for victim in victims:
-            victim.abort()  # over the cap: the oldest of the busiest address
+            victim.abort()  # over the cap: the gate's choice (gate.Pending says the order)
         if raw in victims:
             return  # every handshake in progress holds the run's certificate
         task = asyncio.get_running_loop().create_task(self._accept(raw), name="dial-accept")
