@@ -1,0 +1,126 @@
+"""What one snapshot costs, part by part, on a model users train: MindCV 0.3's ResNet-18 (built as
+its ``train.py`` builds it: ``create_model``, cosine schedule with warm-up, momentum, label
+smoothing; synthetic images) or the docs'
+``net.py``-sized Dense net.
+
+    .venv/bin/python bench/snapshot_cost.py [--model resnet18|dense] [--snapshots 10] [--batch 8] [--image 32]
+
+Reported per snapshot (medians): the copy the training thread pays (``store.take``: every kept
+parameter to host memory), then the background write (``total_write``) and its parts: the MAC
+(HMAC-SHA256 over every byte) and the npz (the zip's CRC-32 of every member and the copy into
+/dev/shm's pages, the rest of the write); the bytes; and one training step's
+time on this machine, so each part reads as a share of a step (on CPU the background write takes
+cores from the step's kernels, so it counts; on GPU/Ascend only the copy does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from mscon_resume import store  # noqa: E402
+from mscon_resume.state import Kept  # noqa: E402
+
+
+def build(model: str, batch: int, image: int) -> tuple[object, object, tuple]:
+    """(train network, what keep holds, one synthetic batch)."""
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_seed(1)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if model == "resnet18":
+        from mindcv.loss import create_loss
+        from mindcv.models import create_model
+        from mindcv.optim import create_optimizer
+        from mindcv.scheduler import create_scheduler
+
+        net = create_model("resnet18", num_classes=1000, pretrained=False)
+        lr = create_scheduler(
+            100, scheduler="cosine_decay", lr=0.1, min_lr=1e-6, warmup_epochs=1, num_epochs=2
+        )
+        opt = create_optimizer(net.trainable_params(), opt="momentum", lr=lr, momentum=0.9, weight_decay=1e-4)
+        loss = create_loss(name="CE", label_smoothing=0.1)
+        shape, classes = (batch, 3, image, image), 1000
+    else:
+        net = nn.SequentialCell(nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 10))
+        opt = nn.Momentum(net.trainable_params(), 0.01, 0.9)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        shape, classes = (batch, 32), 10
+    # No loss-scale cell: its overflow check (NPUGetFloatStatusV2) has no CPU kernel in MindSpore
+    # 2.10; it adds one scalar to a snapshot.
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    train.set_train()
+    rng = np.random.default_rng(0)
+    data = ms.Tensor(rng.standard_normal(shape).astype(np.float32))
+    label = ms.Tensor(rng.integers(0, classes, shape[0]).astype(np.int32))
+    return train, train, (data, label)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("resnet18", "dense"), default="resnet18")
+    ap.add_argument("--snapshots", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=3, help="training steps timed (after one warm-up)")
+    ap.add_argument("--batch", type=int, default=8, help="a rank's batch (bench/mindcv_resnet.py's)")
+    ap.add_argument("--image", type=int, default=32, help="resnet18: the synthetic images' side")
+    args = ap.parse_args()
+
+    train, keep, batch = build(args.model, args.batch, args.image)
+    train(*batch)  # compile
+    step_s = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        out = train(*batch)
+        float(out.asnumpy())
+        step_s.append(time.perf_counter() - t0)
+
+    kept = Kept(keep)
+    params = kept.params
+    key = os.urandom(32)
+    parts: dict[str, list[float]] = {"copy": [], "mac": [], "npz": [], "total_write": []}
+    nbytes = 0
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as root:
+        for step in range(1, args.snapshots + 1):
+            t0 = time.perf_counter()
+            arrays = store.take(params)
+            parts["copy"].append(time.perf_counter() - t0)
+            nbytes = sum(a.nbytes for a in arrays.values())
+            info = {"epoch": 0, "pos": step, "step": step}
+            t0 = time.perf_counter()
+            store._mac(key, arrays, info)
+            parts["mac"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            store.write(root, 0, step, arrays, info, key)
+            total = time.perf_counter() - t0
+            parts["total_write"].append(total)
+            parts["npz"].append(total - parts["mac"][-1])  # np.savez: the zip's CRC-32s and the copy to shm
+    step = statistics.median(step_s)
+    print(f"model {args.model}: {len(params)} kept arrays, {nbytes / 2**20:.1f} MiB per snapshot")
+    what = f"batch {args.batch}, {args.image}x{args.image} images, CPU"
+    print(f"one training step ({what}): median {1e3 * step:.0f} ms of {args.steps}")
+    for name in ("copy", "mac", "npz", "total_write"):
+        v = statistics.median(parts[name])
+        print(f"  {name:12s} {1e3 * v:8.1f} ms  {100 * v / step:6.2f} % of a step")
+    copy, total = statistics.median(parts["copy"]), statistics.median(parts["total_write"])
+    print(
+        f"a snapshot every step costs the step {100 * copy / step:.2f} % (the copy) on an accelerator, "
+        f"{100 * (copy + total) / step:.2f} % (copy and write) where the host computes the step"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("BENCH_DUMP_AFTER_S", "1e9")), exit=True)
+    sys.exit(main())
