@@ -6,10 +6,11 @@ own word on which rank failed (``Evidence``) jumps the queue too, in its place a
 agent sends a process's last lines before its exit, so the scheduler's blame line that came before a
 rank's failure is weighed before the stop, not dropped as something said while stopping.
 
-The agents' messages waiting here are bounded (``AGENT_BACKLOG``): a reader that would go past it
-waits, its channel backs up, and the agent keeps its lines in their files until the console has
-caught up (agent/outbox.py). A console short of CPU so falls behind in what it shows, never in
-memory, and an alarm waits behind at most that many messages (issue 44).
+The agents' messages waiting here are bounded (``AGENT_BACKLOG``): past it a sample (a summary,
+metrics, telemetry: the next supersedes it) is dropped, and a reader with any other message waits,
+its channel backs up, and the agent keeps its lines in their files until the console has caught up
+(agent/outbox.py). An alarm never waits. A console short of CPU so falls behind in what it shows,
+never in memory nor in its stop (issue 44).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Inputs:
         self.tick_pending = False
         self.backlog = backlog
         self._agent_items = 0  # (node, message) items queued
+        self.dropped = 0  # samples dropped while behind (each superseded by the next)
         self._room = asyncio.Event()
         self._room.set()
 
@@ -86,9 +88,15 @@ class Inputs:
         self._q.put_nowait((prio, next(self._seq), item))
 
     async def put(self, item: Input) -> None:
-        """Queue; an agent's message waits while ``backlog`` of them are queued (its reader with it)."""
+        """Queue; past ``backlog`` queued agent messages, a sample the next one supersedes (a
+        NodeSummary, metrics, telemetry) is dropped and counted, and any other message waits (its
+        reader with it), but for an alarm: a reader never holds back an exit or a hang."""
         if isinstance(item, tuple):
-            while self._agent_items >= self.backlog:
+            msg = item[1]
+            if self._agent_items >= self.backlog and msg is not None and msg.sampled:
+                self.dropped += 1
+                return
+            while self._agent_items >= self.backlog and not alarming(msg):
                 await self._room.wait()
         self.put_nowait(item)
 

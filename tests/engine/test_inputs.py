@@ -47,7 +47,7 @@ def test_commands_come_first_then_ticks_then_agents() -> None:
     assert _drain(q) == [stop, TICK, ("a", LOG)]
 
 
-def test_agent_messages_past_the_backlog_wait_and_an_alarm_still_jumps_them() -> None:
+def test_agent_messages_past_the_backlog_wait() -> None:
     """Issue 44: the console's memory does not grow with a backlog. A reader whose message would
     go past ``backlog`` waits (its channel backs up; the agent keeps the lines in their files)."""
 
@@ -55,11 +55,27 @@ def test_agent_messages_past_the_backlog_wait_and_an_alarm_still_jumps_them() ->
         q = Inputs(backlog=3)
         for _ in range(3):
             await q.put(("a", LOG))
-        blocked = asyncio.ensure_future(q.put(("a", FAILED)))
+        blocked = asyncio.ensure_future(q.put(("a", STOPPED)))
         await asyncio.sleep(0)  # one turn of the loop: it had its chance to go in
         assert not blocked.done()
         assert q.get_nowait() == ("a", LOG)  # room for one
         await asyncio.wait_for(blocked, 5)
+        assert _drain(q) == [("a", LOG), ("a", LOG), ("a", STOPPED)]
+
+    asyncio.run(main())
+
+
+def test_past_the_backlog_samples_are_dropped_and_an_alarm_goes_in_at_once() -> None:
+    from mscon.agent.protocol import NodeSummary, RankCount
+
+    async def main() -> None:
+        q = Inputs(backlog=2)
+        for _ in range(2):
+            await q.put(("a", LOG))
+        summary = NodeSummary("a", 1.0, (RankCount("r0", 0, 5, 1),))
+        await asyncio.wait_for(q.put(("a", summary)), 5)  # not waiting: dropped, the next supersedes
+        assert q.dropped == 1
+        await asyncio.wait_for(q.put(("a", FAILED)), 5)  # not waiting either: an alarm
         assert _drain(q) == [Alarm("a", FAILED), ("a", LOG), ("a", LOG), ("a", FAILED)]
 
     asyncio.run(main())
