@@ -420,10 +420,12 @@ class Supervisor:
         elif isinstance(msg, NodeSummary):
             seen = self._lines_seen
             moved: list[policy_mod.Input] = []
+            stepped = {m.name for m in msg.metrics}  # their StepReport is progress too: one input each
             for c in msg.counts:  # a line read on the node is progress, sent or not
                 if c.lines > seen.get(c.name, 0):
                     seen[c.name] = c.lines
-                    moved.append(policy_mod.RankProgress(c.name, now))
+                    if c.name not in stepped:
+                        moved.append(policy_mod.RankProgress(c.name, now))
             return moved + self._policy_metrics(msg, now)
         elif isinstance(msg, Metric | MetricBatch):
             return self._policy_metrics(msg, now)
