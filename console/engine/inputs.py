@@ -29,7 +29,8 @@ from mscon.console.engine.commands import Command, DetachRun, RestartGroup, Stop
 
 T = TypeVar("T")
 
-AGENT_BACKLOG = 5_000  # agent messages queued before their readers wait (~0.2 s of the console's work)
+AGENT_BACKLOG = 1_000  # agent messages queued before samples are dropped (well under a second of work)
+_YIELD_EVERY = 64  # items taken in a row before the readers get a turn (an alarm may be waiting there)
 
 
 class Tick:
@@ -69,6 +70,7 @@ class Inputs:
         self.backlog = backlog
         self._agent_items = 0  # (node, message) items queued
         self.dropped = 0  # samples dropped while behind (each superseded by the next)
+        self._gets = 0
         self._room = asyncio.Event()
         self._room.set()
 
@@ -101,6 +103,11 @@ class Inputs:
         self.put_nowait(item)
 
     async def get(self) -> Input:
+        self._gets += 1
+        if self._gets % _YIELD_EVERY == 0:
+            # A queue that is never empty never suspends its taker: without this the channels'
+            # readers, one of which may hold an exit, would wait until the whole backlog is done.
+            await asyncio.sleep(0)
         return self._taken((await self._q.get())[2])
 
     def get_nowait(self) -> Input:
