@@ -360,6 +360,16 @@ def console_imports() -> None:
     from mscon.console.views.headless.reporter import HeadlessReporter
 
 
+def allow_nodes(n: int) -> None:
+    """The inventory refuses more than limits.MAX_NODES nodes (1,024); a bench past it lifts the
+    cap in this process only, and says so."""
+    from mscon.console.config import schema
+
+    if n > schema.MAX_NODES:
+        print(f"(bench: the inventory's cap of {schema.MAX_NODES} nodes lifted to {n} in this process)")
+        schema.MAX_NODES = n
+
+
 def make_classes(
     stop_sent: dict[str, int], connect_s: float, sockets: list[str], fetched: dict[str, int]
 ) -> Callable[..., Any]:
@@ -746,6 +756,7 @@ def main() -> int:
     if a.worker:
         return worker_main(a.worker, a.lines_per_s, a.steps_per_s, a.single_metrics)
     console_imports()
+    allow_nodes(max(a.nodes))
     print(
         f"{a.ranks_per_node} ranks/node, {a.lines_per_s:g} lines/s and {a.steps_per_s:g} steps/s per rank, "
         f"{'Metric per step' if a.single_metrics else 'MetricBatch per flush'}, connect {a.connect_ms:g} ms "
