@@ -428,11 +428,13 @@ def make_classes(
             return SimChannel(self.node.name, reader, writer)
 
         async def fetch_run_dir(self, remote: str, local: str, logs_root: str | None = None, **_: Any) -> int:
-            # The fetch at the end: the lines the node's log files hold (counted, not copied).
-            reader, writer = await asyncio.open_unix_connection(self.socket, limit=LINE_LIMIT)
-            writer.write(f"control\nfetch {self.node.name}\n".encode())
-            fetched.update(json.loads(await reader.readline()))
-            writer.close()
+            # The fetch at the end: the lines the node's log files hold (counted, not copied). A
+            # few at a time, as SSH connections are: thousands at once overflow a worker's backlog.
+            async with fetch_slots:
+                reader, writer = await asyncio.open_unix_connection(self.socket, limit=LINE_LIMIT)
+                writer.write(f"control\nfetch {self.node.name}\n".encode())
+                fetched.update(json.loads(await reader.readline()))
+                writer.close()
             return 0
 
         async def holds_run(self, run_id: str) -> bool:
@@ -442,6 +444,7 @@ def make_classes(
             return None
 
     index: dict[str, int] = {}
+    fetch_slots = asyncio.Semaphore(32)
 
     def factory(inv: Any, node: Any, ssh: Any) -> Any:
         i = index.setdefault(node.name, len(index))
