@@ -360,14 +360,17 @@ def console_imports() -> None:
     from mscon.console.views.headless.reporter import HeadlessReporter
 
 
-def allow_nodes(n: int) -> None:
-    """The inventory refuses more than limits.MAX_NODES nodes (1,024); a bench past it lifts the
-    cap in this process only, and says so."""
+def allow_nodes(n: int, ranks: int) -> None:
+    """The inventory refuses more than limits.MAX_NODES nodes (1,024) and MAX_WORLD_SIZE ranks
+    (65,536); a bench past them lifts the caps in this process only, and says so."""
     from mscon.console.config import schema
 
     if n > schema.MAX_NODES:
         print(f"(bench: the inventory's cap of {schema.MAX_NODES} nodes lifted to {n} in this process)")
         schema.MAX_NODES = n
+    if ranks > schema.MAX_WORLD_SIZE:
+        print(f"(bench: the cap of {schema.MAX_WORLD_SIZE} ranks lifted to {ranks} in this process)")
+        schema.MAX_WORLD_SIZE = ranks
 
 
 def make_classes(
@@ -759,7 +762,7 @@ def main() -> int:
     if a.worker:
         return worker_main(a.worker, a.lines_per_s, a.steps_per_s, a.single_metrics)
     console_imports()
-    allow_nodes(max(a.nodes))
+    allow_nodes(max(a.nodes), max(a.nodes) * a.ranks_per_node + 1)
     print(
         f"{a.ranks_per_node} ranks/node, {a.lines_per_s:g} lines/s and {a.steps_per_s:g} steps/s per rank, "
         f"{'Metric per step' if a.single_metrics else 'MetricBatch per flush'}, connect {a.connect_ms:g} ms "
