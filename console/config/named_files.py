@@ -23,6 +23,12 @@ def kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a file")
 
 
+def _empty_device(path: str | Path, mode: int) -> bool:
+    """/dev/null: a device, but one that reads empty at once (``UserKnownHostsFile /dev/null``
+    is how ssh configs say "no known hosts"), so it is read as an empty file."""
+    return stat.S_ISCHR(mode) and os.path.realpath(path) == os.devnull
+
+
 def problem(path: str | Path, max_bytes: int, missing_ok: bool = False) -> str | None:
     """Why ``path`` may not be read, in words that name it (None: a regular file of at most
     ``max_bytes``, or missing where ``missing_ok``: its reader says so in its own words)."""
@@ -32,6 +38,8 @@ def problem(path: str | Path, max_bytes: int, missing_ok: bool = False) -> str |
         return None if missing_ok else f"cannot read {path}: {exc.strerror}"
     except (OSError, ValueError) as exc:
         return f"cannot read {path}: {(exc.strerror if isinstance(exc, OSError) else None) or exc}"
+    if _empty_device(path, st.st_mode):
+        return None
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file ({kind(st.st_mode)})"
     if st.st_size > max_bytes:
@@ -46,6 +54,8 @@ def read_bounded(path: str | Path, max_bytes: int) -> bytes:
     why = problem(path, max_bytes)
     if why is not None:
         raise ValueError(why)
+    if _empty_device(path, os.stat(path).st_mode):
+        return b""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from mscon.console.cli import main as cli
+from mscon.console.config import named_files
 from mscon.console.config.inventory import InventoryError, load_inventory
 from mscon.console.config.limits import MAX_FILE_BYTES, MAX_KEY_FILE_BYTES, MAX_KNOWN_HOSTS_BYTES
 from mscon.console.transport.base import NodeUnreachable
@@ -182,3 +183,11 @@ def test_a_workdir_gitignore_too_large_is_refused_not_read(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f".gitignore is too large: {MAX_KEY_FILE_BYTES + 1} bytes (at most {MAX_KEY_FILE_BYTES})" in err
+
+
+def test_dev_null_reads_as_an_empty_file() -> None:
+    """``UserKnownHostsFile /dev/null`` is how ssh configs say "no known hosts": a device, but one
+    that reads empty at once, so it passes as an empty file (and /dev/zero still does not)."""
+    assert named_files.problem("/dev/null", 1) is None
+    assert named_files.read_bounded("/dev/null", 1) == b""
+    assert "character device" in (named_files.problem("/dev/zero", 1) or "")

@@ -117,8 +117,15 @@ def test_a_lagging_view_skips_samples_but_never_log_lines_or_exits() -> None:
 def test_a_rank_phase_is_a_small_journaled_lifecycle_message() -> None:
     msg = P.RankPhase(node="n", name="r1", rank=1, phase=P.Milestone.JOINED, ts_ns=5)
     line = P.encode(msg)
-    assert line == '{"type":"rank_phase","node":"n","name":"r1","rank":1,"phase":"joined","ts_ns":5}\n'
+    assert (
+        line
+        == '{"type":"rank_phase","node":"n","name":"r1","rank":1,"phase":"joined","ts_ns":5,"graph":null}\n'
+    )
     assert P.decode(line) == msg
+    compiled = P.RankPhase(
+        node="n", name="r1", rank=1, phase=P.Milestone.COMPILED, ts_ns=6, graph=P.GraphSource.LOADED
+    )
+    assert P.decode(P.encode(compiled)) == compiled  # the first step says how it got its graph
     assert msg.journaled and not (msg.streamed or msg.sampled)  # never skipped by a view
     assert msg.reported  # a detached coordinator's policy hears a first step (no backoff after it)
     assert P.Milestone.FIRST_STEP not in P.Milestone.RECORDED  # the agent's word, not the rank's

@@ -8,6 +8,7 @@ computes the same losses after the restart: a loaded graph computes what a compi
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, mscon, needs_mindspore, node_run_dir, write_inventory
+from conftest import REPO, free_port, mscon, needs_mindspore, write_inventory
 from mscon.agent import layout
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -55,12 +56,22 @@ def _run(tmp_path: Path, work: Path, data: Path, tag: str, graph_cache: str) -> 
         },
     )
     run_id = f"cc-{tag}-{secrets.token_hex(3)}"
+    # A HOME of its own: a run that starts beside it in the suite's HOME would release the graphs
+    # of this one once it ended (retention), before the test looks at them.
+    env = dict(os.environ, HOME=str(_home(tmp_path)))
     done = mscon(
         "run", "--no-tui", "--no-check", inv, "--run-id", run_id, "--max-restarts", "1",
         "--json", tmp_path / f"{tag}.json", "--logs-dir", tmp_path / "runs", cwd=tmp_path, timeout=300,
+        env=env,
     )  # fmt: skip
     assert done.code == 0, done.err[-4000:]
     return json.loads((tmp_path / f"{tag}.json").read_text()), done.out, done.err, run_id
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700, exist_ok=True)
+    return home
 
 
 def _after_restart(out: str) -> dict:
@@ -82,7 +93,8 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(tmp_path: Path) -
     assert a0["phases"]["graph"] == "compiled", a0["phases"]
     assert a1["phases"]["graph"] == "loaded", a1["phases"]
     assert "graph loaded (compile cache) +" in err, err[-3000:]  # the headless breakdown
-    cache = Path(layout.compile_cache_folder(str(node_run_dir(run_id, "local", user=None))))
+    node = layout.run_folder(layout.cache_folder(str(_home(tmp_path))), run_id, "local")
+    cache = Path(layout.compile_cache_folder(node))
     keys = sorted(cache.iterdir())
     assert len(keys) == 2, keys  # one key a rank: both attempts' ranks used the same two
     for path in [cache, *cache.rglob("*")]:
