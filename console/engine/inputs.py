@@ -98,7 +98,10 @@ class Inputs:
             if self._agent_items >= self.backlog and msg is not None and msg.sampled:
                 self.dropped += 1
                 return
-            while self._agent_items >= self.backlog and not alarming(msg):
+            if self._agent_items >= self.backlog and not alarming(msg):
+                # Once, not in a loop: the room opens at half the bound and lets every reader
+                # waiting in (a reader per node at most past it). Re-checking would wake all of
+                # them at every message taken: quadratic at 10,000 nodes.
                 await self._room.wait()
         self.put_nowait(item)
 
@@ -121,7 +124,7 @@ class Inputs:
     def _taken(self, item: Input) -> Input:
         if isinstance(item, tuple):
             self._agent_items -= 1
-            if self._agent_items < self.backlog:
+            if self._agent_items <= self.backlog // 2 and not self._room.is_set():
                 self._room.set()
         return item
 
