@@ -385,15 +385,22 @@ class CoordServer:
             self._thread.join(timeout=_POLL_S * 4)
 
 
-def _recv_obj(conn: tls.TlsSock, split: LineSplitter, lines: list, deadline: float) -> dict:
+def _recv_line(
+    conn: tls.TlsSock, split: LineSplitter, lines: list, deadline: float, closed: Exception
+) -> None:
+    """Read until ``lines`` holds a whole line; ``closed`` is raised if the peer closes first."""
     while not lines:
         try:
             chunk = conn.recv(HELLO_MAX, deadline)
         except socket.timeout:
             raise LinkError("the coordinator's handshake took too long") from None
         if not chunk:
-            raise LinkError("closed during the handshake")
+            raise closed
         lines.extend(split.feed(chunk))
+
+
+def _recv_obj(conn: tls.TlsSock, split: LineSplitter, lines: list, deadline: float) -> dict:
+    _recv_line(conn, split, lines, deadline, LinkError("closed during the handshake"))
     return _handshake_obj(lines.pop(0))
 
 
@@ -419,14 +426,7 @@ def dial(
         dialled again (tls.dial)."""
         split, lines = LineSplitter(HELLO_MAX), []  # type: ignore[var-annotated]
         conn = tls.TlsSock(sock)
-        while not lines:
-            try:
-                chunk = conn.recv(HELLO_MAX, deadline)
-            except socket.timeout:
-                raise LinkError("the coordinator's handshake took too long") from None
-            if not chunk:
-                raise EOFError("closed before the coordinator's nonce")
-            lines.extend(split.feed(chunk))
+        _recv_line(conn, split, lines, deadline, EOFError("closed before the coordinator's nonce"))
         return conn, split, lines
 
     _sock, (conn, split, lines) = tls.dial(host, port, cert, key, timeout_s, first)
