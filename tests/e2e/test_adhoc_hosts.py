@@ -122,11 +122,24 @@ def home(tmp_path: Path, sshd_cluster: SshdCluster) -> Iterator[Path]:
     yield home
 
 
-def _trains_with_hosts(installed: Install, home: Path, tmp_path: Path, per_node: int) -> Done:
-    """``mscon run --no-tui --hosts node-a,node-b`` of a folder holding only train.py."""
+# For the tests of how nodes are reached (known-hosts files, a bastion), not of training: prints
+# what the user's MindSpore script prints, without MindSpore (no rank slots held).
+REACH_SCRIPT = (
+    "for step in (1, 2):\n    print(f'epoch: 2 step: {step}, loss is 0.{step}', flush=True)\n"
+    "print('user script done')\n"
+)
+
+
+def _trains_with_hosts(
+    installed: Install, home: Path, tmp_path: Path, per_node: int, script: str | None = None
+) -> Done:
+    """``mscon run --no-tui --hosts node-a,node-b`` of a folder holding only train.py (the user's
+    MindSpore script, or ``script``)."""
     work = tmp_path / "project"
     work.mkdir()
-    script = USER_SCRIPT.read_text() + f"\nimport os\nprint('{FLAG}=' + repr(os.environ.get('{FLAG}')))\n"
+    script = (script or USER_SCRIPT.read_text()) + (
+        f"\nimport os\nprint('{FLAG}=' + repr(os.environ.get('{FLAG}')))\n"
+    )
     (work / "train.py").write_text(script)
     done = _mscon(
         installed, "run", "--no-tui", "--hosts", "node-a,node-b", "--nproc-per-node", str(per_node),
@@ -196,8 +209,6 @@ def test_hosts_without_an_inventory_trains_from_a_wheel_install(
 
 
 @pytest.mark.ssh
-@pytest.mark.mindspore
-@pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
 def test_hosts_with_keys_only_in_a_global_known_hosts_file(
     tmp_path: Path, installed: Install, sshd_cluster: SshdCluster
 ) -> None:
@@ -207,13 +218,11 @@ def test_hosts_with_keys_only_in_a_global_known_hosts_file(
     write_known_hosts(site, sshd_cluster.nodes)
     files = f"  UserKnownHostsFile ~/site/none\n  GlobalKnownHostsFile {site}\n"
     home = _ssh_home(tmp_path, sshd_cluster, _aliases(sshd_cluster.nodes, files))
-    _trains_with_hosts(installed, home, tmp_path, per_node=1)
+    _trains_with_hosts(installed, home, tmp_path, per_node=1, script=REACH_SCRIPT)
     assert not (home / "site" / "none").exists()
 
 
 @pytest.mark.ssh
-@pytest.mark.mindspore
-@pytest.mark.skipif(mindspore_missing() is not None, reason=mindspore_missing() or "")
 def test_hosts_behind_a_proxyjump_bastion(tmp_path: Path, installed: Install, cluster3: SshdCluster) -> None:
     """node-a and node-b accept the console only through the bastion (ProxyJump in the config);
     every key, the bastion's included, in the config's UserKnownHostsFile."""
@@ -224,7 +233,7 @@ def test_hosts_behind_a_proxyjump_bastion(tmp_path: Path, installed: Install, cl
     )
     home = _ssh_home(tmp_path, cluster3, config)
     write_known_hosts(home / "site" / "cluster_hosts", [*nodes, bastion])
-    _trains_with_hosts(installed, home, tmp_path, per_node=1)
+    _trains_with_hosts(installed, home, tmp_path, per_node=1, script=REACH_SCRIPT)
     for n in nodes:  # reached through the bastion only
         log = n.log.read_text()
         assert "Accepted publickey for root from 127.0.0.1" in log and CLIENT_ADDRESS not in log

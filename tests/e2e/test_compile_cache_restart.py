@@ -3,7 +3,8 @@ ResumeCallback: the cache's default use) on 2 local ranks under ``mscon run --ma
 killed after step 13 of attempt 0 (the resume check's fault, ``MSCON_CHECK_KILL_AT``). Attempt 0
 compiles its graphs and keeps them in the run's 0700 cache folder on the node; attempt 1 loads them,
 and the summary says so per attempt (JSON and headless text). The same run with the cache off
-computes the same losses after the restart: a loaded graph computes what a compiled one does."""
+computes the same losses after the restart: a loaded graph computes what a compiled one does (a
+slow twin: bench/graph_cache.py measures it too)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, mscon, needs_mindspore, write_inventory
+from conftest import REPO, free_port, mscon, needs_mindspore, slow_twin, write_inventory
 from mscon.agent import layout
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -105,7 +106,22 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(tmp_path: Path) -
             assert mode & 0o077 == 0, (path, oct(mode))  # MindSpore writes 0400; never group/other
     assert any(p.name.endswith(".mindir") for p in cache.rglob("*"))
     assert not (tmp_path / "runs" / run_id / "local" / layout.COMPILE_CACHE_DIR).exists()  # never fetched
+    losses = _after_restart(out)
+    assert len(losses) == 2 * (EPOCHS * 3 - KILL_AT), sorted(losses)
 
+
+@pytest.mark.mindspore
+@needs_mindspore
+@slow_twin(
+    "a loaded graph computing what a compiled one does: bench/graph_cache.py compares the losses "
+    "of ResNet-18 and net.py with the cache off, written and loaded"
+)
+def test_a_loaded_graph_computes_the_losses_a_compiled_one_does(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO / "examples" / SCRIPT, work / SCRIPT)
+    data = write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * 2)
+    _, out, _, _ = _run(tmp_path, work, data, "kept", "auto")
     off, out_off, _, _ = _run(tmp_path, work, data, "off", "off")
     assert [a["phases"].get("graph") for a in off["attempts"]] == [None, None]  # no cache: nothing said
     losses = _after_restart(out)

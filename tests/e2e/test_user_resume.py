@@ -26,7 +26,16 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, mscon, needs_mindspore, node_run_dir, run_process, run_processes, ssh_inventory
+from conftest import (
+    REPO,
+    mscon,
+    needs_mindspore,
+    node_run_dir,
+    run_process,
+    run_processes,
+    slow_twin,
+    ssh_inventory,
+)
 from mscon.agent import layout
 from mscon.console.engine.plan import MINDSPORE_TIMERS
 from second_user import intruder_uid, run_as
@@ -307,6 +316,10 @@ def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Pat
 
 @pytest.mark.mindspore  # 2 ranks
 @needs_mindspore
+@slow_twin(
+    "a relaunch under plain msrun with MSCON_RESUME=1: the resume catalogue's dp2_hand_loop and "
+    "dp2_model_train are killed and relaunched under msrun in the README's command"
+)
 def test_net_py_relaunched_under_plain_msrun_resumes_at_its_last_step(tmp_path: Path) -> None:
     if shutil.which("msrun", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("msrun is not beside this python")

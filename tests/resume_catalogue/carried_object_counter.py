@@ -5,6 +5,7 @@ relaunch refuses in one line and names the fix (add the trainer to keep).
 
 EXPECT: refused
 PATTERN: 3
+SUITE: slow
 """
 
 import mindspore as ms

@@ -170,7 +170,7 @@ def check_server() -> Iterator[CheckServer]:
 def _group(e: Entry, i: int) -> list[pytest.MarkDecorator]:
     # The catalogue's cost split between the two MindSpore groups of tests/conftest.py, a script
     # each in turn (one module in one group was 4 minutes more on that group's path).
-    # A 2-rank check (msrun, about 45 s) goes to group b: a holds test_user_resume's three (160 s).
+    # A 2-rank check (msrun, about 45 s) goes to group b (tests/conftest.py balances the rest).
     group = "b" if e.ranks > 1 else "ab"[i % 2]
     marks = [pytest.mark.mindspore(ranks=e.ranks), pytest.mark.xdist_group(f"mindspore-{group}")]
     if e.slow and not os.environ.get(SLOW):
