@@ -18,7 +18,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import needs_mindspore, node_run_dir, run_process, run_processes, wait_for, wait_gone
+from conftest import (
+    needs_mindspore,
+    node_run_dir,
+    run_process,
+    run_processes,
+    slow_twin,
+    wait_for,
+    wait_gone,
+)
 from mscon.agent import layout
 from mscon.agent.journal import read_state
 from sshd_nodes import SshdCluster
@@ -169,6 +177,10 @@ def test_kill9_of_a_rank_restarts_warm_at_the_next_step(
 
 
 @needs_mindspore
+@slow_twin(
+    "a lost standby making the restart cold: tests/agent/test_spares_units.py and "
+    "tests/engine/test_supervisor_policy.py cover it with fake ranks"
+)
 def test_kill9_of_a_standby_makes_the_restart_cold(
     tmp_path: Path, sshd_cluster: SshdCluster, request: pytest.FixtureRequest
 ) -> None:
