@@ -326,8 +326,9 @@ RANK_SLOTS = 4
 # The MindSpore tests go in two groups (two workers), so no more than two workers ever wait for rank
 # slots while the others run everything else. The modules are split between the groups so both end
 # together, the catalogue's own halves counted (it splits itself: test_resume_catalogue._group). The
-# figure beside each module: its tests' seconds on a fresh clone at 35782df (bench/suite_timeline.py,
-# bench/suite_split.py), less the slow twins since. A module not named here alternates.
+# figure beside each module: its tests' seconds on a fresh clone at 35782df and 082fbc2
+# (bench/suite_timeline.py, bench/suite_split.py), less the slow twins since. A module not named
+# here alternates.
 _MINDSPORE_GROUP = {
     "tests/trainer/test_training.py": "a",  # 148
     "tests/e2e/test_user_resume.py": "a",  # 115
@@ -335,7 +336,7 @@ _MINDSPORE_GROUP = {
     "tests/e2e/test_hang_limits.py": "a",  # 63
     "tests/trainer/test_straggler_trainer.py": "a",  # 43
     "tests/trainer/test_resume_shapes.py": "a",  # 23
-    "tests/trainer/test_resume_check_ms.py": "a",  # 13
+    "tests/tui/test_tui_terminal.py": "a",  # 12
     "tests/e2e/test_kept_standby.py": "b",  # 116
     "tests/e2e/test_ssh.py": "b",  # 57
     "tests/e2e/test_resume_check_nodes.py": "b",  # 55
@@ -347,7 +348,7 @@ _MINDSPORE_GROUP = {
     "tests/e2e/test_operator_restart.py": "b",  # 34
     "tests/trainer/test_phases_trainer.py": "b",  # 26
     "tests/e2e/test_resume_summary.py": "b",  # 15
-    "tests/tui/test_tui_terminal.py": "b",  # 12
+    "tests/trainer/test_resume_check_ms.py": "b",  # 16
     "tests/trainer/test_sharding.py": "b",  # 7
 }
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, local_inventory, mscon, needs_mindspore
+from conftest import REPO, local_inventory, mscon, needs_mindspore, slow_twin
 
 pytestmark = [pytest.mark.mindspore, needs_mindspore]
 TRAIN = "trainer/train.py"
@@ -35,7 +35,16 @@ def _flags(err: str) -> list[tuple[str, float]]:
     ]
 
 
-@pytest.mark.parametrize("slow", [1.0, 1.8])
+@pytest.mark.parametrize(
+    "slow",
+    [
+        pytest.param(
+            1.0,
+            marks=slow_twin("a run nobody slowed flags nobody: test_the_local_default_job_flags_nobody"),
+        ),
+        1.8,
+    ],
+)
 def test_the_reference_trainer_slowed_on_one_rank_is_named_at_its_factor(tmp_path: Path, slow: float) -> None:
     inv = local_inventory(tmp_path / "inv.yaml", 2, TRAIN, [*ARGS, "--slow-rank", "1", "--slow", str(slow)])
     done = mscon("run", "--no-tui", "-q", "--no-check", inv, "--json", tmp_path / "s.json", cwd=tmp_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, TRAINER, local_inventory, mscon, needs_mindspore
+from conftest import REPO, TRAINER, local_inventory, mscon, needs_mindspore, slow_twin
 from mscon.agent import layout
 
 pytestmark = [pytest.mark.mindspore, needs_mindspore]
@@ -37,7 +37,11 @@ def _run_alone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     ("ranks", "runner"),
-    [(2, "functional"), pytest.param(4, "functional", marks=pytest.mark.mindspore(ranks=4)), (2, "cell")],
+    [
+        pytest.param(2, "functional", marks=slow_twin("functional, data parallel: its 4-rank case")),
+        pytest.param(4, "functional", marks=pytest.mark.mindspore(ranks=4)),
+        (2, "cell"),
+    ],
 )
 def test_data_parallel_learns_and_replicas_agree(tmp_path: Path, ranks: int, runner: str) -> None:
     args = [
