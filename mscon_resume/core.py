@@ -94,6 +94,7 @@ class Resumer:
         self.extra: dict[str, Any] = {}  # more for each snapshot's metadata (the epoch's random state)
         self.extra_arrays: dict[str, np.ndarray] = {}
         self.carrier: Carrier | None = None  # the script's loops' own values, with each snapshot
+        self._carry_s = 0.0  # the last snapshot's capture of them, in the snapshot's cost
         self._said: set = set()
         self._phases = phases  # start-up milestones for the console (the trainer records its own)
         self._stepped = False
@@ -278,7 +279,9 @@ class Resumer:
         stage's last state, which a relaunch restores and skips the stage with)."""
         if self.writer is None:
             return
+        c0 = time.thread_time()
         carried, arrays = self.carrier.capture() if self.carrier is not None else ({}, {})
+        self._carry_s = time.thread_time() - c0  # on the step, as the copy is (a growing list costs)
         meta, rng_arrays = rng.capture()
         arrays.update(rng_arrays)
         info: dict[str, Any] = {"epoch": epoch, "pos": pos, "rng": meta, "size": self.size, **self.extra}
@@ -295,12 +298,13 @@ class Resumer:
         self.writer.submit(step, self.params, info, arrays)
 
     def _snapshot_cost(self) -> float:
-        """What a snapshot costs the step: its copy, and where the host computes the step (CPU)
-        its background write too, which takes cores from the step's kernels."""
+        """What a snapshot costs the step: the capture of the loops' carried values and the copy,
+        and where the host computes the step (CPU) its background write too, which takes cores
+        from the step's kernels."""
         w = self.writer
         if w is None:
             return 0.0
-        return w.typical_copy_s() + (w.typical_write_s() if _host_computes() else 0.0)
+        return self._carry_s + w.typical_copy_s() + (w.typical_write_s() if _host_computes() else 0.0)
 
     def settle(self) -> None:
         """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""
