@@ -289,12 +289,15 @@ class Carrier:
         kept = self._kept()
         for depth, frame, site in self._each():
             names = _names(frame)
+            mutated = {name for name, _ in site.mutated}
             for name, line in site.rebound + site.mutated:
                 if name not in names:
                     continue  # not bound yet (a name first set later in the loop)
                 value = names[name]
                 if isinstance(value, ModuleType) or callable(value) or id(value) in kept:
                     continue  # structure, or state keep already holds
+                if name in mutated and not isinstance(value, _CONTAINERS):
+                    continue  # a method of another object (a progress bar's update): not known state
                 try:
                     meta[f"{depth}:{name}"] = _encode(value, arrays, _PREFIX, name)
                 except Unkeepable:

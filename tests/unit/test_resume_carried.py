@@ -194,3 +194,22 @@ def test_an_object_keep_holds_is_not_said() -> None:
     trainer = _Trainer()
     trainer.fit(carried.Carrier((trainer,), lambda: {id(trainer)}, said.append), {})
     assert said == []
+
+
+class _ProgressBar:
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = object()  # what a snapshot cannot hold
+
+    def update(self, k: int) -> None:
+        self.n += k
+
+
+def test_a_method_named_like_a_mutation_on_another_object_is_not_said() -> None:
+    """``pbar.update(1)`` (tqdm) reads like ``dict.update``: only lists and dicts changed in place
+    are carried; another object's method is not known state, and no refusal comes of it."""
+    said: list[str] = []
+    pbar = _ProgressBar()
+    for _ in _numbers(carried.Carrier((), set, said.append), 4, {}, at=1):
+        pbar.update(1)
+    assert said == [] and pbar.n == 4
