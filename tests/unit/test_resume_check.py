@@ -390,7 +390,10 @@ def test_mscon_check_resume_takes_an_inventory_with_remote_nodes_to_them(
 
 
 def test_mscon_check_resume_passes_the_verdict_on(capfd: pytest.CaptureFixture[str]) -> None:
-    assert mscon_check("--resume", "--at", "3", "--", str(FAKE), "--steps", "8", "--mode", "differs") == 1
+    # Steps of 0.3 s: the check's kill comes from its poll of the metrics, which a loaded machine
+    # delays (at 0.02 s a step the fake ran to its end before the kill came).
+    argv = ("--", str(FAKE), "--steps", "8", "--step-s", "0.3", "--mode", "differs")
+    assert mscon_check("--resume", "--at", "3", *argv) == 1
     out = capfd.readouterr().out.splitlines()
     assert out[0].startswith("differs: rank 0 step "), out
 
