@@ -46,6 +46,7 @@ FILES = (
     "core.py",
     "loop.py",
     "callback.py",
+    "resumable.py",
     "compile_cache.py",
     "check.py",
     "check_compare.py",

@@ -16,10 +16,9 @@ included) and gives the epoch to start in. At ``on_train_begin`` it loads the wh
 A resume never starts at the training's last step: the step before is kept too and resumed from,
 so the last step, the last validation (``Model.fit``) and the epoch-end callbacks run again, and a
 run that failed after training (in an evaluation, a save) comes back to the end without the
-``initial_epoch == epoch`` error. (At an earlier epoch's end it starts the next epoch: resuming
-from the step before would need that snapshot on every rank, which a rank a step ahead has
-dropped.) Each callback is a stage of its own: two ``model.train`` calls
-with two callbacks keep apart.
+``initial_epoch == epoch`` error. The same holds at every epoch's end (``resumable`` says why no
+snapshot is taken there). Each callback is a stage of its own: two ``model.train`` calls with two
+callbacks keep apart.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any
 
 from mindspore.train import Callback
 
-from . import compile_cache, core, probe
+from . import compile_cache, core, probe, resumable
 from . import metrics as metrics_module
 from .interval import AUTO
 from .loop import stage_name
@@ -52,6 +51,7 @@ class ResumeCallback(Callback):
         self._keep = dict(keep) if isinstance(keep, dict) else {f"keep[{i}]": v for i, v in enumerate(keep)}
         self.name = name or stage_name("callback")
         self.core = core.Resumer(dir, every, budget, metrics=metrics_module.shared(), stage=self.name)
+        self.core.resumable = resumable.at_callback_step
         self.dataset = dataset
         self.size = int(dataset.get_dataset_size()) or 1
         # A collective when resuming: every rank makes its callback. Never at an epoch's end (the
@@ -149,15 +149,7 @@ class ResumeCallback(Callback):
 
 
 def _not_an_epoch_end(snap: Any) -> bool:
-    """A resume never starts at an epoch's last step: the step before is kept too, and resumed
-    from, so the epoch's last step and its end (a validation, a best-model checkpoint, an epoch's
-    callbacks: a fault in them would otherwise skip them) run again; and never at the training's
-    last step (``Model.train`` refuses an ``initial_epoch`` equal to its ``epoch``), so the last
-    validation and everything after it run again."""
-    total, per_epoch, pos = snap.meta.get("total"), snap.meta.get("per_epoch"), snap.meta.get("pos")
-    if isinstance(total, int) and snap.step >= total:
-        return False
-    return not (isinstance(per_epoch, int) and per_epoch > 1 and pos == per_epoch)
+    return resumable.at_callback_step(snap.step, snap.meta.get("pos"), snap.meta)
 
 
 def _replay_exactly() -> bool:

@@ -94,6 +94,9 @@ class Resumer:
         self.extra: dict[str, Any] = {}  # more for each snapshot's metadata (the epoch's random state)
         self.extra_arrays: dict[str, np.ndarray] = {}
         self.carrier: Carrier | None = None  # the script's loops' own values, with each snapshot
+        # Steps the stage can never resume at (a callback: an epoch's end) get no snapshot: one
+        # there would push out of the KEEP newest a step every rank can resume at.
+        self.resumable: Callable[[int, int, dict[str, Any]], bool] = lambda step, pos, meta: True
         self._carry_s = 0.0  # the last snapshot's capture of them, in the snapshot's cost
         self._said: set = set()
         self._phases = phases  # start-up milestones for the console (the trainer records its own)
@@ -253,7 +256,7 @@ class Resumer:
             if self._phases:  # the first step's graphs compiled and ran once
                 self.metrics.phase("compiled", graph=compile_cache.outcome())
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
-        if self.writer is not None and self.interval.due(step):
+        if self.writer is not None and self.interval.due(step) and self.resumable(step, pos, self.extra):
             self.snapshot(step, epoch, pos)
         # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
         w = self.writer
@@ -267,7 +270,7 @@ class Resumer:
         """The resume check's fault (``MSCON_CHECK_KILL_AT``): this step kept on every rank, then
         rank 0 dies as a killed rank would (SIGKILL: no exit handler runs)."""
         self._kill_at = None
-        if self.writer is not None and not self.interval.due(step):
+        if self.writer is not None and self.resumable(step, pos, self.extra) and not self.interval.due(step):
             self.snapshot(step, epoch, pos)
         self.settle()
         if self.rank == 0:

@@ -148,8 +148,15 @@ def _plant(uid: int, folder: Path, ranks: int, tmp_path: Path) -> None:
 
 
 def _check_resume(
-    tmp_path: Path, cluster: SshdCluster, script: str, env: dict, intruder: bool = False
+    tmp_path: Path,
+    cluster: SshdCluster,
+    script: str,
+    env: dict,
+    intruder: bool = False,
+    callback: bool = False,
 ) -> None:
+    """``callback``: the script resumes by ``ResumeCallback``, which never resumes at an epoch's
+    end (``mscon_resume/resumable.py``): the step before it is the one kept."""
     nodes = NODES
     work, data = _job(tmp_path, script, len(nodes))
     inv = _inventory(tmp_path, cluster, work, data, script, env)
@@ -202,7 +209,10 @@ def _check_resume(
     resumed = {r["step"] for r in records.values()}
     assert len(resumed) == 1 and {r["source"] for r in records.values()} == {"snapshot"}, records
     (step,) = resumed
-    assert last_common - 1 <= step <= last_common, (step, last_common)  # at most one step lost
+    per_epoch = SAMPLES_A_RANK // 32
+    resumable = [s for s in range(1, last_common + 1) if not (callback and s % per_epoch == 0)]
+    # At most one step lost: the newest, when a rank was killed while writing its snapshot.
+    assert step in resumable[-2:], (step, last_common)
     for name, node in nodes.items():
         first = min(_steps(Path(layout.metrics_path(runs / node, 1, name))))
         assert first == step + 1, (name, first, step)
@@ -241,7 +251,7 @@ def test_the_docs_net_py_resumes_at_its_last_step_with_the_same_losses(
 def test_a_model_train_script_resumes_at_its_last_step_with_the_same_losses(
     tmp_path: Path, sshd_cluster: SshdCluster
 ) -> None:
-    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"})  # 24 steps
+    _check_resume(tmp_path, sshd_cluster, "lenet_model_train.py", {"EPOCHS": "8"}, callback=True)  # 24 steps
 
 
 def test_examples_net_py_is_the_docs_sample_with_three_lines_changed() -> None:

@@ -20,7 +20,7 @@ import pytest
 from conftest import wait_for
 from mscon.trainer import checkpoint
 
-from mscon_resume import collective, core, interval, store
+from mscon_resume import collective, core, interval, resumable, store
 from mscon_resume.metrics import MetricsWriter
 
 KEY = bytes(range(32))
@@ -659,3 +659,33 @@ def test_every_rank_agrees_on_the_auto_interval_even_one_without_snapshots(
     assert calls[0] == calls[1] and len(calls[0]) == 2
     for r in ranks:
         r.finish()
+
+
+def test_a_callback_takes_no_snapshot_where_it_cannot_resume_so_a_rank_ahead_still_shares_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``Model.train`` callback never resumes at an epoch's end. Had it snapshotted there (every
+    2 steps, 3 an epoch: step 12), rank 0 a step ahead of killed rank 1 would keep {12, 14} and
+    rank 1 {10, 12}: nothing both can resume at, and both started over (seen on CI)."""
+    monkeypatch.setattr(collective, "agree_max", lambda mine, rank, size: mine)
+    monkeypatch.setattr(core.rng, "capture", lambda: ({}, {}))
+    ranks = []
+    for rank in (0, 1):
+        monkeypatch.setattr(collective, "rank_and_size", lambda rank=rank: (rank, 2))
+        r = core.Resumer(str(tmp_path / "state"), every=2, metrics=MetricsWriter(""))
+        r.roots = [str(tmp_path / "snapshots")]
+        r.resumable = resumable.at_callback_step
+        r.extra.update(total=24, per_epoch=3)
+        r.keep([("w", _Param("w", np.zeros(2, dtype=np.float32)))])
+        ranks.append(r)
+    for r, last in zip(ranks, (14, 13), strict=True):
+        for step in range(1, last + 1):
+            r.stepped(step, (step - 1) // 3, (step - 1) % 3 + 1, 0.01)
+        r.settle()
+    usable = [
+        {s.step for s in store.newest_valid(r.roots, r.rank, r.key, r.stage) if resumable.at_callback_step(
+            s.step, s.meta["pos"], s.meta)}
+        for r in ranks
+    ]  # fmt: skip
+    assert 12 not in store.steps(ranks[0].roots[0], 0)
+    assert usable[0] & usable[1] == {10}, usable
