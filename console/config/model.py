@@ -3,6 +3,7 @@ only (the parser leaves a missing key to them). Built by ``inventory.load_invent
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,8 @@ class Inventory:
     slurm: SlurmNodes | None = None  # nodes from the allocation: ``nodes`` is empty until applied
     retention: RetentionSpec = RetentionSpec()
 
-    @property
+    @functools.cached_property
     def world_size(self) -> int:
+        # Cached: asked per node (each node's subscription), it was O(nodes^2) at start-up, a
+        # third of the console's CPU at 3,000 nodes (bench/scale.py --profile).
         return sum(n.devices for n in self.nodes)
