@@ -23,3 +23,7 @@ MAX_ENV_KEY = 256
 # hostfiles are a few KiB; a known-hosts file may list every host of a site.
 MAX_KEY_FILE_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20
+# ssh configs pulled in through Include (console/config/ssh_includes.py), each bounded as the config
+# itself (MAX_KEY_FILE_BYTES): OpenSSH's depth limit, and a bound on how many files in all.
+MAX_SSH_INCLUDE_DEPTH = 16
+MAX_SSH_CONFIG_FILES = 256

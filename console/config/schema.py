@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from mscon.console.config import named_files
+from mscon.console.config import named_files, ssh_includes
 from mscon.console.config.domains import LABEL_RE, NAME_WHAT, PY_ABS, PY_BARE, USER_RE
 from mscon.console.config.errors import gathered
 from mscon.console.config.limits import (
@@ -134,7 +134,7 @@ def build_inventory(r: NodeReader, root: yaml.Node, path: Path) -> Inventory:
         SshSpec,
         {
             "known_hosts": lambda n, w: _file_path(r, path, n, w, MAX_KNOWN_HOSTS_BYTES),
-            "config": lambda n, w: _file_path(r, path, n, w, MAX_KEY_FILE_BYTES),
+            "config": lambda n, w: _ssh_config(r, path, n, w),
             "connect_timeout_s": lambda n, w: r.number(n, w, 0, 600, True),
             "keepalive_s": lambda n, w: r.number(n, w, 1, 300),
             "max_parallel_connects": lambda n, w: r.integer(n, w, 1, 1024),
@@ -424,6 +424,15 @@ def _resolve(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str) -
 
 def _file_path(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str, max_bytes: int) -> str:
     return _named_file(r, node, where, str(_resolve(r, inventory_path, node, where)), max_bytes)
+
+
+def _ssh_config(r: NodeReader, inventory_path: Path, node: yaml.Node, where: str) -> str:
+    """``ssh.config``, bounded as every named file, and so is each file its ``Include`` lines pull in."""
+    config = _file_path(r, inventory_path, node, where, MAX_KEY_FILE_BYTES)
+    why = ssh_includes.problem([config], MAX_KEY_FILE_BYTES)
+    if why is not None:
+        raise r.fail(node, where, why)
+    return config
 
 
 def _named_file(r: NodeReader, node: yaml.Node, where: str, path: str, max_bytes: int) -> str:

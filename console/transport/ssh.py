@@ -19,7 +19,7 @@ from pathlib import Path
 
 import asyncssh
 from mscon.agent import layout
-from mscon.console.config import named_files
+from mscon.console.config import named_files, ssh_includes
 from mscon.console.config.inventory import Inventory, NodeSpec, SshSpec
 from mscon.console.config.limits import MAX_KEY_FILE_BYTES, MAX_KNOWN_HOSTS_BYTES
 from mscon.console.config.safepath import is_plain_name, remote_within, within
@@ -243,7 +243,9 @@ class SshTransport(NodeTransport):
     def _route(self, host: str, kwargs: dict, who: str) -> _Route:
         """What the ssh config says about ``host`` (HostName, Port, User, ProxyJump) and where its
         host keys are looked up; the key and known-hosts files it names checked before any is read."""
-        _refuse_unreadable(who, kwargs.get("config") or (), MAX_KEY_FILE_BYTES)
+        why = ssh_includes.problem(kwargs.get("config") or (), MAX_KEY_FILE_BYTES)  # and their Includes
+        if why is not None:
+            raise NodeUnreachable(f"{who}: {why}")
         keys = ("config", "port", "username")
         try:
             opts = asyncssh.SSHClientConnectionOptions(
@@ -353,6 +355,8 @@ class SshTransport(NodeTransport):
         """What ~/.ssh/config (or the inventory's ssh config) says for this node, as ``ssh`` reads it;
         None when it cannot be read (connect then says why)."""
         kw = {k: v for k, v in self._connect_kwargs().items() if k in ("config", "port", "username")}
+        if ssh_includes.problem(kw["config"], MAX_KEY_FILE_BYTES) is not None:
+            return None  # connecting says why, through _route
         try:
             # client_keys None: only the config is wanted, no key file is read here.
             return asyncssh.SSHClientConnectionOptions(host=self.node.host, client_keys=None, **kw)
