@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+REUSE_MAX_BYTES = 4 << 30  # a state this large or smaller: its next copy reuses an earlier copy's memory
 KEEP = 2  # a rank killed mid-write still has the previous one, which every other rank also has
 SHM = "/dev/shm"
 SHM_PREFIX = "mscon-"  # + a digest of the state folder, keyed (agent/layout.py names the same folder)
@@ -213,10 +214,22 @@ def named_params(payload: Any) -> list[tuple[str, Any]]:
     return [(p.name, p) for p in payload.get_parameters()]
 
 
-def take(params: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
+def take(params: list[tuple[str, Any]], into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """A host copy of every parameter, taken between steps (``asnumpy`` shares the tensor's memory
-    on CPU, and the next step updates it in place: hence the copy)."""
-    return {name: np.array(p.asnumpy(), copy=True) for name, p in params}
+    on CPU, and the next step updates it in place: hence the copy). ``into``: arrays of an earlier
+    copy that nothing reads any more, copied over where name, shape and dtype match: memory whose
+    pages are already there (a fresh copy of ResNet-18's 89 MiB took 33 ms, one over warm arrays
+    9 ms, most of it the page faults)."""
+    out: dict[str, np.ndarray] = {}
+    for name, p in params:
+        src = p.asnumpy()
+        old = into.get(name) if into is not None else None
+        if old is not None and old.shape == src.shape and old.dtype == src.dtype:
+            np.copyto(old, src)
+            out[name] = old
+        else:
+            out[name] = np.array(src, copy=True)
+    return out
 
 
 def steps(root: str, rank: int, stage: str = "") -> list[int]:
@@ -382,14 +395,23 @@ class Writer:
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
+        # The copy being written (no one may touch it), and the one written before it: the next
+        # copy goes over the latter's warm pages. Up to ``REUSE_MAX_BYTES``: a larger state keeps
+        # one copy between snapshots, not two.
+        self._writing: dict[str, np.ndarray] | None = None
+        self._free: dict[str, np.ndarray] | None = None
 
     def submit(self, step: int, params: list[tuple[str, Any]], meta: dict, extra: dict | None = None) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
-        arrays = take(params)
-        arrays.update(extra or {})
+        mine = take(params, into=self._free)
+        self._free = None
+        arrays = {**mine, **(extra or {})}
         t1 = time.perf_counter()
         self.copies.append(time.thread_time() - c0)
         self.wait()
+        if sum(a.nbytes for a in mine.values()) <= REUSE_MAX_BYTES:
+            self._free = self._writing  # written now: the next copy goes over it
+        self._writing = mine
         self.copy_s += t1 - t0
         self.wait_s += time.perf_counter() - t1
         self.count += 1

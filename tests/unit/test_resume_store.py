@@ -689,3 +689,25 @@ def test_a_callback_takes_no_snapshot_where_it_cannot_resume_so_a_rank_ahead_sti
     ]  # fmt: skip
     assert 12 not in store.steps(ranks[0].roots[0], 0)
     assert usable[0] & usable[1] == {10}, usable
+
+
+def test_a_copy_goes_over_the_memory_of_the_copy_written_before_and_every_file_holds_its_step(
+    tmp_path: Path,
+) -> None:
+    """The third snapshot's copy reuses the first's arrays (written by then; the second's may still
+    be in its write), and each file still holds the values of its own step."""
+    root = _root(tmp_path)
+    w = store.Writer(root, 0, KEY)
+    data = np.zeros(1000, dtype=np.float32)
+    params = [("w", _Param("w", data))]
+    taken: list[np.ndarray] = []
+    for step in range(1, 6):
+        data[:] = step  # the training updates the parameter in place
+        w.submit(step, params, {"epoch": 0, "pos": step})
+        assert w._writing is not None
+        taken.append(w._writing["w"])
+    w.wait()
+    assert taken[2] is taken[0] and taken[3] is taken[1] and taken[1] is not taken[0]
+    for snap in store.newest_valid([root], 0, KEY):
+        assert np.all(snap.arrays["w"] == snap.step), snap.step
+    assert [s.step for s in store.newest_valid([root], 0, KEY)] == [5, 4]
