@@ -2,7 +2,8 @@
 
 ``srun`` starts one task per node running a short, fixed boot (``console/transport/slurm_dial.py``:
 ``DIAL_BOOT``, which carries ``tls.py``'s source; it runs isolated from its folder, ``python -I``,
-and re-execs itself without the values it takes from its environment) that connects to the console
+and reads the console's address, the step's key and the run's TLS material from its stdin, one
+line srun hands every task, never an environment) that connects to the console
 over TLS with the run's certificate and key (mutual, the peer pinned to that certificate:
 ``tls.py``), authenticates both ways inside it as well (HMAC-SHA256 over two fresh nonces with the
 step's key, named by :func:`key_id`: the key itself never crosses the wire), receives this

@@ -1,7 +1,7 @@
 """The console's end of the Slurm dial (``agent/dial.py`` is the node's end).
 
-The fixed boot srun runs on every node (:data:`DIAL_BOOT`), the values it takes from its
-environment, the mutual handshakes (TLS with the run's certificate, pinned both ways:
+The fixed boot srun runs on every node (:data:`DIAL_BOOT`), the line of values it reads from its
+stdin (:func:`boot_line`), the mutual handshakes (TLS with the run's certificate, pinned both ways:
 ``agent/tls.py``; inside it HMAC-SHA256 over two fresh nonces, the key never crossing the wire),
 the dial's source sent on a boot connection, and :class:`Control`: the requests of the control
 protocol (JSON lines with ids: ``exists``, ``put`` in parts, ``agent``, ``fetch`` in chunks,
@@ -30,11 +30,8 @@ from mscon.console.transport.base import NodeUnreachable, Progress
 from mscon.console.transport.slurm_keys import DialKey, Keyring, KeyUse
 
 PROTOCOL = "MSCON-DIAL 1"  # agent/dial.py: PROTOCOL
-ENV_ADDR = "MSCON_DIAL_ADDR"
-ENV_KEY = "MSCON_DIAL_KEY"
-ENV_PYTHON = "MSCON_DIAL_PYTHON"
-ENV_CERT = "MSCON_DIAL_CERT"  # the run's certificate, PEM as hex (an environment value has no newline)
-ENV_TLS_KEY = "MSCON_DIAL_TLS_KEY"  # its private key, the same way
+ENV_PYTHON = "MSCON_DIAL_PYTHON"  # the node's python: the one value srun's environment carries (no secret)
+BOOT_LINE_MAX = 1 << 16  # the boot reads at most this many bytes of its stdin line
 AUTH_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
 PUT_CHUNK = 4 << 20
@@ -42,27 +39,33 @@ PUT_CHUNK = 4 << 20
 # The task srun starts on each node. Fixed text: srun execs it without a shell, and /bin/sh only
 # expands the python from the environment. ``-I``: neither the folder it starts in nor PYTHON*
 # variables reach sys.path, so a planted hmac.py (in a shared job folder, or /tmp where Slurm
-# falls back) never runs. The boot takes its values out of its environment and re-execs itself
-# (same pid, same argv) with an environment without them, handing them over a pipe: its
-# /proc/<pid>/environ then holds none of them, and neither does anything it starts. It then runs
-# tls.py's source (carried in the boot itself: nothing else may cross before TLS), connects with
-# the run's certificate and checks the console's (again, for up to 60 s, while the console's port
-# closes it before its proof: a flood of connections from the node's address pushes out the
-# oldest), names its step's key by its id, checks the console's proof before it sends its own,
-# then runs the source the console sends (agent/dial.py) with the authenticated connection; the
-# console then hands the dial a key of the node's own (slurm_keys.py).
+# falls back) never runs. The boot reads its values (the console's address, the step's key, the
+# run's TLS certificate and key: :func:`boot_line`) from its stdin, one line that the console
+# wrote on srun's stdin and srun hands every task (``--input=all``), and then puts /dev/null in
+# its place: no process holds them in its environment, srun's on the console's machine included,
+# and nothing the dial starts inherits the pipe. It then runs tls.py's source (carried in the
+# boot itself: nothing else may cross before TLS), connects with the run's certificate and checks
+# the console's (again, for up to 60 s, while the console's port closes it before its proof: a
+# flood of connections from the node's address pushes out the oldest), names its step's key by
+# its id, checks the console's proof before it sends its own, then runs the source the console
+# sends (agent/dial.py) with the authenticated connection; the console then hands the dial a key
+# of the node's own (slurm_keys.py).
 DIAL_SH = 'exec "$MSCON_DIAL_PYTHON" -I -c "$0"'
 _BOOT = (
     "import os,sys,hmac,hashlib\n"
-    "e=os.environ;V=('MSCON_DIAL_ADDR','MSCON_DIAL_KEY','MSCON_DIAL_CERT','MSCON_DIAL_TLS_KEY')\n"
-    "if 'MSCON_DIAL_KEY' in e:\n"
-    " all(e.get(n) for n in V) or sys.exit('mscon dial: no key or certificate in the environment')\n"
-    " r,w=os.pipe();os.write(w,' '.join(e.pop(n) for n in V).encode());os.close(w)\n"
-    " e.pop('MSCON_DIAL_PYTHON',None);e['MSCON_DIAL_FD']=str(r);os.set_inheritable(r,True)\n"
-    " A=open('/proc/self/cmdline','rb').read().split(bytes(1))[1:-1]\n"
-    " os.execve(sys.executable,[sys.executable.encode()]+A,e)\n"
-    "R=os.fdopen(int(e.pop('MSCON_DIAL_FD')),'rb');a,k,C,Q=R.read().decode().split();R.close()\n"
-    "k=bytes.fromhex(k);C=bytes.fromhex(C).decode();Q=bytes.fromhex(Q).decode()\n"
+    "os.environ.pop('MSCON_DIAL_PYTHON',None);N=" + str(BOOT_LINE_MAX) + "\n"
+    "def X(b=b''):\n"
+    " try:\n"
+    "  while len(b)<N and b[-1:]!=b'\\n':\n"
+    "   r=os.read(0,N-len(b))\n"
+    "   if not r:break\n"
+    "   b+=r\n"
+    "  w=b.split()\n"
+    "  b[-1:]==b'\\n' and len(w)==4 or sys.exit('mscon dial: no key line on stdin (srun --input=all)')\n"
+    "  return w[0].decode(),bytes.fromhex(w[1].decode()),"
+    "bytes.fromhex(w[2].decode()).decode(),bytes.fromhex(w[3].decode()).decode()\n"
+    " except (OSError,ValueError) as x:sys.exit('mscon dial: no usable key line on stdin: %s'%x)\n"
+    "a,k,C,Q=X();n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);n and os.close(n)\n"
     "I=hashlib.sha256(b'mscon dial key id|'+k).hexdigest()[:32]\n"
     "g={'__name__':'mscon_dial'};exec(compile(T,'mscon_tls','exec'),g)\n"
     "M=lambda*p:hmac.new(k,'|'.join(p).encode(),hashlib.sha256).hexdigest()\n"
@@ -87,9 +90,13 @@ def _boot() -> str:
 DIAL_BOOT = _boot()
 
 
-def tls_env(cert: str, key: str) -> dict[str, str]:
-    """The run's TLS material as the boot takes it from its environment."""
-    return {ENV_CERT: cert.encode().hex(), ENV_TLS_KEY: key.encode().hex()}
+def boot_line(address: str, key: bytes, cert: str, tls_key: str) -> bytes:
+    """What the console writes on srun's stdin for every task of a step: the address to dial, the
+    step's key, the run's certificate and its private key (PEM as hex: one line of four words)."""
+    line = f"{address} {key.hex()} {cert.encode().hex()} {tls_key.encode().hex()}\n".encode()
+    if len(line) > BOOT_LINE_MAX or len(line.split()) != 4:
+        raise ValueError("the boot's line: four words of at most BOOT_LINE_MAX bytes in all")
+    return line
 
 
 class DialRole(StrEnum):

@@ -1,7 +1,8 @@
 """The Slurm dial's keys, on the console: one per srun step, then one per node.
 
-A step's key reaches its tasks in srun's environment (the one channel srun offers that is not a
-command line); it proves a boot connection and nothing else, and each node of the step may boot
+A step's key reaches its tasks on srun's stdin (``slurm_dial.boot_line``: one line the console
+writes and closes, srun hands every task with ``--input=all``; never a command line or an
+environment); it proves a boot connection and nothing else, and each node of the step may boot
 with it once. At that boot the console hands the node a key of its own over the authenticated
 connection (never an environment); the node's later connections (its agent's) prove that one.
 Every relaunch step gets a fresh key, and a step's key is forgotten when its srun ends. A second

@@ -3,10 +3,12 @@
 ``srun --overlap --nodes=N --ntasks-per-node=1 ...`` runs the fixed boot (``slurm_dial.DIAL_BOOT``)
 on every node, in ``/`` (``--chdir``) and isolated from it (``python -I``). Its command line holds
 no inventory value and no secret: the console's address, the step's key (``slurm_keys.py``: fresh
-for every step, one boot per node, then a key of the node's own handed over the connection), the
-run's TLS certificate and key (``link_tls.py``) and the node python reach the tasks through srun's
-environment (``--export=ALL``; the boot re-execs itself without them before anything else starts,
-so no process on the node holds them in its environment).
+for every step, one boot per node, then a key of the node's own handed over the connection) and the
+run's TLS certificate and key (``link_tls.py``) are one line the console writes on srun's stdin and
+closes; srun hands it to every task (``--input=all``: it reads its stdin only once every node's
+step has connected, so a node that starts late gets it too). No process's environment holds them,
+srun's here included. The node python, no secret, is the one value srun's environment carries
+(``--export=ALL``).
 
 The listening port keeps the limits of every mscon listener (``agent/gate.py``): a connection has
 ``HANDSHAKE_S`` for its TLS handshake and the key's proof together, at most ``PENDING_MAX`` are in
@@ -40,16 +42,14 @@ from mscon.console.transport.slurm_dial import (
     AUTH_TIMEOUT_S,
     DIAL_BOOT,
     DIAL_SH,
-    ENV_ADDR,
-    ENV_KEY,
     ENV_PYTHON,
     Control,
     DialRole,
     authenticate,
+    boot_line,
     hello_home,
     send_dial,
     set_keepalive,
-    tls_env,
 )
 from mscon.console.transport.slurm_keys import BootRefused, DialKey, Keyring
 
@@ -276,7 +276,7 @@ class SlurmLauncher:
             "--cpu-bind=none",  # the ranks the agent starts get every CPU, not the task's one
             "--kill-on-bad-exit=0",  # one node's agent ending is the console's call, not srun's
             "--export=ALL",
-            "--input=none",
+            "--input=all",  # the boot's line (boot_line) to every task; then end of file
             f"--chdir={STEP_CWD}",  # not the console's folder, nor /tmp where Slurm falls back
             f"--job-name={self.step_name}",
         ]
@@ -287,19 +287,14 @@ class SlurmLauncher:
         argv += ["/bin/sh", "-c", DIAL_SH, DIAL_BOOT]
         assert self.python is not None and self.server is not None
         step, key = self.keys.new_step(frozenset(hosts))
-        env = {
-            **os.environ,
-            ENV_ADDR: f"{self.address}:{self.port}",
-            ENV_KEY: key.hex(),
-            ENV_PYTHON: self.python,
-            **tls_env(self.tls.cert, self.tls.key),
-        }
+        line = boot_line(f"{self.address}:{self.port}", key, self.tls.cert, self.tls.key)
+        env = {**os.environ, ENV_PYTHON: self.python}
         self._started.update(hosts)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # a terminal's Ctrl-C is the console's to handle
@@ -310,6 +305,11 @@ class SlurmLauncher:
             for h in hosts:
                 self.waiting[h].set_exception(NodeUnreachable(f"{self.nodes[h].name}: {error}"))
             return
+        assert proc.stdin is not None
+        # Into the pipe's buffer at once (a few KiB), then its end: srun reads it when every node's
+        # step has connected, and no task gets more (an srun that already died: its error says why).
+        proc.stdin.write(line)
+        proc.stdin.close()
         self.steps.append(proc)
         # This step's waits only: a lost node's new step may wait for the same host while this one ends.
         waits = {h: self.waiting[h] for h in hosts}

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,58 @@ def _wait_no_step(alloc: Alloc, timeout: float) -> list[str]:
     return alloc.our_steps()
 
 
+# srun, first on the console's PATH, that keeps a copy of the line the console writes on its stdin
+# (the step's key and the run's TLS material: what someone able to read that pipe would hold), then
+# runs the real srun with that line as its stdin.
+_CAPTURING_SRUN = """#!/bin/sh
+line="$MSCON_TEST_STDIN_DIR/$(date +%s%N)-$$"
+cat > "$line"
+exec {real} "$@" < "$line"
+"""
+
+
+def capturing_srun(folder: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with a stand-in srun first on its PATH that keeps each step's stdin line in ``folder``
+    (read them with :func:`boot_lines`)."""
+    real = shutil.which("srun", path=env.get("PATH"))
+    assert real is not None
+    (folder / "bin").mkdir(parents=True)
+    (folder / "lines").mkdir(mode=0o700)
+    srun = folder / "bin" / "srun"
+    srun.write_text(_CAPTURING_SRUN.format(real=real))
+    srun.chmod(0o700)
+    return {**env, "PATH": f"{folder / 'bin'}:{env['PATH']}", "MSCON_TEST_STDIN_DIR": str(folder / "lines")}
+
+
+def boot_lines(folder: Path) -> list[tuple[str, str, str, str]]:
+    """Each step's line as the console wrote it (address, the step's key, the run's certificate and
+    TLS key, the last two as hex), oldest step first."""
+    found = []
+    for path in sorted((folder / "lines").iterdir()):
+        words = path.read_text().split()
+        assert len(words) == 4, (path, path.read_text()[:200])
+        found.append((words[0], words[1], words[2], words[3]))
+    return found
+
+
+def no_dial_value_in_any_environment(values: tuple[str, ...]) -> int:
+    """No process of this machine (srun, slurmstepd, the dial, the agent, the ranks, the console)
+    holds any of ``values`` in its environment, nor a variable of the dial but the python's name.
+    The number of processes read."""
+    read = 0
+    for p in psutil.process_iter():
+        try:
+            raw = Path(f"/proc/{p.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        read += 1
+        names = [v.split(b"=", 1)[0] for v in raw.split(b"\0")]
+        assert not [n for n in names if n.startswith(b"MSCON_DIAL") and n != b"MSCON_DIAL_PYTHON"], (p, names)
+        for value in values:
+            assert value.encode() not in raw, (p, " ".join(p.cmdline())[:200])
+    return read
+
+
 def _srun_of(proc: subprocess.Popen[str]) -> psutil.Process:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -206,11 +259,12 @@ def test_inventory_devices_win_and_check_runs(tmp_path: Path, alloc: Alloc) -> N
 def test_secret_and_inventory_values_stay_off_command_lines(tmp_path: Path, alloc: Alloc) -> None:
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "100000", "--rate", "20"])
     run_id = f"sec-{secrets.token_hex(3)}"
-    proc = mscon_popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=alloc.env)
+    env = capturing_srun(tmp_path / "capture", alloc.env)
+    proc = mscon_popen("run", "--no-tui", "--no-check", inv, "--run-id", run_id, cwd=tmp_path, env=env)
     try:
         _wait_for_line(proc, "r1] epoch: 1 step: 3,")
         srun = _srun_of(proc)
-        key = srun.environ().get("MSCON_DIAL_KEY", "")
+        ((_, key, _, _),) = boot_lines(tmp_path / "capture")
         assert len(key) == 64
         srun_argv = " ".join(srun.cmdline())
         for value in (VENV_PYTHON, "slurm-test", str(inv), key, alloc.cluster.node):

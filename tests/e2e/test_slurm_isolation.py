@@ -3,10 +3,11 @@ dial's keys live as long as their use.
 
 Another local user plants hmac.py, json.py and ssl.py (each leaves a marker when imported) in the
 folder the console starts from and in /tmp (where Slurm runs a step whose folder a node lacks); a
-run through mscon works and no marker appears. While it runs, no process of the node (the dial, the
-agent, a rank) holds a key of the dial in its environment. A relaunch step gets a key of its own,
-and a second "boot" for a node that booted (someone who read the step's key from srun's
-environment) is refused, and said as the node's error.
+run through mscon works and no marker appears. While it runs, no process (srun on the console's
+side, slurmstepd, the dial, the agent, a rank) holds the step's key or the run's TLS material in its
+environment: the console writes them on srun's stdin. A relaunch step gets a key of its own, and a
+second "boot" for a node that booted (someone who read the step's key off that pipe: a stand-in
+srun keeps a copy, test_slurm.capturing_srun) is refused, and said as the node's error.
 """
 
 from __future__ import annotations
@@ -27,12 +28,24 @@ from mscon.agent import dial, tls
 from mscon.console.transport import slurm_dial as sd
 from mscon.console.transport.slurm_launcher import STEP_CWD
 from second_user import intruder_uid
-from test_slurm import FAKE, Alloc, _dials, _inventory, _srun_of, _wait_for_line, _wait_no_step, alloc, slurm
+from test_slurm import (
+    FAKE,
+    Alloc,
+    _dials,
+    _inventory,
+    _srun_of,
+    _wait_for_line,
+    _wait_no_step,
+    alloc,
+    boot_lines,
+    capturing_srun,
+    no_dial_value_in_any_environment,
+    slurm,
+)
 
 __all__ = ["alloc", "slurm"]  # the fixtures, from test_slurm.py
 
 PLANTED = ("hmac", "json", "ssl")
-DIAL_VARS = (sd.ENV_ADDR, sd.ENV_KEY, sd.ENV_CERT, sd.ENV_TLS_KEY)
 
 
 def _planted_source(markers: Path, name: str) -> str:
@@ -93,9 +106,9 @@ def _console(*args: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.Po
     )
 
 
-def _no_dial_values(proc: psutil.Process, values: list[str]) -> None:
+def _no_dial_values(proc: psutil.Process, values: tuple[str, ...]) -> None:
     env = proc.environ()
-    assert not any(k.startswith("MSCON_DIAL") and k != "MSCON_DIAL_FD" for k in env), (proc, sorted(env))
+    assert not any(k.startswith("MSCON_DIAL") and k != sd.ENV_PYTHON for k in env), (proc, sorted(env))
     raw = Path(f"/proc/{proc.pid}/environ").read_bytes()
     for value in values:
         assert value.encode() not in raw, (proc, proc.cmdline()[:3])
@@ -107,22 +120,28 @@ def test_planted_modules_never_run_and_no_key_is_in_any_environment(
     console_dir, markers = planted
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "200", "--rate", "20"])
     run_id = f"iso-{secrets.token_hex(3)}"
+    env = capturing_srun(tmp_path / "capture", alloc.env)
     proc = _console(
         "run", "--no-tui", "--no-check", inv, "--run-id", run_id, "--json", tmp_path / "s.json",
-        cwd=console_dir, env=alloc.env,
+        cwd=console_dir, env=env,
     )  # fmt: skip
     try:
         _wait_for_line(proc, "r1] epoch: 1 step: 3,")
         srun = _srun_of(proc)
-        values = [srun.environ()[name] for name in DIAL_VARS]
-        assert len(values[1]) == 64  # the step's key, in srun's environment on the console's machine
+        # srun on the console's machine: no value of the dial's but the python in its environment.
+        assert not [k for k in srun.environ() if k.startswith("MSCON_DIAL") and k != sd.ENV_PYTHON]
+        ((_, key, cert, tls_key),) = boot_lines(tmp_path / "capture")  # what its stdin carried
+        assert len(key) == 64 and bytes.fromhex(cert).startswith(b"-----BEGIN CERTIFICATE-----")
+        values = (key, cert, tls_key)
         (boot,) = _dials(alloc, alloc.cluster.node)
         assert boot.cmdline()[1] == "-I" and boot.cwd() == STEP_CWD
         agents = [c for c in boot.children() if c.cmdline()[1:2] == ["-c"]]
         ranks = run_processes(run_id)
         assert len(agents) == 1 and len(ranks) >= 2, (agents, ranks)
-        for p in (boot, *agents, *ranks):
+        for p in (srun, boot, *agents, *ranks):
             _no_dial_values(p, values)
+        # Nor any other process of this machine (slurmstepd, slurmd, the console itself).
+        assert no_dial_value_in_any_environment(values) > len(ranks) + 3
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
@@ -135,8 +154,8 @@ def test_planted_modules_never_run_and_no_key_is_in_any_environment(
 
 
 def _boot_as(address: str, tls_cert: str, tls_key: str, step_key: bytes, host: str) -> bytes:
-    """What someone who read srun's environment can do: say "boot" for ``host`` with the step's key.
-    What the console sends after the hello (b"": it closed the connection)."""
+    """What someone who read the step's line off srun's stdin can do: say "boot" for ``host`` with the
+    step's key. What the console sends after the hello (b"": it closed the connection)."""
     host_ip, _, port = address.rpartition(":")
     s = tls.TlsSock(tls.connect(host_ip, int(port), tls_cert, tls_key, 10))
     try:
@@ -159,29 +178,27 @@ def test_relaunch_steps_get_keys_of_their_own_and_a_second_boot_is_refused(
     tmp_path: Path, alloc: Alloc
 ) -> None:
     """The node's dial killed: the restart's step has a key of its own. Then someone holding that
-    step's key (srun's environment is the user's to read) says "boot" for the node once more: it
-    is refused, the node's connections are closed, and the run's summary says why."""
+    step's key (a copy of the line on srun's stdin) says "boot" for the node once more: it is
+    refused, the node's connections are closed, and the run's summary says why."""
     node = alloc.cluster.node
     inv = _inventory(tmp_path / "inv.yaml", FAKE, ["--steps", "100000", "--rate", "20"])
+    capture = tmp_path / "capture"
     proc = _console(
         "run", "--no-tui", "--no-check", inv, "--max-restarts", "1", "--json", tmp_path / "s.json",
-        cwd=tmp_path, env=alloc.env,
+        cwd=tmp_path, env=capturing_srun(capture, alloc.env),
     )  # fmt: skip
     try:
         _wait_for_line(proc, "r0] epoch: 1 step: 3,")
         first = _srun_of(proc)
-        key1 = first.environ()[sd.ENV_KEY]
         _dials(alloc, node)[0].kill()
         # the restart's step: a new srun, with a new key
-        second = wait_for(
-            lambda: next((p for p in [_srun_of(proc)] if p.pid != first.pid), None), 90, "a second srun"
-        )
-        env2 = second.environ()
-        assert env2[sd.ENV_KEY] != key1 and len(env2[sd.ENV_KEY]) == 64
+        wait_for(lambda: next((p for p in [_srun_of(proc)] if p.pid != first.pid), None), 90, "a second srun")
         _wait_for_line(proc, "r0] epoch: 1 step: 3,")  # the restart runs
+        (_, key1, _, _), (addr, key2, cert_hex, tls_key_hex) = boot_lines(capture)
+        assert key2 != key1 and len(key2) == 64
         t0 = time.monotonic()
-        cert, tls_key = (bytes.fromhex(env2[n]).decode() for n in (sd.ENV_CERT, sd.ENV_TLS_KEY))
-        sent = _boot_as(env2[sd.ENV_ADDR], cert, tls_key, bytes.fromhex(env2[sd.ENV_KEY]), node)
+        cert, tls_key = (bytes.fromhex(v).decode() for v in (cert_hex, tls_key_hex))
+        sent = _boot_as(addr, cert, tls_key, bytes.fromhex(key2), node)
         assert sent == b""  # no key of the node's, nothing else
         _, err = proc.communicate(timeout=90)
         took = time.monotonic() - t0

@@ -1,7 +1,6 @@
 """The Slurm dial's keys and its boot, without Slurm (issue 45, items 1 and 2): a key per step that
 boots each node once, a key per node after that, a second boot for a node refused and said; the
-boot isolated from the folder it starts in and holding no key in its environment once it has read
-them."""
+boot isolated from the folder it starts in and taking its key from its stdin, never an environment."""
 
 from __future__ import annotations
 
@@ -182,23 +181,24 @@ def _fake_console(
     return srv.getsockname()[1], t
 
 
-# What the boot runs as the dial: reports its own /proc/self/environ, flags, cwd and sys.path.
+# What the boot runs as the dial: reports its own /proc/self/environ, flags, cwd, sys.path and stdin.
 _PROBE = """
 def serve(s, f, C, Q):
     import os, sys
     with open('/proc/self/environ', 'rb') as e:
         env = e.read()
-    s.sendall(repr({'environ': env, 'isolated': sys.flags.isolated, 'cwd': os.getcwd(),
-                    'path': sys.path, 'tls': bool(C and Q)}).encode())
+    s.sendall(repr({'environ': env, 'isolated': sys.flags.isolated, 'cwd': os.getcwd(), 'path': sys.path,
+                    'tls': bool(C and Q), 'stdin': os.readlink('/proc/self/fd/0')}).encode())
     s.close()
     os._exit(0)
 """
 
 
-def test_the_boot_runs_isolated_and_keeps_no_key_in_its_environment(tmp_path: Path) -> None:
+def test_the_boot_runs_isolated_and_takes_its_key_from_stdin_not_its_environment(tmp_path: Path) -> None:
     """Started in a folder holding hmac.py, json.py and ssl.py (as a shared job folder or /tmp
-    might), the boot imports none of them; once booted, its /proc/<pid>/environ holds none of
-    the values it was given (it re-exec'd itself without them)."""
+    might), the boot imports none of them; it reads the console's address, the step's key and the
+    run's TLS material from its stdin (as srun --input=all hands them over), so neither its
+    /proc/<pid>/environ nor its starter's holds any of them, and its stdin is /dev/null afterwards."""
     job, markers = tmp_path / "job", tmp_path / "markers"
     job.mkdir()
     markers.mkdir()
@@ -210,13 +210,16 @@ def test_the_boot_runs_isolated_and_keeps_no_key_in_its_environment(tmp_path: Pa
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(job),  # ignored too (-I)
-        sd.ENV_ADDR: f"127.0.0.1:{port}",
-        sd.ENV_KEY: key.hex(),
         sd.ENV_PYTHON: sys.executable,
-        **sd.tls_env(run.cert, run.key),
     }
+    line = sd.boot_line(f"127.0.0.1:{port}", key, run.cert, run.key)
     p = subprocess.run(
-        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, cwd=job, capture_output=True, timeout=60
+        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT],
+        env=env,
+        cwd=job,
+        input=line,
+        capture_output=True,
+        timeout=60,
     )
     console.join(30)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
@@ -224,8 +227,41 @@ def test_the_boot_runs_isolated_and_keeps_no_key_in_its_environment(tmp_path: Pa
     assert got[0].split()[4].decode() == key_id(key) == dial.key_id(key)  # the boot names its key
     seen = eval(got[1].decode())  # noqa: S307 - our own probe's repr of plain values
     assert seen["isolated"] == 1 and seen["tls"] and str(job) not in seen["path"] and "" not in seen["path"]
+    assert seen["stdin"] == os.devnull  # nothing the dial starts inherits the pipe
     environ = seen["environ"]
-    for secret in (key.hex(), env[sd.ENV_CERT], env[sd.ENV_TLS_KEY]):
+    for secret in (key.hex(), run.cert.encode().hex(), run.key.encode().hex(), str(port)):
         assert secret.encode() not in environ
-    assert b"MSCON_DIAL_KEY" not in environ and b"MSCON_DIAL_ADDR" not in environ
+    assert b"MSCON_DIAL" in environ  # the python's name, no secret: what the boot was started with
     assert b"PATH=" in environ  # the rest of the environment is kept
+
+
+@pytest.mark.parametrize(
+    "stdin",
+    [
+        b"",
+        b"127.0.0.1:1 cafe\n",
+        b"127.0.0.1:1 k c q",
+        b"127.0.0.1:1 zz 00 00\n",
+        b"x" * (sd.BOOT_LINE_MAX + 10),
+    ],
+    ids=["nothing", "two-words", "no-newline", "not-hex", "too-long"],
+)
+def test_a_boot_without_a_whole_key_line_on_stdin_exits_in_one_line(stdin: bytes) -> None:
+    env = {"PATH": os.environ["PATH"], sd.ENV_PYTHON: sys.executable}
+    p = subprocess.run(
+        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, input=stdin, capture_output=True, timeout=60
+    )
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith("mscon dial: no ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "key line on stdin" in err
+
+
+def test_the_boot_line_is_one_line_of_four_words() -> None:
+    run = link_tls.make_run_tls()
+    line = sd.boot_line("10.0.0.1:4242", bytes(32), run.cert, run.key)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1 and len(line) < 4096  # fits one pipe page
+    addr, key, cert, tls_key = line.split()
+    assert (addr, key) == (b"10.0.0.1:4242", b"00" * 32) and bytes.fromhex(cert.decode()).decode() == run.cert
+    assert bytes.fromhex(tls_key.decode()).decode() == run.key
+    with pytest.raises(ValueError):
+        sd.boot_line("a b:1", bytes(32), run.cert, run.key)

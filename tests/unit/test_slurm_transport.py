@@ -1,6 +1,6 @@
 """The srun transport without Slurm: the dial-back handshake both ways, the dial's path checks,
 the log extraction, and a whole ``mscon run`` through a stand-in ``srun`` (it runs the one task on
-this machine, with the environment, as srun --export=ALL does)."""
+this machine, with the environment and stdin, as srun --export=ALL --input=all does)."""
 
 from __future__ import annotations
 
@@ -83,15 +83,15 @@ async def test_both_sides_prove_the_key_and_only_then_code_is_sent(launcher: sl.
 
 
 def _run_boot(port: int, material: link_tls.RunTls) -> subprocess.CompletedProcess[str]:
-    env = {
-        "PATH": os.environ["PATH"],
-        sd.ENV_ADDR: f"127.0.0.1:{port}",
-        sd.ENV_KEY: os.urandom(32).hex(),
-        sd.ENV_PYTHON: sys.executable,
-        **sd.tls_env(material.cert, material.key),
-    }
+    env = {"PATH": os.environ["PATH"], sd.ENV_PYTHON: sys.executable}
+    line = sd.boot_line(f"127.0.0.1:{port}", os.urandom(32), material.cert, material.key)
     return subprocess.run(
-        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT], env=env, capture_output=True, text=True, timeout=30
+        ["/bin/sh", "-c", sd.DIAL_SH, sd.DIAL_BOOT],
+        env=env,
+        input=line.decode(),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -210,7 +210,7 @@ def test_extract_writes_plain_files_only(tmp_path: Path) -> None:
 
 
 FAKE_SRUN = """#!/bin/sh
-# srun for one node on this machine: drop srun's options, run the task with srun's environment.
+# srun for one node on this machine: drop srun's options, run the task with srun's environment and stdin.
 echo "$@" > "$FAKE_SRUN_ARGV"
 while [ $# -gt 0 ]; do case "$1" in --*) shift;; *) break;; esac; done
 SLURMD_NODENAME=fakenode SLURM_PROCID=0 exec "$@"
@@ -260,6 +260,7 @@ def test_a_run_through_a_stand_in_srun(tmp_path: Path) -> None:
     assert "[fakenode r1] epoch: 1 step: 5," in p.stdout
     argv = (tmp_path / "argv").read_text()
     assert argv.startswith("--overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpu-bind=none")
+    assert " --input=all " in argv  # the boot's line reaches every task
     assert sys.executable not in argv and "fake-slurm" not in argv and "fakenode" not in argv
     fetched = list((tmp_path / layout.LOGS_DIR).glob(layout.log_path("*/fakenode", 0, "r1")))
     assert len(fetched) == 1 and "training finished" in fetched[0].read_text()
