@@ -170,7 +170,19 @@ def _uninterrupted_last_step(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return _UNINTERRUPTED["r0"]
 
 
-@pytest.mark.parametrize("runner", ["functional", "cell"])
+@pytest.mark.parametrize(
+    "runner",
+    [
+        "functional",
+        pytest.param(
+            "cell",
+            marks=slow_twin(
+                "the cell runner's resume from a checkpoint: test_snapshot's (the trainer's default runner "
+                "is the cell one) and this test's functional case"
+            ),
+        ),
+    ],
+)
 def test_killed_rank_then_rerun_resumes_from_the_last_checkpoint(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, runner: str
 ) -> None:
