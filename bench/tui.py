@@ -2,6 +2,8 @@
 lines a second (the agent batches lines every 0.1 s, so 10 log batches per rank per second).
 
     PYTHONPATH=.dev .venv/bin/python bench/tui.py [--ranks 64 256 1024] [--seconds 15] [--burst]
+    .venv/bin/python bench/tui.py --nodes 10000 --ranks-per-node 8 --lines-per-s 2 --metrics-per-s 1 \
+        --screen overview --type "node n0012" "state:run"
 
 1,024 real processes are too many for a 2-core machine, so the events come from a synthetic source
 that does what the supervisor does with an agent's messages (ClusterState.apply, then the EventBus,
@@ -12,6 +14,19 @@ above). Reported: CPU of the whole process as a fraction of one core, and of the
 view alone (minus the synthetic engine, measured on its own); event arrival (the engine's receipt,
 so the bus queue and the wait for a flush count) -> paint, and flush start -> paint (p50/p99);
 resident memory.
+
+What arrives is what a protocol-9 console gets (``--feed summaries``, the default), by the rules of
+console/engine/lines_wanted.py at the run's size: the log lines of the ranks the TUI shows by default
+only (every rank's up to 64 ranks, rank 0's beyond), every metric as a MetricBatch up to 1,024 ranks,
+and one NodeSummary (each rank's counts; beyond 1,024 ranks its latest metric too) and one
+TelemetryBatch per node and summary tick (1 s up to 1,000 nodes, 10 s at 10,000), the nodes' ticks
+spread over the tick. ``--feed every-line``: every rank's lines and metrics (an unsubscribed agent,
+the figures before protocol 9).
+
+``--type QUERY ...``: after the flush measurement, under the same load, the filter box is opened
+with ``/`` and each query typed key by key, then erased with backspace, again and again for
+``--typing-seconds``; each keystroke's time from the key press to the paint of its refresh is a
+figure of its own (p50/p99).
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -32,7 +48,9 @@ from mscon.agent.protocol import (  # noqa: E402
     LogBatch,
     Metric,
     MetricBatch,
+    NodeSummary,
     ProcStarted,
+    RankCount,
     Telemetry,
     TelemetryBatch,
 )
@@ -46,10 +64,16 @@ from mscon.console.engine.events import (  # noqa: E402
     RankRef,
     RunStarted,
 )
+from mscon.console.engine.lines_wanted import (  # noqa: E402
+    EVERY_METRIC_UP_TO,
+    default_lines,
+    summary_tick_s,
+)
 from mscon.console.views.tui.app import MsconApp  # noqa: E402
 from mscon.console.views.tui.feed import Changes  # noqa: E402
 from mscon.console.views.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
 from mscon.console.views.tui.widgets.rank_table import RankTable  # noqa: E402
+from textual.pilot import Pilot  # noqa: E402
 
 BATCH_S = 0.1  # the agent's flush interval
 LINES_PER_S = 20
@@ -80,6 +104,7 @@ class SyntheticSource(Source):
         burst: bool = False,
         lines_per_s: float = LINES_PER_S,
         metrics_per_s: float = METRICS_PER_S,
+        feed: str = "summaries",
     ) -> None:
         super().__init__()
         self.ranks = ranks
@@ -87,6 +112,7 @@ class SyntheticSource(Source):
         self.metrics_per_s = metrics_per_s
         self.seconds = seconds
         self.burst = burst  # every rank's batch at the same instant (else each node's agent in turn)
+        self.feed = feed
         self.bus = EventBus()
         self.behind = 0  # ticks that started late (the machine could not keep up)
         self.emitted: dict[int, float] = {}  # id(event) -> perf_counter() when the engine got it
@@ -116,6 +142,19 @@ class SyntheticSource(Source):
         )
         for i, n in enumerate(names):
             self.emit(AgentEvent(0, ProcStarted(node_of[i], n, i, 1000 + i, now, f"/tmp/{n}.log")))
+        if self.feed == "every-line":
+            await self._every_line(names, node_of, rpn)
+        else:
+            await self._summaries(names, nodes, rpn)
+        await self.bus.close()
+        return 0
+
+    def _metric(self, node: str, name: str, i: int, step: int, ts: float) -> Metric:
+        slow = 2.0 if i == 1 else 1.0
+        return Metric(node, name, i, step, 2.0 * 0.99**step, 1, 0.5 * slow, 64 / slow, ts, "metrics")
+
+    async def _every_line(self, names: list[str], node_of: list[str], rpn: int) -> None:
+        """Every rank's lines and metrics, each node's agent in turn over the 0.1 s (unsubscribed)."""
         # A rank prints a batch every `lines_every` flushes (each with `lines_per_batch` lines), a
         # metric every `metric_every`; one TelemetryBatch per node and second, as the agent does.
         lines_every = max(1, round(1 / (self.lines_per_s * BATCH_S)))
@@ -146,29 +185,65 @@ class SyntheticSource(Source):
                     self.emit(AgentEvent(0, LogBatch(node_of[i], n, i, seq[i], lines, ts)))
                     seq[i] += lines_per_batch
                 if tick % metric_every == (i % metric_every):
-                    slow = 2.0 if i == 1 else 1.0
-                    metric = Metric(
-                        node_of[i],
-                        n,
-                        i,
-                        step,
-                        2.0 * 0.99**step,
-                        1,
-                        0.5 * slow,
-                        64 / slow,
-                        ts / 1e9,
-                        "metrics",
-                    )
+                    metric = self._metric(node_of[i], n, i, step, ts / 1e9)
                     self.emit(AgentEvent(0, MetricBatch(node_of[i], n, i, (metric,))))
             tick += 1
-            delay = start + tick * BATCH_S - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                self.behind += 1
-                await asyncio.sleep(0)
-        await self.bus.close()
-        return 0
+            await self._next_tick(start, tick)
+
+    async def _summaries(self, names: list[str], nodes: tuple[str, ...], rpn: int) -> None:
+        """What a subscribed console gets (lines_wanted.py's rules at this size): the shown ranks'
+        lines, every metric up to EVERY_METRIC_UP_TO ranks, and per node and summary tick one
+        NodeSummary and one TelemetryBatch, the nodes' ticks spread evenly over the tick."""
+        wanted = default_lines(self.ranks)
+        shown = range(self.ranks) if wanted is None else sorted(r for r in wanted if r < self.ranks)
+        every_metric = self.ranks <= EVERY_METRIC_UP_TO
+        slots = max(1, round(summary_tick_s(len(nodes)) / BATCH_S))  # a node's summary every `slots` ticks
+        lines_every = max(1, round(1 / (self.lines_per_s * BATCH_S)))
+        lines_per_batch = max(1, round(self.lines_per_s * BATCH_S))
+        metric_every = max(1, round(1 / (self.metrics_per_s * BATCH_S)))
+        filler = "x" * 60
+        parts = 1 if self.burst else 10  # the 0.1 s split in 10: the nodes' messages come in turn
+        start = time.monotonic()
+        tick = 0
+        seq = [0] * self.ranks
+        while time.monotonic() - start < self.seconds:
+            ts = time.time_ns()
+            step = tick // metric_every
+            lines_so_far = int(tick * BATCH_S * self.lines_per_s)
+            due = nodes[tick % slots :: slots]  # the nodes whose summary tick falls now
+            for part in range(parts):
+                if part:
+                    await asyncio.sleep(max(0.0, start + (tick + part / parts) * BATCH_S - time.monotonic()))
+                for i in shown[part::parts]:
+                    n, node = names[i], nodes[i // rpn]
+                    if (tick + i) % lines_every == 0:
+                        lines = tuple(
+                            f"rank {i} step {step} line {seq[i] + k} {filler}" for k in range(lines_per_batch)
+                        )
+                        self.emit(AgentEvent(0, LogBatch(node, n, i, seq[i], lines, ts)))
+                        seq[i] += lines_per_batch
+                    if every_metric and tick % metric_every == (i % metric_every):
+                        metric = self._metric(node, n, i, step, ts / 1e9)
+                        self.emit(AgentEvent(0, MetricBatch(node, n, i, (metric,))))
+                for node in due[part::parts]:
+                    first = int(node[1:]) * rpn
+                    ranks = range(first, min(first + rpn, self.ranks))
+                    counts = tuple(RankCount(names[k], k, max(seq[k], lines_so_far), step) for k in ranks)
+                    latest = (self._metric(node, names[k], k, step, ts / 1e9) for k in ranks)
+                    metrics = () if every_metric else tuple(latest)
+                    self.emit(AgentEvent(0, NodeSummary(node, ts / 1e9, counts, metrics)))
+                    items = tuple(Telemetry(node, names[k], k, 95.0, 2**30, ts / 1e9) for k in ranks)
+                    self.emit(AgentEvent(0, TelemetryBatch(node, items)))
+            tick += 1
+            await self._next_tick(start, tick)
+
+    async def _next_tick(self, start: float, tick: int) -> None:
+        delay = start + tick * BATCH_S - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            self.behind += 1
+            await asyncio.sleep(0)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -178,30 +253,97 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def engine_only(ranks: int, seconds: float, burst: bool) -> float:
+async def engine_only(ranks: int, seconds: float, burst: bool, feed: str) -> float:
     """CPU (fraction of a core) of the synthetic engine with a sink that drops everything."""
-    src = SyntheticSource(ranks, seconds, burst, RATES["lines"], RATES["metrics"])
+    src = SyntheticSource(ranks, seconds, burst, RATES["lines"], RATES["metrics"], feed)
     c0, t0 = time.process_time(), time.monotonic()
     src.start(lambda ev: None)
     await src.done.wait()
     return (time.process_time() - c0) / (time.monotonic() - t0)
 
 
+KEY_GAP_S = 0.05  # between two keystrokes (after the last one was handled): a fast typist
+
+
+async def type_queries(
+    app: MsconApp, pilot: Pilot[int], queries: list[str], seconds: float
+) -> list[tuple[float, float, str]]:
+    """Type each query into the filter box key by key, then erase it, for ``seconds``: each
+    keystroke's time from the press to the paint of the refresh it caused."""
+    screen = app.main_screen
+    shown = screen.show
+    took: list[tuple[float, float, str]] = []  # (wall, the loop thread's CPU) press -> paint; query
+    pressed: list[tuple[float, float]] = []  # the keystroke not yet painted (one at a time)
+    handled = asyncio.Event()
+
+    def painted(t: float, c: float, query: str) -> None:
+        took.append((time.perf_counter() - t, time.thread_time() - c, query))
+
+    async def show(ch: Changes | None) -> None:  # the filter's refresh is a show(None)
+        await shown(ch)
+        if ch is None and pressed:
+            app.call_after_refresh(painted, *pressed.pop(), app.model.query)
+            handled.set()
+
+    screen.show = show  # type: ignore[method-assign]
+    await pilot.press("slash")
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            for query in queries:
+                keys = [k if k != " " else "space" for k in query] + ["backspace"] * len(query)
+                for key in keys:
+                    handled.clear()
+                    pressed[:] = [(time.perf_counter(), time.thread_time())]
+                    await pilot.press(key)
+                    await asyncio.wait_for(handled.wait(), 30)  # the painted hook is then queued
+                    await asyncio.sleep(KEY_GAP_S)
+                    if time.monotonic() >= end:
+                        break
+    finally:
+        screen.show = shown  # type: ignore[method-assign]
+    await pilot.press("escape")
+    return took
+
+
 async def with_console(
-    ranks: int, seconds: float, warmup: float, screen: str, burst: bool
-) -> dict[str, float]:
-    src = SyntheticSource(ranks, seconds + warmup, burst, RATES["lines"], RATES["metrics"])
+    ranks: int,
+    seconds: float,
+    warmup: float,
+    screen: str,
+    burst: bool,
+    feed: str,
+    typed: list[str],
+    typing_s: float,
+) -> dict[str, Any]:
+    total = seconds + warmup + (typing_s + 2.0 if typed else 0.0)
+    src = SyntheticSource(ranks, total, burst, RATES["lines"], RATES["metrics"], feed)
     refresh: dict[str, list[float]] = {}
     arrival_paint: list[float] = []
     flush_paint: list[float] = []
+    flush_cpu: list[float] = []  # the loop thread's CPU from the flush's start to its paint
+    cpu_at: dict[int, float] = {}  # id(changes) -> thread_time() when its flush began
     measuring = False
 
     def on_paint(ch: Changes, t_flush: float, t_paint: float) -> None:
+        c0 = cpu_at.pop(id(ch), None)
         if measuring:
             flush_paint.append(t_paint - t_flush)
             arrival_paint.extend(t_paint - a for a in ch.arrivals)
+            if c0 is not None:
+                flush_cpu.append(time.thread_time() - c0)
 
     app = MsconApp(src, on_paint=on_paint, toasts=False)
+    drain = app.feed.drain
+
+    def timed_drain(limit: int = 200_000) -> Changes:
+        c0 = time.thread_time()
+        ch = drain(limit)
+        if ch.events:
+            cpu_at[id(ch)] = c0
+        return ch
+
+    app.feed.drain = timed_drain  # type: ignore[method-assign]
     sink = app.feed.handle
     pending = app.feed._pending
 
@@ -228,11 +370,16 @@ async def with_console(
         await asyncio.sleep(warmup / 2)
         measuring = True
         c0, t0 = time.process_time(), time.monotonic()
-        await src.done.wait()
+        await asyncio.sleep(seconds)
         cpu = (time.process_time() - c0) / (time.monotonic() - t0)
         measuring = False
         shown = app.main_screen.query_one(RankTable).row_count
         rss = proc.memory_info().rss
+        keys: list[tuple[float, float, str]] = []
+        if typed:
+            app.model.set_query("")
+            keys = await type_queries(app, pilot, typed, typing_s)
+        await src.done.wait()
         await pilot.pause(0.3)
         dropped = src.bus.dropped()
     return {
@@ -241,6 +388,16 @@ async def with_console(
         "a99": pct(arrival_paint, 0.99) * 1000,
         "f50": pct(flush_paint, 0.5) * 1000,
         "f99": pct(flush_paint, 0.99) * 1000,
+        "c50": pct(flush_cpu, 0.5) * 1000,
+        "c99": pct(flush_cpu, 0.99) * 1000,
+        "paints": len(flush_paint),
+        "k50": pct([k for k, _, _ in keys], 0.5) * 1000,
+        "k99": pct([k for k, _, _ in keys], 0.99) * 1000,
+        "kmax": max((k for k, _, _ in keys), default=float("nan")) * 1000,
+        "kc50": pct([c for _, c, _ in keys], 0.5) * 1000,
+        "kc99": pct([c for _, c, _ in keys], 0.99) * 1000,
+        "kslow": sorted(keys, reverse=True)[:3],
+        "keys": len(keys),
         "rss": rss / 2**20,
         "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "events": app.feed.total_events,
@@ -250,19 +407,30 @@ async def with_console(
         "lines": sum(app.store.count(f"r{i}") for i in range(ranks)),
         "refresh": {q: pct(v, 0.5) * 1000 for q, v in refresh.items()},
         "shown": shown,
+        "seconds": total,
     }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--ranks", type=int, nargs="+", help="ranks (default 64 256 1024)")
+    size.add_argument("--nodes", type=int, nargs="+", help="nodes, each of --ranks-per-node ranks")
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--screen", choices=["devices", "overview"], default="devices")
     p.add_argument("--burst", action="store_true", help="every rank's batch at once (no node stagger)")
     p.add_argument(
+        "--feed",
+        choices=["summaries", "every-line"],
+        default="summaries",
+        help="what the console gets: a subscribed agent's (protocol 9) or every line and metric",
+    )
+    p.add_argument(
         "--queries", nargs="*", default=[], help="filters to time a whole refresh with (the last stays on)"
     )
+    p.add_argument("--type", nargs="*", default=[], help="queries to type key by key in the filter box")
+    p.add_argument("--typing-seconds", type=float, default=10.0, help="how long to go on typing them")
     p.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE, help="ranks of one node's agent")
     p.add_argument("--lines-per-s", type=float, default=LINES_PER_S, help="log lines per rank per second")
     p.add_argument("--metrics-per-s", type=float, default=METRICS_PER_S, help="metrics per rank per second")
@@ -273,24 +441,32 @@ def main() -> int:
         a.ranks_per_node,
     )
     RATES_QUERIES.extend(a.queries)
+    sizes = [n * a.ranks_per_node for n in a.nodes] if a.nodes else (a.ranks or [64, 256, 1024])
     os.environ.pop("NO_COLOR", None)
     print(
-        f"{a.seconds:g} s per size after {a.warmup:g} s warm-up; screen: {a.screen}; machine: "
-        f"{psutil.cpu_count()} cores"
+        f"{a.seconds:g} s per size after {a.warmup:g} s warm-up; screen: {a.screen}; feed: {a.feed}; "
+        f"machine: {psutil.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}"
     )
     head = (
         f"{'ranks':>6} {'events/s':>9} {'cpu (core)':>10} {'view cpu':>9} {'arrive->paint p50/p99 ms':>25} "
         f"{'flush->paint p50/p99 ms':>24} {'rss MiB':>8} {'late ticks':>10} {'dropped':>8}"
     )
     print(head)
-    for n in a.ranks:
-        engine = asyncio.run(engine_only(n, min(a.seconds, 8.0), a.burst))
-        r = asyncio.run(with_console(n, a.seconds, a.warmup, a.screen, a.burst))
-        rate = r["events"] / (a.seconds + a.warmup)
+    for n in sizes:
+        engine = asyncio.run(engine_only(n, min(a.seconds, 8.0), a.burst, a.feed))
+        r = asyncio.run(
+            with_console(n, a.seconds, a.warmup, a.screen, a.burst, a.feed, a.type, a.typing_seconds)
+        )
+        rate = r["events"] / r["seconds"]
         print(
             f"{n:>6} {rate:>9,.0f} {r['cpu']:>10.2f} {max(0.0, r['cpu'] - engine):>9.2f} "
             f"{r['a50']:>12.0f} / {r['a99']:<10.0f} {r['f50']:>11.1f} / {r['f99']:<10.1f} {r['rss']:>8.0f} "
             f"{r['behind']:>10} {r['dropped']:>8}",
+            flush=True,
+        )
+        print(
+            f"        flush->paint CPU of the loop thread, {r['paints']} paints: p50 {r['c50']:.1f} ms, "
+            f"p99 {r['c99']:.1f} ms",
             flush=True,
         )
         print(
@@ -299,6 +475,19 @@ def main() -> int:
             + f"; rows shown while measuring: {r['shown']:,}",
             flush=True,
         )
+        if a.type:
+            print(
+                f"        filter keystroke -> painted, {r['keys']} keys: p50 {r['k50']:.1f} ms, "
+                f"p99 {r['k99']:.1f} ms, max {r['kmax']:.1f} ms (CPU of the loop thread: p50 "
+                f"{r['kc50']:.1f} ms, p99 {r['kc99']:.1f} ms); peak RSS {r['maxrss']:.0f} MiB; "
+                f"load average {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+            print(
+                "        slowest keys (wall / CPU, the query then): "
+                + ", ".join(f"{w * 1000:.0f} / {c * 1000:.0f} ms {q!r}" for w, c, q in r["kslow"]),
+                flush=True,
+            )
     return 0
 
 

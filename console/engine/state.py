@@ -6,6 +6,7 @@ the same state. The root cause of an attempt is computed here and nowhere else (
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from mscon.agent.protocol import (
@@ -25,7 +26,6 @@ from mscon.agent.protocol import (
     Telemetry,
     TelemetryBatch,
     by_rank,
-    is_scheduler,
 )
 from mscon.console.engine.events import (
     HANG_EXIT_CODE,
@@ -39,6 +39,7 @@ from mscon.console.engine.events import (
     AwaitingOperator,
     CheckReported,
     ChecksFinished,
+    CheckStatus,
     Event,
     Failure,
     FailureKind,
@@ -94,6 +95,17 @@ class ClusterState:
         # at every exit, and a full scan each time is quadratic in the ranks (8,000: seconds).
         self._workers = 0
         self._ok_exits = 0
+        # Kept as the events come, for views that refresh many times a second at 80,000 ranks
+        # (a scan of every rank per frame was most of a paint): the workers, in all and by
+        # node, how many are in each state and how many have started; each node's latest check
+        # results and the nodes with a failed one.
+        self._worker_list: list[RankView] = []
+        self._by_node: dict[str, tuple[RankView, ...]] = {}
+        self._worker_states: Counter[RankState] = Counter()
+        self._started = 0
+        self._checks_of: dict[str, dict[str, CheckReported]] = {}
+        self._node_states: Counter[NodeState] = Counter()
+        self._failing: set[str] = set()
         # How often a rank's start (resume record, first step) changed, and the current attempt's
         # verdict as of that count: the TUI asks at every refresh, a scan of every rank.
         self._starts = 0
@@ -110,6 +122,7 @@ class ClusterState:
             self.world_size = ev.world_size
             hosts = ev.hosts or ("",) * len(ev.nodes)
             self.nodes = {n: NodeView(n, h) for n, h in zip(ev.nodes, hosts, strict=False)}
+            self._node_states = Counter({NodeState.PENDING: len(self.nodes)})
         elif isinstance(ev, NodeUpdate):
             self._node(ev)
         elif isinstance(ev, AttemptStarted):
@@ -117,7 +130,14 @@ class ClusterState:
             self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns, warm=ev.warm))
             self.job = JobState.RUNNING
             self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
-            self._workers = sum(1 for r in ev.ranks if not is_scheduler(r.rank))
+            self._worker_list = [r for r in self.ranks.values() if not r.is_scheduler]
+            by_node: dict[str, list[RankView]] = {}
+            for r in self._worker_list:
+                by_node.setdefault(r.node, []).append(r)
+            self._by_node = {n: tuple(rs) for n, rs in by_node.items()}
+            self._workers = len(self._worker_list)
+            self._worker_states = Counter({RankState.PENDING: self._workers})
+            self._started = 0
             self._ok_exits = 0
             self.flagged = {}
             self.standby, self.standby_warm = {}, False  # used, or killed: that attempt has started
@@ -159,6 +179,12 @@ class ClusterState:
             self._straggler(ev)
         elif isinstance(ev, CheckReported):
             self.checks[(ev.node, ev.name)] = ev
+            mine = self._checks_of.setdefault(ev.node, {})
+            mine[ev.name] = ev
+            if any(c.status is CheckStatus.FAIL for c in mine.values()):
+                self._failing.add(ev.node)
+            else:
+                self._failing.discard(ev.node)
         elif isinstance(ev, ChecksFinished):
             self.checks_finished = ev
             self._clock.checks_done(ev.ts_ns)
@@ -183,8 +209,12 @@ class ClusterState:
                 self._straggled[key] = replace(seen, cleared=True)
 
     def _node(self, ev: NodeUpdate) -> None:
-        view = self.nodes.setdefault(ev.node, NodeView(ev.node))
-        view.state, view.detail = ev.state, ev.detail
+        view = self.nodes.get(ev.node)
+        if view is None:
+            view = self.nodes[ev.node] = NodeView(ev.node)
+            self._node_states[view.state] += 1
+        self._set_node_state(view, ev.state)
+        view.detail = ev.detail
         self._clock.node(ev)
         if ev.state is not NodeState.LOST:
             return
@@ -194,7 +224,7 @@ class ClusterState:
             return
         orphaned = [r for r in self.ranks.values() if r.node == ev.node and r.exited is None]
         for r in orphaned:
-            r.state = RankState.LOST
+            self._set_state(r, RankState.LOST)
         if orphaned and not att.stop_reason:  # lost while it mattered, not cut off during our stop
             att.lost_nodes.append(
                 Failure(
@@ -246,11 +276,14 @@ class ClusterState:
             self._clock.spawned(msg)
             r = self.ranks.get(msg.name)
             if r is not None:
-                r.state, r.pid, r.started_ns = RankState.STARTING, msg.pid, msg.ts_ns
+                if r.started_ns is None and not r.is_scheduler:
+                    self._started += 1
+                self._set_state(r, RankState.STARTING)
+                r.pid, r.started_ns = msg.pid, msg.ts_ns
                 r.last_progress_ns = msg.ts_ns
             node = self.nodes.get(msg.node)
             if node is not None and node.state is NodeState.READY:
-                node.state = NodeState.RUNNING
+                self._set_node_state(node, NodeState.RUNNING)
         elif isinstance(msg, ProcExited):
             self._clock.exited(msg.ts_ns)
             self._exited(msg, att)
@@ -258,7 +291,8 @@ class ClusterState:
             r = self.ranks.get(msg.name)
             if r is None or r.exited is not None or att is None:
                 return
-            r.state, r.hung = RankState.HUNG, msg
+            self._set_state(r, RankState.HUNG)
+            r.hung = msg
             stopped = msg.why == "stopped"
             att.failures.append(
                 Failure(
@@ -299,7 +333,7 @@ class ClusterState:
         elif isinstance(msg, AllExited):
             node = self.nodes.get(msg.node)
             if node is not None and node.state in (NodeState.RUNNING, NodeState.READY):
-                node.state = NodeState.DONE
+                self._set_node_state(node, NodeState.DONE)
         elif isinstance(msg, AgentError):
             if att is not None and not any(
                 r.started_ns for r in self.ranks.values() if r.node == msg.node
@@ -351,11 +385,24 @@ class ClusterState:
             if r is not None:
                 self._metric(r, m)
 
+    def _set_node_state(self, view: NodeView, state: NodeState) -> None:
+        """The one way a node's state changes (the counts by state follow it)."""
+        self._node_states[view.state] -= 1
+        self._node_states[state] += 1
+        view.state = state
+
+    def _set_state(self, r: RankView, state: RankState) -> None:
+        """The one way a rank's state changes (the counts by state follow it)."""
+        if not r.is_scheduler:
+            self._worker_states[r.state] -= 1
+            self._worker_states[state] += 1
+        r.state = state
+
     def _progress(self, r: RankView, ts_ns: int | None) -> None:
         if ts_ns is not None and (r.last_progress_ns is None or ts_ns > r.last_progress_ns):
             r.last_progress_ns = ts_ns
         if r.state is RankState.STARTING:
-            r.state = RankState.RUNNING
+            self._set_state(r, RankState.RUNNING)
 
     def _exited(self, msg: ProcExited, att: AttemptView | None) -> None:
         r = self.ranks.get(msg.name)
@@ -369,11 +416,11 @@ class ClusterState:
         if r.state is RankState.HUNG:
             return  # stays the hung rank it was, whatever stopped it
         if msg.ok:
-            r.state = RankState.EXITED_OK
+            self._set_state(r, RankState.EXITED_OK)
         elif msg.stopped_by_agent:
-            r.state = RankState.STOPPED
+            self._set_state(r, RankState.STOPPED)
         else:
-            r.state = RankState.FAILED
+            self._set_state(r, RankState.FAILED)
             if att is not None:
                 att.failures.append(
                     Failure(
@@ -412,7 +459,36 @@ class ClusterState:
         return False, "no standby cluster has joined"
 
     def workers(self) -> list[RankView]:
-        return [r for r in self.ranks.values() if not r.is_scheduler]
+        """The current attempt's workers (not the scheduler), in its order; a new list each call."""
+        return list(self._worker_list)
+
+    def workers_on(self, node: str) -> tuple[RankView, ...]:
+        """The current attempt's workers on ``node``, in its order."""
+        return self._by_node.get(node, ())
+
+    def worker_states(self) -> dict[RankState, int]:
+        """How many of the current attempt's workers are in each state (states with none left out)."""
+        return {s: n for s, n in self._worker_states.items() if n}
+
+    def node_states(self) -> dict[NodeState, int]:
+        """How many nodes are in each state (states with none left out)."""
+        return {s: n for s, n in self._node_states.items() if n}
+
+    def workers_started(self) -> int:
+        """How many of the current attempt's workers have been started (ProcStarted)."""
+        return self._started
+
+    def checks_on(self, node: str) -> tuple[CheckReported, ...]:
+        """The latest result of each preflight check on ``node`` ("*": the cluster-wide ones)."""
+        return tuple(self._checks_of.get(node, {}).values())
+
+    def checked_nodes(self) -> int:
+        """Nodes (not "*") with at least one check result."""
+        return len(self._checks_of) - ("*" in self._checks_of)
+
+    def failing_nodes(self) -> frozenset[str]:
+        """Nodes (not "*") whose latest result of some check is a failure."""
+        return frozenset(n for n in self._failing if n != "*")
 
     def workers_succeeded(self) -> bool:
         if self._ok_exits < self._workers:  # not every worker has exited ok yet: no scan

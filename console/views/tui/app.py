@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mscon.console.engine.commands import DetachRun, RestartGroup, StopJob
+from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 from mscon.console.views.tui.commands import MsconCommands, PaletteCommand
 from mscon.console.views.tui.feed import Changes, Feed
 from mscon.console.views.tui.linestore import LineStore
@@ -88,11 +89,13 @@ class MsconApp(App[int]):
         self._flush_asked = False  # a flush is due (asked for by the first event after a drain)
         self._last_flush = 0.0  # perf_counter() when the last flush started
         self._gap = MIN_GAP_S  # the pause before the next flush, from the last flush's cost
+        self.collector = FreezeAfterSlowPasses()
 
     # ------------------------------------------------------------ life cycle
 
     def on_mount(self) -> None:
         self.push_screen(self.main_screen)
+        self.collector.install()
         self.feed.wake = self._wake
         self.source.start(self.feed.handle)
         self.set_interval(self.flush_s, self.flush, name="flush")
@@ -114,6 +117,7 @@ class MsconApp(App[int]):
         await self.flush()
 
     def on_unmount(self) -> None:
+        self.collector.uninstall()
         self.store.close()
 
     async def flush(self) -> None:

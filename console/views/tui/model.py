@@ -6,7 +6,8 @@ from mscon.console.engine.events import RankState
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.state_views import RankView
 from mscon.console.views.tui.feed import Feed
-from mscon.console.views.tui.filtering import RankTest, rank_filter
+from mscon.console.views.tui.filtering import RankFilter
+from mscon.console.views.tui.fmt import FAILED, LIVE
 from mscon.console.views.tui.linestore import LineStore
 from mscon.console.views.tui.source import Source
 
@@ -20,7 +21,7 @@ class ViewModel:
         self.store = store
         self.pane_limit = pane_limit
         self.query = ""
-        self._test: RankTest = rank_filter("")
+        self._filter = RankFilter("")
         self._roles: dict[str, str] | None = None
         self._workers: list[RankView] = []
         self._workers_of: dict[str, RankView] | None = None
@@ -32,10 +33,14 @@ class ViewModel:
 
     def set_query(self, query: str) -> None:
         self.query = query.strip()
-        self._test = rank_filter(self.query)
+        self._filter = RankFilter(self.query)
 
     def selected(self, r: RankView) -> bool:
-        return self._test(r, r.name in self.feed.stragglers)
+        return self._filter(r, r.name in self.feed.stragglers)
+
+    def select(self, ranks: list[RankView]) -> list[RankView]:
+        """The ranks the filter selects, in their order (``selected`` for each, in bulk)."""
+        return self._filter.select(ranks, self.feed.stragglers) if self.query else list(ranks)
 
     def workers(self) -> list[RankView]:
         """The workers by rank; the same list object until the set of ranks changes (a new
@@ -48,7 +53,15 @@ class ViewModel:
         return self._workers
 
     def visible_workers(self) -> list[RankView]:
-        return [r for r in self.workers() if self.selected(r)]
+        return self.select(self.workers())
+
+    def rank_counts(self) -> tuple[int, int, int]:
+        """Workers up (live), failed or hung or lost, and in all: from the state's counts by state,
+        not a scan (every frame asks, at 80,000 ranks)."""
+        states = self.state.worker_states()
+        up = sum(n for s, n in states.items() if s in LIVE)
+        failed = sum(n for s, n in states.items() if s in FAILED)
+        return up, failed, sum(states.values())
 
     def straggler(self, r: RankView) -> bool:
         return r.name in self.feed.stragglers and r.state is RankState.RUNNING

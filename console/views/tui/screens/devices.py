@@ -71,7 +71,7 @@ class DevicesView(Vertical):
             table.show(model, names)
         else:
             self.query_one(RankGrid).show(model, names)
-        shown = table.row_count if self.table_mode else sum(1 for r in model.workers() if model.selected(r))
+        shown = table.row_count if self.table_mode else len(model.visible_workers())
         head = Text(f"{len(self._names)} ranks")
         if model.query:
             head.append(f", {shown} match '{model.query}'")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from mscon.console.engine.events import ResumeVerdict
 from mscon.console.engine.phases import describe_graph
 from mscon.console.engine.resume import describe_resume
@@ -23,6 +25,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 THROUGHPUT_TITLE = "cluster throughput (all ranks)"
+PLOT_S = 1.0  # the plots are drawn at most this often (new points wait for the next draw)
 
 
 def summary_text(model: ViewModel) -> Text:
@@ -34,9 +37,8 @@ def summary_text(model: ViewModel) -> Text:
     text.append(f"   elapsed {plain.elapsed(model.elapsed_s())}")
     text.append(f"   attempt {att.number if att else '-'}")
     text.append(f"   restarts used {model.restarts_used()} of {st.max_restarts}")
-    workers = model.workers()
-    live = fmt.LIVE
-    text.append(f"   ranks {sum(1 for r in workers if r.state in live)}/{len(workers)} up")
+    up, _, total = model.rank_counts()
+    text.append(f"   ranks {up}/{total} up")
     if att is not None and att.number > 0:  # where the restart's ranks started, once one has said
         resumed = st.resume(att)
         if resumed is not None and resumed.verdict is not ResumeVerdict.UNKNOWN:
@@ -96,6 +98,11 @@ class OverviewView(Vertical):
         # The attempt whose start-up is over: its panel (a scan of every node and rank) is done
         # until the next attempt starts up.
         self.started: int | None = None
+        self._summary: Text | None = None
+        self._summary_lines = -1
+        self._startup_shape = -1
+        self._plotted = float("-inf")  # time.monotonic() of the plots' last draw
+        self._plot_due = False  # new points wait for the next draw
 
     def compose(self) -> ComposeResult:
         yield Static(id="startup")
@@ -114,20 +121,52 @@ class OverviewView(Vertical):
             shown = starting(model.state)
             panel.set_class(shown, "-shown")
             if shown:
-                panel.update(startup_table(model))
+                table = startup_table(model)
+                # Its height changes only with the number of rows (the timed line comes once).
+                shape = len(table.renderables) if isinstance(table, Group) else 0
+                panel.update(table, layout=shape != self._startup_shape)
+                self._startup_shape = shape
             elif att is not None:
                 self.started = att.number
-        self.query_one("#summary", Static).update(summary_text(model))
+        summary = summary_text(model)
+        if summary != self._summary:
+            # A layout pass over the whole screen only when the text's height changes (a note
+            # came): the elapsed time changes it every second.
+            lines = summary.plain.count("\n")
+            self.query_one("#summary", Static).update(summary, layout=lines != self._summary_lines)
+            self._summary, self._summary_lines = summary, lines
         if ch is None or ch.failure or ch.structure:
             root = root_text(model)
             panel = self.query_one("#root", Static)
             panel.set_class(root is not None, "-shown")
             panel.update(root or "")
         if ch is None or ch.nodes or ch.ranks or ch.checks:
-            self.query_one(NodeTable).show(model, now=ch is None or ch.structure or ch.failure or ch.checks)
-        if ch is None or ch.metrics or ch.structure:
-            pts = model.feed.series.points()
-            self.query_one("#loss-plot", SeriesPlot).set_data(pts.loss_steps, pts.loss)
-            title = THROUGHPUT_TITLE if pts.unit == SAMPLES_UNIT else "steps per second"
-            plot = self.query_one("#throughput-plot", SeriesPlot)
-            plot.set_data(pts.throughput_steps, pts.throughput, title=title, y_label=pts.unit)
+            self.query_one(NodeTable).show(model)
+        if ch is None or ch.structure:
+            self._plot()
+        elif ch.metrics or self._plot_due:
+            self._plot_soon()
+
+    def _plot_soon(self) -> None:
+        """New points: drawn now if the plots were last drawn PLOT_S ago or the run is over, else
+        when that time has passed (a draw of both plots costs ~15 ms of CPU at 200x60, and with
+        metrics in every flush it came four times a second)."""
+        wait = self._plotted + PLOT_S - time.monotonic()
+        if wait <= 0 or self.model.source.done.is_set():
+            self._plot()
+        elif not self._plot_due:
+            self._plot_due = True
+            self.set_timer(wait, self._plot_if_due)
+
+    def _plot_if_due(self) -> None:
+        if self._plot_due:
+            self._plot()
+
+    def _plot(self) -> None:
+        self._plot_due = False
+        self._plotted = time.monotonic()
+        pts = self.model.feed.series.points()
+        self.query_one("#loss-plot", SeriesPlot).set_data(pts.loss_steps, pts.loss)
+        title = THROUGHPUT_TITLE if pts.unit == SAMPLES_UNIT else "steps per second"
+        plot = self.query_one("#throughput-plot", SeriesPlot)
+        plot.set_data(pts.throughput_steps, pts.throughput, title=title, y_label=pts.unit)

@@ -189,8 +189,10 @@ class RankTable(ScrollView, can_focus=True):
         self._rows_of: list[RankView] | None = None  # model.workers() the rows were last filtered from
         self._rows_query = ""  # and the query they were filtered with
         self._dirty: set[str] = set()  # rows whose rank changed since their values were taken
+        self._epoch = 0  # a full refresh's count: values taken before the last one are stale too
+        self._taken: dict[str, int] = {}  # name -> the epoch its values were taken in
+        self._selected: list[str] = []  # the names the filter selected, in rank order (= _rows)
         self._order: list[str] = []
-        self._pos: dict[str, int] = {}  # name -> index in _order
         self._strips: dict[str, Strip] = {}  # finished lines, valid for _strip_key
         self._prefix: dict[str, tuple[tuple[object, ...], list[Segment]]] = {}  # cells before the last
         self._strip_key: tuple[int, int, Style] | None = None
@@ -209,8 +211,9 @@ class RankTable(ScrollView, can_focus=True):
     def _values(self, name: str) -> tuple[str | Text, ...]:
         """The row's values, recomputed if its rank changed since they were taken."""
         values = self._rows.get(name)
-        if (values is None or name in self._dirty) and self._model is not None:
+        if (not values or self._stale(name)) and self._model is not None:
             self._dirty.discard(name)
+            self._taken[name] = self._epoch
             r = self._model.state.ranks.get(name)
             if r is not None:
                 fresh = row_values(self._model, r)
@@ -218,6 +221,10 @@ class RankTable(ScrollView, can_focus=True):
                     self._rows[name] = values = fresh
                     self._strips.pop(name, None)
         return values if values is not None else ()
+
+    def _stale(self, name: str) -> bool:
+        """The rank changed (or a full refresh came) since its values were taken."""
+        return name in self._dirty or self._taken.get(name, -1) < self._epoch
 
     def get_row_at(self, index: int) -> tuple[str | Text, ...]:
         return self._values(self._order[index])
@@ -250,41 +257,44 @@ class RankTable(ScrollView, can_focus=True):
                 if (r := ranks.get(n)) is not None and not r.is_scheduler
             )
         if not same:
-            wanted = dict.fromkeys(r.name for r in workers if model.selected(r))
+            # Lists and C-level builds only: a keystroke may select all 80,000 ranks.
+            wanted = [r.name for r in model.select(workers)]
             self._rows_of, self._rows_query = workers, model.query
-            if wanted.keys() != self._rows.keys():
+            if wanted != self._selected:
                 keep = self.cursor_name()
-                self._rows = dict.fromkeys(wanted, ())
-                self._dirty = set(wanted)
+                self._selected = wanted
+                self._rows = dict.fromkeys(wanted, ())  # () : not taken yet (_values)
+                self._dirty = set()
                 self._strips.clear()
                 self._prefix.clear()
                 self._order = []
-                self.apply_sort(keep)
+                self.apply_sort(keep, wanted)
                 return
         if names is None:
-            self._dirty = set(self._rows)
+            self._epoch += 1  # every row's values are to be taken again (when it is in sight)
         else:
             self._dirty |= names & self._rows.keys()
-        if not self._dirty:
-            return
+            if not self._dirty:
+                return
         resort = self.sort_column is not Column.RANK and (
             names is None or time.monotonic() - self._last_sort >= _RESORT_S
         )
         if resort and self.apply_sort():
             return  # the order changed: everything on screen is repainted anyway
-        order, dirty = self._order, self._dirty
+        order = self._order
         lines = [
             i
             for i in self._window()
-            if order[i] in dirty and self._rows[order[i]] is not self._values(order[i])
+            if self._stale(order[i]) and self._rows[order[i]] is not self._values(order[i])
         ]
         if lines:
             top = int(self.scroll_offset.y)
             first, last = lines[0] - top + 1, lines[-1] - top + 1
             self.refresh(Region(0, first, self.size.width, last - first + 1))
 
-    def apply_sort(self, keep: str | None = None) -> bool:
-        """Sort the rows by the current column; True if the order changed."""
+    def apply_sort(self, keep: str | None = None, fresh: list[str] | None = None) -> bool:
+        """Sort the rows by the current column; True if the order changed. ``fresh``: the rows'
+        names just taken from the current workers, in rank order."""
         model = self._model
         if model is None:
             return False
@@ -292,21 +302,32 @@ class RankTable(ScrollView, can_focus=True):
         self._last_sort = time.monotonic()
         ranks = model.state.ranks
         key = SORT_KEY[self.sort_column]
-        names = [n for n in self._rows if n in ranks]
+        names = list(fresh) if fresh is not None else [n for n in self._rows if n in ranks]
         if self.sort_column is Column.RANK:
-            names.sort(key=lambda n: ranks[n].rank, reverse=self.sort_reverse)
+            # The rows are taken from model.workers(), in rank order already: no 80,000-key sort.
+            if self.sort_reverse:
+                names.reverse()
         else:
             names.sort(key=lambda n: key(model, ranks[n]), reverse=self.sort_reverse)
         changed = names != self._order
         if changed:
             self._order = names
-            self._pos = {n: i for i, n in enumerate(names)}
             self.refresh()
         self.virtual_size = Size(self._width, len(self._order) + 1)
-        if keep in self._pos:
-            self.cursor = self._pos[keep]
+        at = self._index(keep)
+        if at is not None:
+            self.cursor = at
         self.cursor = min(self.cursor, max(0, len(self._order) - 1))
         return changed
+
+    def _index(self, name: str | None) -> int | None:
+        """Where ``name`` is in the order (one scan: asked only when the order is made again)."""
+        if name is None:
+            return None
+        try:
+            return self._order.index(name)
+        except ValueError:
+            return None
 
     def sort_by(self, column: Column, reverse: bool | None = None) -> None:
         if reverse is None:

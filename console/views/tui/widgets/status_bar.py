@@ -11,14 +11,7 @@ from textual.widgets import Static
 
 def status_text(model: ViewModel) -> Text:
     st = model.state
-    workers = model.workers()
-    up = failed = 0
-    for r in workers:  # one pass: this runs every frame, over every rank
-        state = r.state
-        if state in fmt.LIVE:
-            up += 1
-        if state in fmt.FAILED:
-            failed += 1
+    up, failed, total = model.rank_counts()
     att = st.attempt
     text = Text()
     text.append(f" {model.source.title} ", style="reverse")
@@ -28,7 +21,7 @@ def status_text(model: ViewModel) -> Text:
     if att is not None and att.warm:
         text.append(" (warm)", style="green")
     text.append(f"  restarts {model.restarts_used()}/{st.max_restarts}")
-    text.append(f"  ranks {up}/{len(workers)} up")
+    text.append(f"  ranks {up}/{total} up")
     if failed:
         text.append(f"  {failed} failed/hung", style=fmt.ROOT_STYLE)
     if model.feed.stragglers:
