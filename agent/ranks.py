@@ -126,6 +126,7 @@ class Ranks:
             )
         self.spares.discard()  # those this attempt did not take
         self._save_state()
+        self._prepare_spares()
 
     def _bound_graphs(self, run_dir: str) -> None:
         """The run's compiled graphs held to their bound before the attempt's ranks load them."""
@@ -169,14 +170,19 @@ class Ranks:
             self._note_once(error)
 
     def _prepare_spares(self) -> None:
-        """Once every worker of this attempt has stepped (start-up is over, and its CPU is free
-        again), start the next attempt's processes ahead: a restart then skips Python's start and
-        MindSpore's import."""
+        """Start the next attempt's processes ahead: a restart then skips Python's start,
+        MindSpore's import and (joined) the cluster join. A cold attempt starts them with its own
+        processes: its start-up (import, join, data, compile: 10 s and more) covers theirs, so
+        they are ready by its first step; started once its ranks had stepped, they imported while
+        the ranks trained, starved of CPU, and a fault in the first 15-20 s of training restarted
+        cold (issue 43). A warm attempt starts them once its workers have stepped: its start-up is
+        the first step's compile, which their import would lengthen (4.8 s -> 7.4 s from the fault
+        on 2 cores, bench/user_restart.py --max-restarts 2)."""
         cmd = self.start_cmd
         if cmd is None or not cmd.spares or self.spares.attempt > cmd.attempt or self.failed:
             return
         workers = [w for w in self.watched if not w.proc.spec.is_scheduler]
-        if not workers or not all(w.first_step_said for w in workers):
+        if not workers or (cmd.warm and not all(w.first_step_said for w in workers)):
             return
         for error in self.spares.prepare(cmd.run_dir, cmd.attempt + 1, cmd.cwd, cmd.procs, cmd.join_standby):
             self._note_once(error)

@@ -1,7 +1,7 @@
 """A spare rank process: Python up and MindSpore imported before it is needed, then it becomes a rank.
 
-The agent starts one per process of its node once the attempt is past start-up (every rank has
-stepped), with the next attempt's environment. It imports MindSpore, then waits for one line on
+The agent starts one per process of its node with the next attempt's environment, as a cold
+attempt starts (a warm one: once its ranks have stepped). It imports MindSpore, then waits for one line on
 stdin: the path of a JSON file (written by the agent) naming the rank's argv, environment, working
 folder and log. It then runs the script as ``python SCRIPT ARGS`` would: output to the log, the
 environment replaced, ``sys.argv`` and ``sys.path[0]`` the script's, ``__main__`` the script. End of

@@ -1,9 +1,10 @@
 """Spare processes: the next attempt's ranks, started ahead with Python up and MindSpore imported,
 and (``join``) already joined to the next attempt's own MindSpore cluster: the standby cluster.
 
-A restart is a cold launch of every process unless something is ready: once an attempt is past
-start-up (every rank of the node has stepped) and a restart may come (``Start.spares``), the agent
-starts one spare per process of its node (``spare_boot.py``) with the next attempt's environment.
+A restart is a cold launch of every process unless something is ready: while a restart may come
+(``Start.spares``), the agent starts one spare per process of its node (``spare_boot.py``) with the
+next attempt's environment, as a cold attempt starts (a warm one: once its ranks have stepped;
+``ranks._prepare_spares`` says why).
 
 - Imported spares: when that attempt's Start comes, each process whose interpreter, script,
   working folder and environment match its spare's is handed to the spare (``take``: an order file

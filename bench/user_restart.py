@@ -27,6 +27,11 @@ global step (E x 20 + I + 1) >= --fault-step (151 for 150), (a) is the first los
 rank in attempt 1 (printed after step 1), and steps lost is the last step printed in attempt 0 by
 every rank (a lower bound: up to 9 more went unprinted) minus 0, where it starts over.
 
+``--fault-after-s S``: the kill goes in S seconds after every rank of attempt 0 made its first
+step (its first step record's "ts") instead: an early fault (issue 43: 1 s into training restarts
+warm once the spares start with a cold attempt). ``--max-restarts 2``: still one fault, but attempt 1
+has budget left, so it prepares spares of its own (what they cost a warm restart).
+
 ``--model resnet18``: the model-zoo case instead (issue 43): MindCV 0.3's ResNet-18 built as MindCV's
 train.py builds it, with ResumeCallback (bench/mindcv_resnet.py; synthetic images, ``--samples`` per
 rank, ``--epochs``), the same nodes and fault. Its compiled graphs are kept on the nodes and loaded
@@ -272,6 +277,24 @@ def rank_process(pids: list[int], rank: int, ours: Any, script: str = SCRIPT) ->
     return roots[0] if len(roots) == 1 else None
 
 
+def trained_s(world: int, metrics: Any, firsts: dict[int, float]) -> float | None:
+    """Seconds since every rank of attempt 0 made its first step (the latest "ts" of their first
+    step records), or None before then; ``firsts`` keeps what was read already."""
+    for r in range(world):
+        if r not in firsts:
+            first = next((x for x in records(metrics(r, 0)) if isinstance(x.get("step"), int)), None)
+            if first is None:
+                return None
+            firsts[r] = float(first["ts"])
+    return time.time() - max(firsts.values())
+
+
+def fault_words(a: argparse.Namespace) -> str:
+    if a.fault_after_s is not None:
+        return f"{a.fault_after_s:g} s after every rank's first step"
+    return f"step >= {a.fault_step}"
+
+
 def loss_lines(lines: list[tuple[float, str, str]]) -> list[tuple[float, int, int, int, str]]:
     """(t, rank, epoch, i, text) for every loss line on mscon's stdout."""
     out = []
@@ -300,7 +323,7 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
     cmd = [
         sys.executable, "-m", "mscon.console.cli", "run", "--no-tui", str(inv),
         "--logs-dir", str(base / layout.LOGS_DIR), "--run-id", run_id, "--json", str(summary),
-        "--max-restarts", "1",
+        "--max-restarts", str(a.max_restarts),
     ]  # fmt: skip
     marker = f"/{run_id}/"
 
@@ -315,6 +338,8 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
 
     spe = a.samples // (trial.world * BATCH)
     known: set[int] = set()
+    firsts: dict[int, float] = {}  # rank -> "ts" of its first step in attempt 0 (--fault-after-s)
+    fault = fault_words(a)
     trial.t_start = time.time()
     proc = subprocess.Popen(
         cmd, cwd=base, env=bench_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -339,16 +364,21 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
                 seen = len(snap)
             else:
                 step = last_step(metrics(1, 0))
-            if step is not None and step >= a.fault_step:
+            if a.fault_after_s is not None:
+                trained = trained_s(trial.world, metrics, firsts)
+                due = trained is not None and trained >= a.fault_after_s
+            else:
+                due = step is not None and step >= a.fault_step
+            if due:
                 if victim is None:
-                    raise RuntimeError(f"r1 at step {step}, but its process was not found")
+                    raise RuntimeError(f"r1 due for its kill (step {step}), but its process was not found")
                 os.kill(victim, signal.SIGKILL)
                 trial.t_kill, trial.kill_step = time.time(), step
                 break
             if proc.poll() is not None:
-                raise RuntimeError(f"mscon exited {proc.returncode} before r1 reached step {a.fault_step}")
+                raise RuntimeError(f"mscon exited {proc.returncode} before r1's kill was due ({fault})")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"r1 did not reach step {a.fault_step} within {a.timeout:.0f} s")
+                raise RuntimeError(f"r1's kill ({fault}) was not due within {a.timeout:.0f} s")
             time.sleep(POLL_S)
         try:
             trial.rc = proc.wait(timeout=a.cap)
@@ -459,7 +489,8 @@ def trial_line(t: Trial, a: argparse.Namespace) -> str:
         f"{_s(t.all_first_step)} s ({per_rank}); every rank's next loss line {_s(t.all_first_line)} s; "
         f"steps lost {t.lost if t.lost is not None else '-'} (last common step of attempt 0 "
         f"{t.last_common}, resumed after {resumed if resumed is not None else t.resumed})",
-        f"    attempt 0 trained {_s(t.trained0)} s (every rank's first step -> kill); "
+        f"    attempt 0 trained {_s(t.trained0)} s (every rank's first step -> kill; mscon's launch -> "
+        f"kill {_s(t.t_kill - t.t_start)} s); "
         f"mscon 'restarting' at {_s(t.restart_line)} s; attempt 1 {'warm' if t.warm else 'NOT WARM'}: "
         f"{t.phases1 or '(no breakdown)'}",
         f"    attempt 0 (cold): {t.phases0 or '(no breakdown)'}",
@@ -481,6 +512,12 @@ def trial_line(t: Trial, a: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def to_first_step(phases: str) -> float | None:
+    """The seconds an attempt's start-up took, from mscon's breakdown of it ("...; 12.87 s to first step")."""
+    m = re.search(r"([0-9.]+) s to first step", phases)
+    return float(m.group(1)) if m else None
+
+
 def stats(values: list[float], fmt: str = "{:.2f}") -> str:
     if not values:
         return "-"
@@ -496,7 +533,7 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
     what = "net.py without mscon_resume (--unmodified)" if a.unmodified else "examples/net.py (mscon_resume)"
     if a.model == "resnet18":
         what = f"MindCV ResNet-18 (bench/mindcv_resnet.py, ResumeCallback; graph cache {a.graph_cache})"
-    print(f"{what}: r1 SIGKILLed at step >= {a.fault_step}; seconds / steps from the kill:")
+    print(f"{what}: r1 SIGKILLed at {fault_words(a)}; seconds / steps from the kill:")
     rows = [
         ("(a) every rank of attempt 1 at its first step", [t.all_first_step for t in ok], "{:.2f} s"),
         ("(b) every rank's next loss line on stdout", [t.all_first_line for t in ok], "{:.2f} s"),
@@ -515,6 +552,10 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
     if not a.unmodified:
         trained = [t.trained0 for t in ok if t.trained0 is not None]
         print(f"  attempt 0 trained (every rank's first step -> kill): {stats(trained, '{:.2f} s')}")
+        launched = [t.t_kill - t.t_start for t in ok if t.t_kill is not None]
+        print(f"  mscon's launch -> kill: {stats(launched, '{:.2f} s')}")
+        first0 = [s for t in ok if (s := to_first_step(t.phases0)) is not None]
+        print(f"  attempt 0 (cold) to every rank's first step: {stats(first0, '{:.2f} s')}")
     twice = [t.index for t in ok if t.twice]
     print(f"  trials with a loss line printed in both attempts: {twice or 'none'}")
     shared = [t.index for t in trials if t.shared]
@@ -533,6 +574,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3, help="trials")
     p.add_argument("--fault-step", type=int, default=150, help="kill r1 once its step is >= this")
+    p.add_argument(
+        "--fault-after-s",
+        type=float,
+        help="kill r1 this many seconds after every rank's first step instead (an early fault: 1)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=1,
+        help="mscon's budget (one fault either way; 2: attempt 1 prepares spares of its own)",
+    )
     p.add_argument("--unmodified", action="store_true", help="net.py without its three mscon_resume lines")
     p.add_argument("--model", choices=sorted(MODELS), default="net", help="the job's script (see above)")
     p.add_argument("--graph-cache", choices=("auto", "on", "off"), default="auto", help="MSCON_GRAPH_CACHE")
@@ -568,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         spe, epochs = a.samples // (world * BATCH), 10
     if spe < 1 or not 0 < a.fault_step < epochs * spe:
         p.error(f"--fault-step must be within the script's {epochs} epochs of {spe} steps")
+    if a.fault_after_s is not None and (a.unmodified or a.fault_after_s < 0):
+        p.error("--fault-after-s needs the ranks' step records (not --unmodified) and is >= 0")
     if a.unmodified:
         stripped_net_py()  # fails early if net.py's lines changed
     exe = Path(sys.executable)
@@ -581,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{nodes} sshd nodes x {a.ranks_per_node} ranks (world {world}) on loopback; "
-        f"mscon run --no-tui INV --max-restarts 1, job.script {MODELS[a.model][0]}"
+        f"mscon run --no-tui INV --max-restarts {a.max_restarts}, job.script {MODELS[a.model][0]}"
         + (" (stripped of mscon_resume)" if a.unmodified else f" ({MODELS[a.model][1].relative_to(REPO)})")
         + f", MSCON_GRAPH_CACHE={a.graph_cache}"
     )

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 from mscon.agent import layout
 from mscon.agent import procs as procmod
 from mscon.agent.protocol import ProcSpec, on_standby
+from mscon.agent.ranks import Ranks
 from mscon.agent.spares import Spare, Spares
 
 PY = ("python3", "train.py")
@@ -83,3 +85,44 @@ def test_a_warm_scheduler_is_taken_without_an_order_and_its_log_linked(tmp_path:
         proc.popen.wait()
     finally:
         spares.discard()
+
+
+class _Node:
+    """What ``Ranks._prepare_spares`` reads of an agent: its Start, its watched processes, and
+    spares that record what they were asked to prepare."""
+
+    def __init__(self, warm: bool) -> None:
+        self.start_cmd = SimpleNamespace(
+            spares=True, warm=warm, attempt=1, run_dir="/run", cwd="/work", procs=SPECS, join_standby=True
+        )
+        self.spares = SimpleNamespace(attempt=-1, asked=[])
+        self.spares.prepare = lambda run_dir, attempt, cwd, specs, join: self._prepare(attempt)
+        self.watched = [SimpleNamespace(proc=SimpleNamespace(spec=s), first_step_said=False) for s in SPECS]
+        self.failed = False
+        self.notes: list[str] = []
+
+    def _prepare(self, attempt: int) -> list:
+        self.spares.attempt = attempt
+        self.spares.asked.append(attempt)
+        return []
+
+    def _note_once(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def test_a_cold_attempt_starts_its_spares_with_it_a_warm_one_once_its_workers_stepped() -> None:
+    # Cold: the standby joins during the attempt's own start-up, ready for a fault 1 s into training
+    # (issue 43: started at the first step, they were starved and a fault in the first 15-20 s of
+    # training restarted cold).
+    cold = _Node(warm=False)
+    Ranks._prepare_spares(cold)
+    assert cold.spares.asked == [2]
+    Ranks._prepare_spares(cold)
+    assert cold.spares.asked == [2]  # once an attempt
+    # Warm: its start-up is the first step's compile, which the spares' import would lengthen.
+    warm = _Node(warm=True)
+    Ranks._prepare_spares(warm)
+    assert warm.spares.asked == []
+    warm.watched[1].first_step_said = True  # r0, its one worker (the scheduler never steps)
+    Ranks._prepare_spares(warm)
+    assert warm.spares.asked == [2]

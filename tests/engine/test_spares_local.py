@@ -1,10 +1,12 @@
 """Spare processes (agent/spares.py): the next attempt's ranks, started ahead with MindSpore imported.
 
-End to end on the local transport with the real agent: attempt 0's ranks start cold; once they have
-stepped, the agent starts a spare per process; rank 1 fails, and attempt 1's processes are the
-spares, become the ranks: MindSpore already in ``sys.modules`` before the script imported anything,
-and everything else (argv with the resume args, environment, folder, ``__main__``, ``sys.path[0]``,
-log file, exit code) as a cold start gives it."""
+End to end on the local transport with the real agent: attempt 0's ranks start cold, and the agent
+starts a spare per process with them (a cold attempt's spares start with it, issue 43); rank 1 fails
+at its first step, before rank 0 has stepped (an early fault: spares started once every rank had
+stepped would never have started), and attempt 1's processes are the spares, become the ranks:
+MindSpore already in ``sys.modules`` before the script imported anything, and everything else (argv
+with the resume args, environment, folder, ``__main__``, ``sys.path[0]``, log file, exit code) as a
+cold start gives it."""
 
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ attempt = int(os.environ["MSCON_ATTEMPT"])
 rank = os.environ.get("RANK_ID", "sched")
 print("warm=%s attempt=%s argv=%s name=%s path0=%s cwd=%s rank=%s" % (
     warm, attempt, sys.argv[1:], __name__, sys.path[0], os.getcwd(), rank), flush=True)
+if attempt == 0 and rank == "0":
+    time.sleep(2.0)  # rank 1's fault comes before this rank's first step
 for step in range(1, 61):
     print("epoch: 1 step: %d, loss is 0.5" % step, flush=True)
+    if attempt == 0 and rank == "1":
+        sys.exit(3)  # at its first step: 0 s into training
     time.sleep(0.05)
-    if attempt == 0 and step == 40 and os.environ.get("RANK_ID") == "1":
-        sys.exit(3)
 """
 
 
@@ -77,7 +81,7 @@ def test_a_restart_takes_the_spares_with_mindspore_imported(tmp_path: Path) -> N
         assert line.startswith("warm=True attempt=1 argv=['--x', '1', '--again'] name=__main__"), (name, line)
         assert f"path0={tmp_path} cwd={tmp_path}" in line
     assert "rank=1" in warm["r1"] and "rank=0" in warm["r0"]
-    # A fault during training: no backoff (the inventory's 5 s is for start-up failures).
+    # A fault at a step, in training: no backoff (the inventory's 5 s is for start-up failures).
     restart = summary["attempts"][1]["phases"]
     assert restart["launched"] - restart["stopped"] < 2.0
     # Nothing of the run is left: no rank, no spare.
