@@ -9,12 +9,12 @@ written there only; brackets say what a missing key means where that is not a pl
     name*            a label: [A-Za-z0-9_][A-Za-z0-9._-]*, at most 64 characters
     device_target*   GPU | Ascend | CPU
     defaults         transport, user, port, python, identity_file, env: applied to every node
-    nodes*           1..1024 mappings, or {from: slurm, devices [from the allocation]: 1..1024}:
+    nodes*           1..16384 mappings, or {from: slurm, devices [from the allocation]: 1..1024}:
                      the nodes of the Slurm allocation, found at run time (console/config/slurm.py);
                      defaults' python and env apply to each, its transport is srun
       host*          hostname, IPv4/IPv6 literal or ssh-config alias ([A-Za-z0-9._-], not
                      starting with '-' or '.'), at most 255 characters
-      devices*       1..1024; the world size (their sum) is at most 65536
+      devices*       1..1024; the world size (their sum) is at most 131072
       name [host]    a label as above, at most 64 characters, unique ignoring case
       transport      ssh | local; a local node must be the only node
       user           a login name: [A-Za-z_][A-Za-z0-9._-]*[$]?, at most 32 characters
@@ -45,8 +45,8 @@ written there only; brackets say what a missing key means where that is not a pl
     retention        keep_runs 0..100000: each node's newest run folders kept (never a running or
                      detached run; agent/retention.py)
 
-YAML: the file must be a regular file of at most 1 MiB, UTF-8 without NUL bytes, one document
-nested at most 32 deep, with at most 100,000 values after expanding aliases (billion laughs).
+YAML: the file must be a regular file of at most 4 MiB, UTF-8 without NUL bytes, one document
+nested at most 32 deep, with at most 400,000 values after expanding aliases (billion laughs).
 Plain scalars follow YAML 1.2's core schema; those YAML 1.1 would read differently are refused
 where a number is expected (010, 0x1f, 1:20, 1_000), and read as the text written where a
 string is expected (so ``GLOG_v: 010`` stays "010", ``--flag, yes`` stays "yes"). There are no

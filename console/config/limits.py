@@ -3,12 +3,15 @@ values after alias expansion, list lengths, text lengths, the cluster's size).""
 
 from __future__ import annotations
 
-MAX_FILE_BYTES = 1 << 20
-MAX_DEPTH = 32
-MAX_YAML_VALUES = 100_000  # after alias expansion
-MAX_NODES = 1024
+# The cluster's size (issue 44: the console drives 10,000 nodes of 8 ranks): 16,384 nodes, and as
+# many ranks as 16,384 nodes of 8 devices. The file and value bounds leave room for that many nodes
+# of a few fields each (about 100 bytes and 9 values a node written as a flow mapping).
+MAX_NODES = 16384
 MAX_DEVICES_PER_NODE = 1024
-MAX_WORLD_SIZE = 65536
+MAX_WORLD_SIZE = 131072
+MAX_FILE_BYTES = 4 << 20
+MAX_DEPTH = 32
+MAX_YAML_VALUES = 400_000  # after alias expansion
 MAX_INT_DIGITS = 18
 MAX_NUMBER_CHARS = 32
 MAX_TEXT = 4096  # paths, patterns, anything without a tighter bound

@@ -103,15 +103,13 @@ class _Limit(Exception):
         self.mark, self.message = mark, message
 
 
-class _Composer(yaml.SafeLoader):
-    """PyYAML's safe loader used only to compose: it records explicit tags and stops at the limits
-    while composing, before its recursion or the node count can grow."""
+class _Bounded:
+    """Composing that records explicit tags and stops at the limits, before its recursion or the
+    node count can grow (mixed into a PyYAML parser below)."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.depth = 0
-        self.count = 0
-        self.tagged: Tagged = {}
+    depth = 0
+    count = 0
+    tagged: Tagged
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -133,9 +131,57 @@ class _Composer(yaml.SafeLoader):
         return node
 
 
+class _Composer(_Bounded, yaml.SafeLoader):
+    """PyYAML's pure-Python safe loader, used only to compose: its words are the errors'."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.tagged = {}
+
+
+if getattr(yaml, "__with_libyaml__", False):
+
+    class _FastComposer(_Bounded, yaml.composer.Composer, yaml.cyaml.CParser, yaml.resolver.Resolver):
+        """The same composing over libyaml's parser: 10,000 nodes parse in ~1 s, not ~15 s."""
+
+        def __init__(self, text: str) -> None:
+            yaml.cyaml.CParser.__init__(self, text)
+            yaml.composer.Composer.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self.tagged = {}
+
+        def compose_scalar_node(self, anchor: Any) -> Any:
+            node = super().compose_scalar_node(anchor)
+            if node.style == "":  # libyaml's plain scalar; the pure-Python loader's is None
+                node.style = None
+            return node
+
+    FAST: type[Any] | None = _FastComposer
+else:  # pragma: no cover - PyYAML built without libyaml
+    FAST = None
+
+
 def _compose(p: Path, text: str) -> tuple[yaml.Node, Tagged]:
     try:
-        loader = _Composer(text)  # its reader already refuses unprintable characters here
+        yaml.reader.Reader(text)  # refuses unprintable characters, with their position
+    except yaml.YAMLError as exc:
+        raise _yaml_error(p, text, exc) from None
+    if FAST is not None:
+        # libyaml composes a good file; a file it refuses is composed again in pure Python, whose
+        # messages (and positions) are the ones every refusal has always had.
+        fast = FAST(text)
+        try:
+            root = fast.get_single_node()
+        except (yaml.YAMLError, _Limit, RecursionError):
+            pass
+        else:
+            if root is None:
+                raise InventoryError(p, 0, 0, "", "the file is empty")
+            return root, fast.tagged
+        finally:
+            fast.dispose()
+    try:
+        loader = _Composer(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(p, text, exc) from None
     try:

@@ -15,6 +15,7 @@ import pytest
 from mscon.console.cli.validate import validate_main
 from mscon.console.config import inventory as inventory_module
 from mscon.console.config.inventory import HangSpec, InventoryError, RestartSpec, load_inventory
+from mscon.console.config.limits import MAX_FILE_BYTES, MAX_NODES, MAX_WORLD_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "inventory").glob("*.yaml"))
@@ -295,14 +296,15 @@ def _refused_anywhere(tmp_path: Path, text: str | bytes) -> str:
 
 def test_bounded_input(tmp_path: Path) -> None:
     assert "nested deeper than 32" in _refused_anywhere(tmp_path, "a: " + "[" * 600 + "]" * 600 + "\n")
-    assert "file too large" in _refused_anywhere(tmp_path, GOOD + "#" * (1 << 20))
+    assert "file too large" in _refused_anywhere(tmp_path, GOOD + "#" * MAX_FILE_BYTES)
     assert "not valid UTF-8 (byte 0xe9)" in _refused_anywhere(tmp_path, b"name: caf\xe9\n")
     assert "UTF-16" in _refused_anywhere(tmp_path, GOOD.encode("utf-16"))
     assert ":2:4: contains a NUL byte" in _refused_anywhere(tmp_path, b"a: 1\nb: \0\n")
-    many = "".join(f"  - {{host: h{i}, devices: 1}}\n" for i in range(1025))
-    assert "too many nodes: 1027" in _refused_anywhere(tmp_path, GOOD.replace("nodes:\n", "nodes:\n" + many))
-    world = "".join(f"  - {{host: h{i}, devices: 1024}}\n" for i in range(65))
-    assert "world size exceeds 65536" in _refused_anywhere(
+    many = "".join(f"  - {{host: h{i}, devices: 1}}\n" for i in range(MAX_NODES - 1))  # and GOOD's two
+    said = f"too many nodes: {MAX_NODES + 1} (at most {MAX_NODES})"
+    assert said in _refused_anywhere(tmp_path, GOOD.replace("nodes:\n", "nodes:\n" + many))
+    world = "".join(f"  - {{host: h{i}, devices: 1024}}\n" for i in range(MAX_WORLD_SIZE // 1024 + 1))
+    assert f"world size exceeds {MAX_WORLD_SIZE}" in _refused_anywhere(
         tmp_path, GOOD.replace("nodes:\n", "nodes:\n" + world)
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from mscon.console.config import inventory as inventory_module
 from mscon.console.config.inventory import InventoryError, load_inventory
+from mscon.console.config.limits import MAX_FILE_BYTES, MAX_NODES, MAX_WORLD_SIZE
 
 DELETE = object()
 Tree = dict[str, Any]
@@ -499,11 +500,11 @@ add(
     swap("host: node-b.example.com", "host: node-a\n    name: b\n    user: train\n    port: 22"),
     "nodes[1].host",
 )
-many_nodes = "".join(f"  - {{host: h{i}, devices: 1}}\n" for i in range(1025))
-add("1025-nodes", GOOD.replace("nodes:\n", "nodes:\n" + many_nodes, 1), "nodes")
-world = "".join(f"  - {{host: w{i}, devices: 1024}}\n" for i in range(64))
-add("world-65537", GOOD.replace("nodes:\n", "nodes:\n" + world, 1), "nodes[")
-add("too-large", GOOD + "#" + "x" * (1 << 20) + "\n")
+many_nodes = "".join(f"  - {{host: h{i}, devices: 1}}\n" for i in range(MAX_NODES + 1))
+add("nodes-over-cap", GOOD.replace("nodes:\n", "nodes:\n" + many_nodes, 1), "nodes")
+world = "".join(f"  - {{host: w{i}, devices: 1024}}\n" for i in range(MAX_WORLD_SIZE // 1024))
+add("world-over-cap", GOOD.replace("nodes:\n", "nodes:\n" + world, 1), "nodes[")
+add("too-large", GOOD + "#" + "x" * MAX_FILE_BYTES + "\n")
 
 GOOD_BYTES = GOOD.encode()
 add("latin1-value", GOOD_BYTES.replace(b"name: fuzz", b"name: caf\xe9"))
