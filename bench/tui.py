@@ -72,8 +72,10 @@ from mscon.console.engine.lines_wanted import (  # noqa: E402
 from mscon.console.views.tui.app import MsconApp  # noqa: E402
 from mscon.console.views.tui.feed import Changes  # noqa: E402
 from mscon.console.views.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
+from mscon.console.views.tui.textual_compat import app_driver  # noqa: E402
 from mscon.console.views.tui.widgets.rank_table import RankTable  # noqa: E402
-from textual.pilot import Pilot  # noqa: E402
+from textual import events  # noqa: E402
+from textual.keys import _character_to_key  # noqa: E402
 
 BATCH_S = 0.1  # the agent's flush interval
 LINES_PER_S = 20
@@ -265,45 +267,60 @@ async def engine_only(ranks: int, seconds: float, burst: bool, feed: str) -> flo
 KEY_GAP_S = 0.05  # between two keystrokes (after the last one was handled): a fast typist
 
 
-async def type_queries(
-    app: MsconApp, pilot: Pilot[int], queries: list[str], seconds: float
-) -> list[tuple[float, float, str]]:
+async def type_queries(app: MsconApp, queries: list[str], seconds: float) -> list[tuple[float, float, str]]:
     """Type each query into the filter box key by key, then erase it, for ``seconds``: each
-    keystroke's time from the press to the paint of the refresh it caused."""
-    screen = app.main_screen
-    shown = screen.show
+    keystroke's time from the press to the paint after the filter took it (the key handed to the
+    driver as Pilot does, without its waits for the app to be idle: 0.1-1 s a key under the feed)."""
     took: list[tuple[float, float, str]] = []  # (wall, the loop thread's CPU) press -> paint; query
-    pressed: list[tuple[float, float]] = []  # the keystroke not yet painted (one at a time)
-    handled = asyncio.Event()
+    pressed: list[tuple[float, float]] = []  # the keystroke not yet taken (one at a time)
+    painted = asyncio.Event()
+    model = app.model
+    set_query = model.set_query
 
-    def painted(t: float, c: float, query: str) -> None:
+    def done(t: float, c: float, query: str) -> None:
         took.append((time.perf_counter() - t, time.thread_time() - c, query))
+        painted.set()
 
-    async def show(ch: Changes | None) -> None:  # the filter's refresh is a show(None)
-        await shown(ch)
-        if ch is None and pressed:
-            app.call_after_refresh(painted, *pressed.pop(), app.model.query)
-            handled.set()
+    def taken(query: str) -> None:  # the filter box's change handler sets the query, then shows
+        set_query(query)
+        if pressed:
+            app.main_screen.call_after_refresh(done, *pressed.pop(), model.query)
 
-    screen.show = show  # type: ignore[method-assign]
-    await pilot.press("slash")
+    model.set_query = taken  # type: ignore[method-assign]
+    press(app, "/")
+    box = app.main_screen.query_one("#filter")
+    for _ in range(500):  # the keys go to the box once it has the focus
+        if app.focused is box:
+            break
+        await asyncio.sleep(0.01)
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:
             for query in queries:
-                keys = [k if k != " " else "space" for k in query] + ["backspace"] * len(query)
-                for key in keys:
-                    handled.clear()
+                for key in [*query, *["backspace"] * len(query)]:
+                    painted.clear()
                     pressed[:] = [(time.perf_counter(), time.thread_time())]
-                    await pilot.press(key)
-                    await asyncio.wait_for(handled.wait(), 30)  # the painted hook is then queued
+                    press(app, key)
+                    await asyncio.wait_for(painted.wait(), 30)
                     await asyncio.sleep(KEY_GAP_S)
                     if time.monotonic() >= end:
                         break
     finally:
-        screen.show = shown  # type: ignore[method-assign]
-    await pilot.press("escape")
+        model.set_query = set_query  # type: ignore[method-assign]
+    press(app, "escape")
     return took
+
+
+def press(app: MsconApp, key: str) -> None:
+    """A key as the terminal driver hands it over: a character, or a named key ("backspace")."""
+    if len(key) == 1:
+        event = events.Key(key if key.isalnum() else _character_to_key(key), key)
+    else:
+        event = events.Key(key, None)
+    event.set_sender(app)
+    driver = app_driver(app)
+    assert driver is not None
+    driver.send_message(event)
 
 
 async def with_console(
@@ -378,7 +395,7 @@ async def with_console(
         keys: list[tuple[float, float, str]] = []
         if typed:
             app.model.set_query("")
-            keys = await type_queries(app, pilot, typed, typing_s)
+            keys = await type_queries(app, typed, typing_s)
         await src.done.wait()
         await pilot.pause(0.3)
         dropped = src.bus.dropped()

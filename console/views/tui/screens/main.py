@@ -137,7 +137,10 @@ class MainScreen(Screen[None]):
     @on(Input.Changed, "#filter")
     async def _filter_changed(self, event: Input.Changed) -> None:
         self.model.set_query(event.value)
-        await self.show(None)
+        if self.active is View.DEVICES:
+            await self.show(None)
+        else:  # only Devices and the status line show the filter (Devices catches up when shown)
+            self.query_one(StatusBar).show(self.model)
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
