@@ -6,6 +6,7 @@ AGENT_FILES = (
     "__main__.py",
     "main.py",
     "procs.py",
+    "rank_env.py",
     "protocol.py",
     "tail.py",
     "evidence.py",

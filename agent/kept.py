@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from . import layout
+from . import layout, rank_env
 from . import procs as procmod
 from .keeper import PIDFILE, SOCKET  # the keeper's own names (it runs as a file, importing only streams.py)
 from .protocol import ProcSpec, on_standby
@@ -35,17 +35,7 @@ _REPLY_S = 5.0
 _GONE_S = 10.0
 # What differs between two runs of one job without changing what MindSpore saw at import and
 # join: the attempt's metrics file, the run's snapshot folder and key, the SSH session's own variables.
-_RUN_KEYS = frozenset(
-    (
-        "MSCON_METRICS",
-        "MSCON_STATE_DIR",
-        "MSCON_SNAPSHOT_KEY",
-        "MSCON_COMPILE_CACHE",
-        "OLDPWD",
-        "_",
-        "XDG_SESSION_ID",
-    )
-)
+_RUN_KEYS = rank_env.PER_RUN | frozenset(("OLDPWD", "_", "XDG_SESSION_ID"))
 _open: list = []  # this agent's connections (a keeper serves one at a time)
 
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Sequence
 
-from . import layout
+from . import layout, rank_env
 from .protocol import ProcSpec
 
 _UNLOADED = object()
@@ -149,10 +149,10 @@ def library_env(env: dict, run_dir: str) -> None:
     """What mscon_resume reads in every rank: the run's state folder (its snapshots' node-memory
     twin is named after it) and key, and the library itself on PYTHONPATH (first: the copy that
     matches this agent)."""
-    env["MSCON_STATE_DIR"] = layout.checkpoint_folder(run_dir)
-    env["MSCON_COMPILE_CACHE"] = layout.compile_cache_folder(run_dir)  # compiled graphs, for the restarts
+    env[rank_env.STATE_DIR] = layout.checkpoint_folder(run_dir)
+    env[rank_env.COMPILE_CACHE] = layout.compile_cache_folder(run_dir)  # compiled graphs, for the restarts
     try:
-        env["MSCON_SNAPSHOT_KEY"] = run_key(run_dir)
+        env[rank_env.SNAPSHOT_KEY] = run_key(run_dir)
     except OSError:
         pass  # the library then keys its own private folder
     if os.path.isdir(_RANK_LIBRARY):
@@ -165,9 +165,9 @@ def process_env(spec: ProcSpec, log_dir: str, base_env: dict) -> dict:
     (a cold launch and a spare becoming the rank get the same)."""
     env = dict(base_env)
     env.update(spec.env)
-    env["MSCON_METRICS"] = layout.metrics_file(log_dir, spec.name)
+    env[rank_env.METRICS] = layout.metrics_file(log_dir, spec.name)
     library_env(env, posixpath.dirname(log_dir))
-    prepend = env.pop("MSCON_PATH_PREPEND", "")
+    prepend = env.pop(rank_env.PATH_PREPEND, "")
     if prepend:
         env["PATH"] = prepend + os.pathsep + env.get("PATH", os.defpath)
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the log file as they are printed
@@ -177,7 +177,7 @@ def process_env(spec: ProcSpec, log_dir: str, base_env: dict) -> dict:
 def attempt_env(attempt: int) -> dict:
     """What every process of an attempt inherits before its own settings: the agent's environment."""
     env = dict(os.environ)
-    env["MSCON_ATTEMPT"] = str(attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
+    env[rank_env.ATTEMPT] = str(attempt)  # as torchrun's TORCHELASTIC_RESTART_COUNT
     return env
 
 

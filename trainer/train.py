@@ -19,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mscon_resume import core as resume_core  # noqa: E402 - the library every script uses
+from mscon_resume import env as resume_env  # noqa: E402
 from mscon_resume import store  # noqa: E402
 from mscon_resume.metrics import MetricsWriter  # noqa: E402
 from trainer import checkpoint, runners  # noqa: E402
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if cluster.is_scheduler:
         return run_scheduler(cluster)
 
-    metrics = MetricsWriter(os.environ.get("MSCON_METRICS"))
+    metrics = MetricsWriter(os.environ.get(resume_env.METRICS))
     import mindspore as ms
 
     metrics.phase("imported")
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             if (
                 args.stall_at_step == step + 1
                 and args.stall_rank in (rank, -1)
-                and os.environ.get("MSCON_ATTEMPT", "0") == "0"
+                and os.environ.get(resume_env.ATTEMPT, "0") == "0"
             ):
                 time.sleep(args.stall_s or 1e9)  # a hang, or a first compile that takes long
             t0 = time.perf_counter()
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"epoch": epoch + 1},
                     args.keep_checkpoints,
                 )
-            if args.die_at_step == step and os.environ.get("MSCON_ATTEMPT", "0") == "0":
+            if args.die_at_step == step and os.environ.get(resume_env.ATTEMPT, "0") == "0":
                 # A test's fault comes after every rank's snapshot of its step is safe: else a
                 # slow writer on a survivor, stopped with it, makes the resume a step earlier.
                 resumer.settle()

@@ -6,6 +6,8 @@ import math
 import os
 import sys
 
+from .. import rank_env
+
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MINDSPORE_TIMEOUT_S = 60.0
 DEFAULT_SHM_MIN_GIB = 1.0
@@ -53,7 +55,7 @@ class Params:
         """The environment the ranks get (as procs.launch builds it)."""
         env = dict(os.environ)
         env.update(self.job_env)
-        prepend = env.pop("MSCON_PATH_PREPEND", "")
+        prepend = env.pop(rank_env.PATH_PREPEND, "")
         if prepend:
             env["PATH"] = prepend + os.pathsep + env.get("PATH", os.defpath)
         return env

@@ -10,6 +10,7 @@ import posixpath
 import sys
 from dataclasses import dataclass, replace
 
+from mscon.agent import rank_env
 from mscon.agent.policy import PolicyConfig
 from mscon.agent.protocol import SCHEDULER_RANK, ProcSpec, rank_name
 from mscon.console.config.inventory import Inventory, NodeSpec
@@ -64,7 +65,7 @@ def build_plan(inv: Inventory, script: str, args: tuple[str, ...]) -> tuple[Node
         if path_dir:
             # Non-interactive SSH reads no login files; scripts and msrun-style helpers find
             # `python` on PATH, so the interpreter's folder goes first.
-            common["MSCON_PATH_PREPEND"] = path_dir
+            common[rank_env.PATH_PREPEND] = path_dir
         procs = []
         if index == 0:
             procs.append(
