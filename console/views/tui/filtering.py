@@ -20,10 +20,10 @@ from mscon.console.engine.state_views import RankView
 from mscon.console.views.log_lines import last_meaningful
 
 RankTest = Callable[[RankView, bool], bool]
-# A word's rule: the ranks of a list it keeps, given the stragglers' names. One rank is tested as a
-# list of one, so the rule is written once and a keystroke's pass over 80,000 ranks makes no call
-# per rank.
-WordRule = Callable[[list[RankView], Collection[str]], list[RankView]]
+# A word's rule: the ranks of a list it keeps, given the stragglers' names and the nodes' names
+# (None: those of the ranks). One rank is tested as a list of one, so the rule is written once and a
+# keystroke's pass over 80,000 ranks makes no call per rank.
+WordRule = Callable[[list[RankView], Collection[str], Iterable[str] | None], list[RankView]]
 
 
 class WordKind(enum.Enum):
@@ -32,12 +32,16 @@ class WordKind(enum.Enum):
     STRAGGLER = "straggler"
 
 
-def _nodes_with(word: str, ranks: list[RankView]) -> set[str]:
-    """The nodes of ``ranks`` with ``word`` in their name: each node's name looked at once."""
-    return {node for node in {r.node for r in ranks} if word in node.lower()}
+def _nodes_with(word: str, ranks: list[RankView], nodes: Iterable[str] | None) -> set[str]:
+    """The nodes with ``word`` in their name: each node's name looked at once (10,000 of them,
+    where a pass over 80,000 ranks would be needed to find them)."""
+    names = nodes if nodes is not None else {r.node for r in ranks}
+    return {node for node in names if word in node.lower()}
 
 
-def _stragglers(ranks: list[RankView], stragglers: Collection[str]) -> list[RankView]:
+def _stragglers(
+    ranks: list[RankView], stragglers: Collection[str], nodes: Iterable[str] | None
+) -> list[RankView]:
     return [r for r in ranks if r.name in stragglers]
 
 
@@ -45,8 +49,10 @@ def _word_rule(word: str) -> WordRule:
     if word.startswith(WordKind.NODE.value):
         part = word[len(WordKind.NODE.value) :]
 
-        def on_node(ranks: list[RankView], stragglers: Collection[str]) -> list[RankView]:
-            hits = _nodes_with(part, ranks)
+        def on_node(
+            ranks: list[RankView], stragglers: Collection[str], nodes: Iterable[str] | None
+        ) -> list[RankView]:
+            hits = _nodes_with(part, ranks, nodes)
             return [r for r in ranks if r.node in hits]
 
         return on_node
@@ -55,20 +61,22 @@ def _word_rule(word: str) -> WordRule:
         if want == WordKind.STRAGGLER.value:
             return _stragglers
         states = frozenset(s for s in RankState if s.value.startswith(want))
-        return lambda ranks, stragglers: [r for r in ranks if r.state in states]
+        return lambda ranks, stragglers, nodes: [r for r in ranks if r.state in states]
     if word == WordKind.STRAGGLER.value:
         return _stragglers
     # Anywhere: the state, the node, the whole name, or the last line (read only if there is one).
     states = frozenset(s for s in RankState if word in s.value)
     n = len(word)
 
-    def anywhere(ranks: list[RankView], stragglers: Collection[str]) -> list[RankView]:
-        hits = _nodes_with(word, ranks)
-        return [
+    def anywhere(
+        ranks: list[RankView], stragglers: Collection[str], nodes: Iterable[str] | None
+    ) -> list[RankView]:
+        hits = _nodes_with(word, ranks, nodes)
+        return [  # the cheap tests first; an empty set is not even looked in
             r
             for r in ranks
-            if r.node in hits
-            or r.state in states
+            if (hits and r.node in hits)
+            or (states and r.state in states)
             or (len(r.name) == n and r.name.lower() == word)
             or (r.tail and word in last_meaningful(r.tail).lower())
         ]
@@ -83,13 +91,16 @@ class RankFilter:
 
     def __call__(self, r: RankView, straggler: bool) -> bool:
         stragglers = (r.name,) if straggler else ()
-        return all(rule([r], stragglers) for rule in self._rules)
+        return all(rule([r], stragglers, None) for rule in self._rules)
 
-    def select(self, ranks: Iterable[RankView], stragglers: Collection[str]) -> list[RankView]:
-        """The ranks the query selects, in their order: narrowed word by word."""
+    def select(
+        self, ranks: Iterable[RankView], stragglers: Collection[str], nodes: Iterable[str] | None = None
+    ) -> list[RankView]:
+        """The ranks the query selects, in their order: narrowed word by word. ``nodes``: every
+        node's name, where the caller has them (else the ranks' nodes are gathered)."""
         out = list(ranks)
         for rule in self._rules:
-            out = rule(out, stragglers)
+            out = rule(out, stragglers, nodes)
         return out
 
 

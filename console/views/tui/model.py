@@ -40,7 +40,9 @@ class ViewModel:
 
     def select(self, ranks: list[RankView]) -> list[RankView]:
         """The ranks the filter selects, in their order (``selected`` for each, in bulk)."""
-        return self._filter.select(ranks, self.feed.stragglers) if self.query else list(ranks)
+        if not self.query:
+            return list(ranks)
+        return self._filter.select(ranks, self.feed.stragglers, self.state.nodes)
 
     def workers(self) -> list[RankView]:
         """The workers by rank; the same list object until the set of ranks changes (a new

@@ -62,15 +62,21 @@ class DevicesView(Vertical):
             self.show(None if full else ch)
 
     def show(self, ch: Changes | None) -> None:
-        model = self.model
-        names = None if ch is None else ch.ranks
         if ch is not None and not ch.ranks and not ch.structure:
             return
+        self._update(None if ch is None else ch.ranks)
+
+    def refilter(self) -> None:
+        """The query changed, no rank did: the rows are selected again, their values kept."""
+        self._update(set(), refilter=True)
+
+    def _update(self, names: set[str] | None, refilter: bool = False) -> None:
+        model = self.model
         table = self.query_one(RankTable)
         if self.table_mode:
             table.show(model, names)
         else:
-            self.query_one(RankGrid).show(model, names)
+            self.query_one(RankGrid).show(model, None if refilter else names)
         shown = table.row_count if self.table_mode else len(model.visible_workers())
         head = Text(f"{len(self._names)} ranks")
         if model.query:

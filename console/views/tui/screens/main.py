@@ -137,10 +137,13 @@ class MainScreen(Screen[None]):
     @on(Input.Changed, "#filter")
     async def _filter_changed(self, event: Input.Changed) -> None:
         self.model.set_query(event.value)
-        if self.active is View.DEVICES:
+        # Only Devices and the status line show the filter (Devices catches up when shown); no
+        # rank changed, so the rows keep the values they have.
+        self.query_one(StatusBar).show(self.model)
+        if self.active is View.DEVICES and not self.stale:
+            self.query_one(DevicesView).refilter()
+        elif self.active is View.DEVICES:
             await self.show(None)
-        else:  # only Devices and the status line show the filter (Devices catches up when shown)
-            self.query_one(StatusBar).show(self.model)
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:

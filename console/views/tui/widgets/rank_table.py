@@ -185,7 +185,8 @@ class RankTable(ScrollView, can_focus=True):
         super().__init__(id=id)
         self.sort_column = Column.RANK
         self.sort_reverse = False
-        self._rows: dict[str, tuple[str | Text, ...]] = {}  # values last rendered (may be stale: _dirty)
+        self._rows: dict[str, None] = {}  # the rows: the names the filter selected, in rank order
+        self._kept: dict[str, tuple[str | Text, ...]] = {}  # values last taken (stale: _stale), any row
         self._rows_of: list[RankView] | None = None  # model.workers() the rows were last filtered from
         self._rows_query = ""  # and the query they were filtered with
         self._dirty: set[str] = set()  # rows whose rank changed since their values were taken
@@ -210,15 +211,15 @@ class RankTable(ScrollView, can_focus=True):
 
     def _values(self, name: str) -> tuple[str | Text, ...]:
         """The row's values, recomputed if its rank changed since they were taken."""
-        values = self._rows.get(name)
-        if (not values or self._stale(name)) and self._model is not None:
+        values = self._kept.get(name)
+        if (values is None or self._stale(name)) and self._model is not None:
             self._dirty.discard(name)
             self._taken[name] = self._epoch
             r = self._model.state.ranks.get(name)
             if r is not None:
                 fresh = row_values(self._model, r)
                 if values is None or _sig(fresh) != _sig(values):
-                    self._rows[name] = values = fresh
+                    self._kept[name] = values = fresh
                     self._strips.pop(name, None)
         return values if values is not None else ()
 
@@ -238,13 +239,20 @@ class RankTable(ScrollView, can_focus=True):
         return range(top, min(len(self._order), top + max(0, self.size.height - 1)))
 
     def show(self, model: ViewModel, names: set[str] | None) -> None:
-        """Bring rows up to date: ``names`` changed (None: everything may have).
+        """Bring rows up to date: ``names`` changed (None: everything may have; an empty set: no
+        rank did, the query may have).
 
         Only the rows on screen are rebuilt now; the others are marked and rebuilt when shown.
         """
         self._model = model
         self._base_style = None  # taken again once a flush (the background follows the theme)
         workers = model.workers()
+        if workers is not self._rows_of:  # a new attempt: nothing taken from the last one holds
+            self._kept.clear()
+            self._strips.clear()
+            self._prefix.clear()
+        if names is None:
+            self._epoch += 1  # every row's values are to be taken again (when it is in sight)
         # While the ranks (the same list) and the query are those the rows were filtered with, only
         # the ranks that changed can enter or leave the selection: test those, not all 8,000 ranks
         # every frame (without a query, none). Anything else, or a full refresh, filters again.
@@ -261,18 +269,17 @@ class RankTable(ScrollView, can_focus=True):
             wanted = [r.name for r in model.select(workers)]
             self._rows_of, self._rows_query = workers, model.query
             if wanted != self._selected:
+                # The rows' values and finished lines are kept: a keystroke's refresh draws what
+                # it selects from them, taking again only what changed (names, _epoch).
                 keep = self.cursor_name()
                 self._selected = wanted
-                self._rows = dict.fromkeys(wanted, ())  # () : not taken yet (_values)
-                self._dirty = set()
-                self._strips.clear()
-                self._prefix.clear()
+                self._rows = dict.fromkeys(wanted)
+                if names:
+                    self._dirty |= names
                 self._order = []
                 self.apply_sort(keep, wanted)
                 return
-        if names is None:
-            self._epoch += 1  # every row's values are to be taken again (when it is in sight)
-        else:
+        if names is not None:
             self._dirty |= names & self._rows.keys()
             if not self._dirty:
                 return
@@ -285,7 +292,7 @@ class RankTable(ScrollView, can_focus=True):
         lines = [
             i
             for i in self._window()
-            if self._stale(order[i]) and self._rows[order[i]] is not self._values(order[i])
+            if self._stale(order[i]) and self._kept.get(order[i]) is not self._values(order[i])
         ]
         if lines:
             top = int(self.scroll_offset.y)
@@ -302,13 +309,13 @@ class RankTable(ScrollView, can_focus=True):
         self._last_sort = time.monotonic()
         ranks = model.state.ranks
         key = SORT_KEY[self.sort_column]
-        names = list(fresh) if fresh is not None else [n for n in self._rows if n in ranks]
+        names = fresh if fresh is not None else [n for n in self._rows if n in ranks]
         if self.sort_column is Column.RANK:
             # The rows are taken from model.workers(), in rank order already: no 80,000-key sort.
             if self.sort_reverse:
-                names.reverse()
+                names = names[::-1]
         else:
-            names.sort(key=lambda n: key(model, ranks[n]), reverse=self.sort_reverse)
+            names = sorted(names, key=lambda n: key(model, ranks[n]), reverse=self.sort_reverse)
         changed = names != self._order
         if changed:
             self._order = names
