@@ -62,10 +62,11 @@ from mscon.console.engine.events import (
     StragglerFlagged,
     StragglerSummary,
 )
+from mscon.console.engine.loss_history import LossHistory, limit_for
 from mscon.console.engine.phases import PhaseClock
 from mscon.console.engine.resume import Reached, frontier, rank_start, verdict
 from mscon.console.engine.root_cause import first_failure, waits_on_peers
-from mscon.console.engine.state_views import TAIL, AttemptView, NodeView, RankView
+from mscon.console.engine.state_views import HISTORY, HISTORY_BUDGET, TAIL, AttemptView, NodeView, RankView
 
 
 class ClusterState:
@@ -129,7 +130,10 @@ class ClusterState:
             self._clock.started(ev)
             self.attempts.append(AttemptView(ev.attempt, started_ns=ev.ts_ns, warm=ev.warm))
             self.job = JobState.RUNNING
-            self.ranks = {r.name: RankView(r.name, r.node, r.rank) for r in ev.ranks}
+            keep = limit_for(len(ev.ranks), HISTORY_BUDGET, HISTORY)
+            self.ranks = {
+                r.name: RankView(r.name, r.node, r.rank, history=LossHistory(keep)) for r in ev.ranks
+            }
             self._worker_list = [r for r in self.ranks.values() if not r.is_scheduler]
             by_node: dict[str, list[RankView]] = {}
             for r in self._worker_list:

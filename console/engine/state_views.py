@@ -15,9 +15,12 @@ from mscon.console.engine.events import (
     RankState,
     RankSummary,
 )
+from mscon.console.engine.loss_history import LossHistory
 
 TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
 HISTORY = 512  # (step, loss) points kept per rank for plots
+# ... and in all: at 8,192 ranks or more each keeps fewer (64 at least), 64 MiB of points at most
+HISTORY_BUDGET = 2**22
 
 
 @dataclass(slots=True)
@@ -46,9 +49,7 @@ class RankView:
     node_steps: int = 0  # metrics its node has read (NodeSummary)
     summarised: bool = False  # its node sends summaries: lines it was not subscribed to are no gap
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
-    history: collections.deque[tuple[int, float]] = field(
-        default_factory=lambda: collections.deque(maxlen=HISTORY)
-    )
+    history: LossHistory = field(default_factory=lambda: LossHistory(HISTORY))
     # Where it started this attempt (resume.py): its resume record, whether it stepped (a first
     # step or a metric), and its first metric's (epoch, step).
     resumed: RankResumed | None = None
