@@ -11,12 +11,12 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mscon.console.engine.bus import EventBus
-from mscon.console.engine.events import JobState, RunResult
+from mscon.console.engine.events import JobState, RunResult, json_default
 from mscon.console.engine.state import ClusterState
-from mscon.console.transport.private_copy import private_text
+from mscon.console.transport.private_copy import private_text, private_write
 
 SUMMARY_JSON = "summary.json"
 # ``--json -``: the summary goes to stdout (and the rank output to stderr, so the JSON stays whole).
@@ -40,7 +40,7 @@ def summary_file(logs_dir: Path) -> Path:
 
 def write_summary(path: Path, result: RunResult, **sections: Any) -> None:
     """Write ``result`` (and any extra top-level ``sections``) to ``path``; OSError if it cannot."""
-    doc = result.to_json()
+    doc: dict[str, Any] = json_default(result)  # one level: the rest is converted as it is written
     doc.update(sections)
     write_json(path, doc)
 
@@ -63,13 +63,19 @@ def add_to_summary(path: Path, **sections: Any) -> bool:
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     """Write a JSON document to ``path`` (``STDOUT``: to stdout); OSError if it cannot."""
+
+    def write(f: TextIO) -> None:
+        # Streamed, never one string: a summary of 80,000 ranks is tens of MiB of JSON.
+        json.dump(doc, f, indent=2, default=json_default)
+        f.write("\n")
+
     if is_stdout(path):
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write(sys.stdout)
         sys.stdout.flush()
         return
     # Written in place, not renamed over: --json may name a pipe or /dev/stdout. 0600: it names
     # the run's hosts, ranks and the root cause's log lines.
-    private_text(path, json.dumps(doc, indent=2) + "\n")
+    private_write(path, write)
 
 
 def run_result(

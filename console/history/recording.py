@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mscon.agent import layout
 from mscon.console.engine.bus import EventBus
-from mscon.console.engine.events import Event, RunFinished, from_json, to_json
+from mscon.console.engine.events import Event, RunFinished, from_json, json_default
 from mscon.console.transport.private_copy import private_file, private_folder
 
 RECORDING = "events.jsonl.gz"  # in the run folder, beside summary.json
@@ -64,7 +64,7 @@ class CompressedRecorder:
         self._closed = False
 
     def handle(self, event: Event) -> Awaitable[None] | None:
-        line = json.dumps(to_json(event), separators=(",", ":")) + "\n"
+        line = json.dumps(event, separators=(",", ":"), default=json_default) + "\n"
         self._pending.append(line)
         self._pending_bytes += len(line)
         due = time.monotonic() - self._last_flush >= self._flush_s
@@ -123,7 +123,7 @@ class EventRecorder:
         self._f = layout.private_open(str(path), "w", encoding="utf-8")  # 0600: it holds log lines
 
     def handle(self, event: Event) -> None:
-        self._f.write(json.dumps(to_json(event), separators=(",", ":")) + "\n")
+        self._f.write(json.dumps(event, separators=(",", ":"), default=json_default) + "\n")
 
     def close(self) -> None:
         self._f.close()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from mscon.agent import layout
 
@@ -54,8 +56,14 @@ def private_file(path: Path) -> int:
 
 
 def private_text(path: Path, text: str, *, append: bool = False) -> None:
-    """``text`` written to (or appended to) ``path``, in place, 0600 whatever the umask; missing
-    folders above it are made 0700, those there left as they are. What is there is written through
+    """``text`` written to ``path`` as ``private_write`` writes."""
+    private_write(path, lambda f: f.write(text), append=append)
+
+
+def private_write(path: Path, write: Callable[[TextIO], object], *, append: bool = False) -> None:
+    """What ``write`` writes to the file it is given, written to (or appended to) ``path``, in
+    place, 0600 whatever the umask; missing folders above it are made 0700, those there left as
+    they are. What is there is written through
     (``--json`` may name a pipe or ``/dev/stdout``), but only a regular file of this user's is
     made 0600: never a terminal or a pipe."""
     layout.private_dirs(str(path.parent))
@@ -66,7 +74,7 @@ def private_text(path: Path, text: str, *, append: bool = False) -> None:
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
             if stat.S_IMODE(st.st_mode) != layout.PRIVATE_FILE:
                 os.fchmod(fd, layout.PRIVATE_FILE)  # made earlier, under another umask
-        f.write(text)
+        write(f)
 
 
 def made_private(path: Path) -> None:
