@@ -20,7 +20,9 @@ from mscon.console.engine.state_views import RankView
 from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui.app import MsconApp
 from mscon.console.views.tui.collector import FreezeAfterSlowPasses
+from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.filtering import RankFilter
+from mscon.console.views.tui.screens.overview import OverviewView
 from mscon.console.views.tui.source import ReplaySource
 from mscon.console.views.tui.widgets.node_table import NodeTable
 from mscon.console.views.tui.widgets.rank_table import RankTable
@@ -137,3 +139,35 @@ def test_a_slow_full_pass_is_followed_by_a_freeze_and_a_quick_one_is_not() -> No
         quick.uninstall()
         slow.uninstall()
         gc.unfreeze()  # the rest of the session as it was (the app freezes its own again)
+
+
+async def test_a_filter_typed_on_the_overview_is_applied_when_devices_is_shown() -> None:
+    app = MsconApp(ReplaySource(_big_run(), speed=0), toasts=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settled(pilot)
+        table = app.main_screen.query_one(RankTable)
+        shown = table.row_count
+        overview = app.main_screen.query_one(OverviewView)
+        redrawn: list[None] = []  # the Overview's whole refreshes (it shows nothing of the filter)
+        show = overview.show
+
+        def counted(ch: Changes | None) -> None:
+            if ch is None:
+                redrawn.append(None)
+            show(ch)
+
+        overview.show = counted  # type: ignore[method-assign]
+        await pilot.press("slash", *"node:n0007")
+        await wait_for(pilot, lambda: "filter: node:n0007" in screen_text(app))
+        assert app.main_screen.active.value == "overview" and not redrawn
+        assert table.row_count == shown  # Devices is not selected again while hidden
+        await pilot.press("enter")
+        await show_tab(pilot, "2", "devices")
+        await wait_for(pilot, lambda: table.row_count == PER_NODE)
+        assert table.get_row_at(0)[0].plain == f"r{7 * PER_NODE}"
+        await pilot.press("slash", "end", "backspace")  # on Devices: each key selects again
+        await wait_for(pilot, lambda: table.row_count == PER_NODE * 10)  # n0000..n0009 (n000)
+        assert [table.get_row_at(i)[0].plain for i in (0, PER_NODE * 10 - 1)] == [
+            "r0",
+            f"r{PER_NODE * 10 - 1}",
+        ]
