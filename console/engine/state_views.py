@@ -3,7 +3,6 @@ the summary and the TUI read them)."""
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 
 from mscon.agent.protocol import Evidence, ProcExited, ProcHung, RankResumed, is_scheduler
@@ -15,6 +14,7 @@ from mscon.console.engine.events import (
     RankState,
     RankSummary,
 )
+from mscon.console.engine.log_tail import LogTail
 from mscon.console.engine.loss_history import LossHistory
 
 TAIL = 50  # last log lines kept per rank (the TUI's pane, the failure report)
@@ -48,7 +48,7 @@ class RankView:
     node_lines: int = 0  # lines its log has had on the node (NodeSummary: streamed or not, all kept)
     node_steps: int = 0  # metrics its node has read (NodeSummary)
     summarised: bool = False  # its node sends summaries: lines it was not subscribed to are no gap
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
+    tail: LogTail = field(default_factory=lambda: LogTail(TAIL))
     history: LossHistory = field(default_factory=lambda: LossHistory(HISTORY))
     # Where it started this attempt (resume.py): its resume record, whether it stepped (a first
     # step or a metric), and its first metric's (epoch, step).

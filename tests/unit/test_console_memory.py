@@ -23,6 +23,7 @@ from mscon.console.engine.events import (
     RunStarted,
     json_default,
 )
+from mscon.console.engine.log_tail import LogTail
 from mscon.console.engine.loss_history import LossHistory, limit_for
 from mscon.console.engine.state import ClusterState
 from mscon.console.engine.state_views import HISTORY, HISTORY_BUDGET, RankView
@@ -132,3 +133,22 @@ def test_a_recorded_event_is_the_json_to_json_gives() -> None:
     for ev in (RunFinished(0, res), AgentEvent(0, ProcStarted("n0", "r0", 0, 1, 2, "/l"))):
         compact = json.dumps(ev, separators=(",", ":"), default=json_default)
         assert compact == json.dumps(events.to_json(ev), separators=(",", ":"))
+
+
+def test_a_ranks_tail_keeps_its_last_lines_and_costs_nothing_before_one() -> None:
+    t = LogTail(3)
+    assert not t and list(t) == [] and list(reversed(t)) == [] and "a" not in t
+    t.extend(["a", "b"])
+    t.append("c")
+    t.extend(["d"])
+    assert len(t) == 3 and list(t) == ["b", "c", "d"] and list(reversed(t)) == ["d", "c", "b"]
+    assert "c" in t and "a" not in t
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        views = [RankView(f"r{i}", "n", i) for i in range(1_000)]
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # An empty deque(maxlen=50) was ~620 bytes a rank before any line; a view is now ~400 in all.
+    assert used / len(views) < 500, used / len(views)
