@@ -349,7 +349,7 @@ def worker_main(path: str, lines_per_s: float, steps_per_s: float, single: bool)
 def console_imports() -> None:
     global AgentChannel, NodeTransport, Supervisor, RunOptions, EventBus, HeadlessReporter  # noqa: PLW0603
     global load_inventory, AgentEvent, NodeUpdate, NodeState, Stopping, LINE_LIMIT  # noqa: PLW0603
-    global TransportKind, default_lines, parse_ranks  # noqa: PLW0603
+    global TransportKind, default_lines, parse_ranks, FreezeAfterSlowPasses  # noqa: PLW0603
     from mscon.console.config.inventory import load_inventory
     from mscon.console.engine.bus import EventBus
     from mscon.console.engine.events import AgentEvent, NodeState, NodeUpdate, Stopping
@@ -358,6 +358,7 @@ def console_imports() -> None:
     from mscon.console.transport import AgentChannel, NodeTransport, TransportKind
     from mscon.console.transport.base import LINE_LIMIT
     from mscon.console.views.headless.reporter import HeadlessReporter
+    from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 
 
 def allow_nodes(n: int, ranks: int) -> None:
@@ -641,7 +642,12 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
         return kill_ns
 
     drive = asyncio.get_running_loop().create_task(driver())
-    result = await sup.run()
+    collector = FreezeAfterSlowPasses()  # as `mscon run --no-tui` does (console/cli/main.py)
+    collector.install()
+    try:
+        result = await sup.run()
+    finally:
+        collector.uninstall()
     kill_ns = await drive if drive.done() else None
     if not drive.done():
         drive.cancel()

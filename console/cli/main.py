@@ -35,6 +35,7 @@ from mscon.console.engine.supervisor import RunOptions, Supervisor
 from mscon.console.preflight.report import CheckReporter, preflight_record
 from mscon.console.preflight.runner import Preflight, PreflightOptions
 from mscon.console.views.headless.reporter import HeadlessReporter
+from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 
 
 def _version() -> str:
@@ -418,7 +419,14 @@ async def _run_engine(inv: Inventory, options: RunOptions, args: argparse.Namesp
     if options.preflight is not None:
         checks = CheckReporter(full=False)
         sup.bus.add_sink("checks", checks.handle)
-    result = await supervise(sup, args.events, loop, history=True)
+    # The full passes of the collector over the state's per-rank objects: a tenth of a core
+    # at 3,000 nodes (bench/scale.py), half of it with what survived a slow pass frozen.
+    collector = FreezeAfterSlowPasses()
+    collector.install()
+    try:
+        result = await supervise(sup, args.events, loop, history=True)
+    finally:
+        collector.uninstall()
     sections: dict[str, object] = {}
     if checks is not None and checks.finished is not None:
         sections["preflight"] = preflight_record(checks.results, checks.finished)
