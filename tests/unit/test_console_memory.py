@@ -152,3 +152,30 @@ def test_a_ranks_tail_keeps_its_last_lines_and_costs_nothing_before_one() -> Non
         tracemalloc.stop()
     # An empty deque(maxlen=50) was ~620 bytes a rank before any line; a view is now ~400 in all.
     assert used / len(views) < 500, used / len(views)
+
+
+def test_preflight_is_added_to_a_large_summary_without_loading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = _state(2_000)
+    res = summary.run_result(st, "run", tmp_path, JobState.FAILED, 1, "r3 failed", 1.0, EventBus())
+    path, whole = tmp_path / "summary.json", tmp_path / "whole.json"
+    summary.write_summary(path, res)
+    preflight = {"ok": 3, "failed": ["n1: disk"], "results": [{"node": "n1", "v": [1, {"a": None}]}]}
+    summary.write_summary(whole, res, preflight=preflight, extra=[])
+    loads = summary.json.loads
+
+    def refuse_big(text: str | bytes) -> object:
+        assert len(text) < 1_000, "the whole summary loaded"
+        return loads(text)
+
+    monkeypatch.setattr(summary.json, "loads", refuse_big)
+    assert summary.add_to_summary(path, preflight=preflight, extra=[])
+    assert path.read_bytes() == whole.read_bytes()
+    monkeypatch.undo()
+    # A key already there, or a file written otherwise: loaded whole, as before.
+    assert summary.add_to_summary(path, preflight={"ok": 0})
+    assert json.loads(path.read_text(encoding="utf-8"))["preflight"] == {"ok": 0}
+    (tmp_path / "small.json").write_text('{"a": 1}', encoding="utf-8")
+    assert summary.add_to_summary(tmp_path / "small.json", b=2)
+    assert json.loads((tmp_path / "small.json").read_text(encoding="utf-8")) == {"a": 1, "b": 2}
