@@ -49,6 +49,7 @@ ARGS = [
     "--parallel-mode", "data_parallel", "--epochs", "1", "--steps-per-epoch", "4000",
     "--step-sleep", "0.05", "--checksum-every", "1",
 ]  # fmt: skip
+TRAINED_BEFORE_A_FAULT = 20  # steps: past the snapshots' probe and a checkpoint's interval or not, resumable
 STEP = re.compile(r"^epoch: 1 step: (\d+), loss is", re.M)
 RESUMED = re.compile(
     # a checkpoint step is also a snapshot step: the trainer names the checkpoint then (the same state)
@@ -60,12 +61,16 @@ RESUMED = re.compile(
 def _launch(
     tmp_path: Path, cluster: SshdCluster, request: pytest.FixtureRequest, case: str, max_restarts: int
 ) -> tuple[Console, str]:
-    """The run, once every node's standby for attempt 1 is ready."""
+    """The run, once every node's standby for attempt 1 is ready and every rank has trained a few
+    steps (the spares start with a cold attempt and may be ready before its first step: a fault
+    then has nothing to resume from)."""
     inv = _inventory(tmp_path, cluster, 1, ARGS, script=TRAIN)
     run_id = _run_id(case)
     con = _start(tmp_path, inv, run_id, "--max-restarts", str(max_restarts))
     request.addfinalizer(con.kill)
     _standby_ready(con, 1)
+    for node, name in (("node1", "r0"), ("node2", "r1")):
+        con.wait_line("out", f"[{node} {name}] epoch: 1 step: {TRAINED_BEFORE_A_FAULT},", 300)
     return con, run_id
 
 
