@@ -362,8 +362,8 @@ def console_imports() -> None:
 
 
 def allow_nodes(n: int, ranks: int) -> None:
-    """The inventory refuses more than limits.MAX_NODES nodes (1,024) and MAX_WORLD_SIZE ranks
-    (65,536); a bench past them lifts the caps in this process only, and says so."""
+    """The inventory refuses more than limits.MAX_NODES nodes (16,384) and MAX_WORLD_SIZE ranks
+    (131,072); a bench past them lifts the caps in this process only, and says so."""
     from mscon.console.config import schema
 
     if n > schema.MAX_NODES:
