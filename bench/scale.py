@@ -352,13 +352,13 @@ def console_imports() -> None:
     global TransportKind, default_lines, parse_ranks, FreezeAfterSlowPasses  # noqa: PLW0603
     from mscon.console.config.inventory import load_inventory
     from mscon.console.engine.bus import EventBus
+    from mscon.console.engine.collector import FreezeAfterSlowPasses
     from mscon.console.engine.events import AgentEvent, NodeState, NodeUpdate, Stopping
     from mscon.console.engine.lines_wanted import default_lines, parse_ranks
     from mscon.console.engine.supervisor import RunOptions, Supervisor
     from mscon.console.transport import AgentChannel, NodeTransport, TransportKind
     from mscon.console.transport.base import LINE_LIMIT
     from mscon.console.views.headless.reporter import HeadlessReporter
-    from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 
 
 def allow_nodes(n: int, ranks: int) -> None:

@@ -21,6 +21,7 @@ from mscon.console.cli.resume_check import add_resume_flags, resume_check_main
 from mscon.console.cli.usage import MsconParser, json_path_arg, run_id_arg, usage_error
 from mscon.console.config.inventory import Inventory
 from mscon.console.engine import exit_codes, run_ids
+from mscon.console.engine.collector import FreezeAfterSlowPasses
 from mscon.console.engine.commands import StopJob
 from mscon.console.engine.lines_wanted import ALL_RANKS_UP_TO, RanksSpecError, default_lines, parse_ranks
 from mscon.console.engine.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW
@@ -35,7 +36,6 @@ from mscon.console.engine.supervisor import RunOptions, Supervisor
 from mscon.console.preflight.report import CheckReporter, preflight_record
 from mscon.console.preflight.runner import Preflight, PreflightOptions
 from mscon.console.views.headless.reporter import HeadlessReporter
-from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 
 
 def _version() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 
 from mscon.agent.protocol import ProcStarted, Telemetry, TelemetryBatch
+from mscon.console.engine.collector import FreezeAfterSlowPasses
 from mscon.console.engine.events import (
     AgentEvent,
     AttemptStarted,
@@ -19,7 +20,6 @@ from mscon.console.engine.events import (
 from mscon.console.engine.state_views import RankView
 from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui.app import MsconApp
-from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 from mscon.console.views.tui.feed import Changes
 from mscon.console.views.tui.filtering import RankFilter
 from mscon.console.views.tui.screens.overview import OverviewView

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mscon.console.cli import main
 from mscon.console.engine.bus import EventBus
-from mscon.console.views.tui.collector import FreezeAfterSlowPasses
+from mscon.console.engine.collector import FreezeAfterSlowPasses
 
 
 def _installed() -> bool:

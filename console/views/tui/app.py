@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mscon.console.engine.collector import FreezeAfterSlowPasses
 from mscon.console.engine.commands import DetachRun, RestartGroup, StopJob
-from mscon.console.views.tui.collector import FreezeAfterSlowPasses
 from mscon.console.views.tui.commands import MsconCommands, PaletteCommand
 from mscon.console.views.tui.feed import Changes, Feed
 from mscon.console.views.tui.linestore import LineStore

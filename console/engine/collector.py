@@ -1,4 +1,4 @@
-"""Keep the garbage collector's full passes short while the live view runs.
+"""Keep the garbage collector's full passes short while a console runs (the TUI, ``mscon run --no-tui``).
 
 A full pass walks every container object the process holds that is not frozen: at 10,000 nodes of
 8 ranks that is half a million per-rank objects (the state's ranks, their deques, the step-time
