@@ -15,6 +15,7 @@ from mscon.console.engine.events import CheckStatus
 from mscon.console.views import plain
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
+from mscon.console.views.tui.widgets.cursor_rows import CursorRows
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
@@ -22,7 +23,6 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 COLUMNS = ("node", "host", "state", "checks", "ranks up", "failed", "CPU", "memory")
@@ -73,7 +73,7 @@ def _sig(cells: Cells) -> tuple[object, ...]:
     return tuple((c.plain, str(c.style), tuple(c.spans)) for c in cells)
 
 
-class NodeTable(ScrollView, can_focus=True):
+class NodeTable(CursorRows, can_focus=True):
     DEFAULT_CSS = """
     NodeTable { background: $surface; color: $foreground; height: auto; }
     NodeTable > .nodetable--header { text-style: bold; background: $panel; color: $foreground; }
@@ -211,27 +211,3 @@ class NodeTable(ScrollView, can_focus=True):
         return strip
 
     # ------------------------------------------------------------ keys
-
-    def watch_cursor(self, old: int, new: int) -> None:
-        self.refresh()
-        top = self.scroll_offset.y
-        rows = max(1, self.size.height - 1)
-        if new < top:
-            self.scroll_to(y=new, animate=False)
-        elif new >= top + rows:
-            self.scroll_to(y=new - rows + 1, animate=False)
-
-    def on_focus(self) -> None:
-        self.refresh()
-
-    def on_blur(self) -> None:
-        self.refresh()
-
-    def action_move(self, step: int) -> None:
-        self.cursor = max(0, min(len(self._names) - 1, self.cursor + step))
-
-    def action_page(self, step: int) -> None:
-        self.action_move(step * max(1, self.size.height - 2))
-
-    def action_edge(self, end: int) -> None:
-        self.cursor = max(0, len(self._names) - 1) if end else 0

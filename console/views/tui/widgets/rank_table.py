@@ -21,6 +21,7 @@ from mscon.console.views import plain
 from mscon.console.views.log_lines import last_meaningful
 from mscon.console.views.tui import fmt
 from mscon.console.views.tui.model import ViewModel
+from mscon.console.views.tui.widgets.cursor_rows import CursorRows
 from mscon.console.views.tui.widgets.rank_pane import OpenRank
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console
@@ -31,7 +32,6 @@ from textual import events
 from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 _STATE_ORDER = {s: i for i, s in enumerate(RankState)}
@@ -163,7 +163,7 @@ def _parse(style: str | Style) -> Style:
     return style if isinstance(style, Style) else Style.parse(style)
 
 
-class RankTable(ScrollView, can_focus=True):
+class RankTable(CursorRows, can_focus=True):
     DEFAULT_CSS = """
     RankTable { background: $surface; }
     RankTable > .ranktable--header { text-style: bold; background: $panel; }
@@ -416,31 +416,7 @@ class RankTable(ScrollView, can_focus=True):
             strip = self._strips[name] = self._build(name, values, scroll_x, width, base)
         return strip
 
-    def watch_cursor(self, old: int, new: int) -> None:
-        self.refresh()
-        top = self.scroll_offset.y
-        rows = max(1, self.size.height - 1)
-        if new < top:
-            self.scroll_to(y=new, animate=False)
-        elif new >= top + rows:
-            self.scroll_to(y=new - rows + 1, animate=False)
-
-    def on_focus(self) -> None:
-        self.refresh()
-
-    def on_blur(self) -> None:
-        self.refresh()
-
     # ------------------------------------------------------------ keys and mouse
-
-    def action_move(self, step: int) -> None:
-        self.cursor = max(0, min(len(self._order) - 1, self.cursor + step))
-
-    def action_page(self, step: int) -> None:
-        self.action_move(step * max(1, self.size.height - 2))
-
-    def action_edge(self, end: int) -> None:
-        self.cursor = max(0, len(self._order) - 1) if end else 0
 
     def action_open(self) -> None:
         name = self.cursor_name()
