@@ -80,13 +80,18 @@ def _after_restart(out: str) -> dict:
     return {(r, int(e), int(s)): v for r, e, s, v in LOSS.findall(out) if (int(e) - 1) * 3 + int(s) > KILL_AT}
 
 
-@pytest.mark.mindspore
-@needs_mindspore
-def test_a_restart_loads_the_graphs_the_first_attempt_compiled(tmp_path: Path) -> None:
+def _job(tmp_path: Path) -> tuple[Path, Path]:
+    """(the work folder holding the example, its data: 2 ranks' share)."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(REPO / "examples" / SCRIPT, work / SCRIPT)
-    data = write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * 2)
+    return work, write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * 2)
+
+
+@pytest.mark.mindspore
+@needs_mindspore
+def test_a_restart_loads_the_graphs_the_first_attempt_compiled(tmp_path: Path) -> None:
+    work, data = _job(tmp_path)
 
     doc, out, err, run_id = _run(tmp_path, work, data, "kept", "auto")
     a0, a1 = doc["attempts"]
@@ -117,10 +122,7 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(tmp_path: Path) -
     "of ResNet-18 and net.py with the cache off, written and loaded"
 )
 def test_a_loaded_graph_computes_the_losses_a_compiled_one_does(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy(REPO / "examples" / SCRIPT, work / SCRIPT)
-    data = write_fake_mnist(tmp_path / "mnist", SAMPLES_A_RANK * 2)
+    work, data = _job(tmp_path)
     _, out, _, _ = _run(tmp_path, work, data, "kept", "auto")
     off, out_off, _, _ = _run(tmp_path, work, data, "off", "off")
     assert [a["phases"].get("graph") for a in off["attempts"]] == [None, None]  # no cache: nothing said
