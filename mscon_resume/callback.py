@@ -133,7 +133,7 @@ class ResumeCallback(Callback):
         epoch, pos = (step - 1) // per_epoch, (step - 1) % per_epoch + 1
         self.core.stepped(step, epoch, pos, dt, record)
         last = step == self.core.extra.get("total", 0) - 1 or (per_epoch > 1 and pos == per_epoch - 1)
-        if last and not self.core.interval.due(step):
+        if last and not self.core.due(step, pos):
             self.core.snapshot(step, epoch, pos)  # an epoch's end resumes from the step before
         self._end = time.perf_counter()
 

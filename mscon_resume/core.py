@@ -256,7 +256,7 @@ class Resumer:
             if self._phases:  # the first step's graphs compiled and ran once
                 self.metrics.phase("compiled", graph=compile_cache.outcome())
         self.metrics.write({"step": step, "epoch": epoch + 1, "step_time_s": step_s, **(record or {})})
-        if self.writer is not None and self.interval.due(step) and self.resumable(step, pos, self.extra):
+        if self.writer is not None and self.due(step, pos):
             self.snapshot(step, epoch, pos)
         # A collective (auto: at one step): a rank without a writer (no folder) takes part too.
         w = self.writer
@@ -266,11 +266,15 @@ class Resumer:
         if self._kill_at is not None and step >= self._kill_at:
             self._fault_for_the_check(step, epoch, pos)
 
+    def due(self, step: int, pos: int) -> bool:
+        """``stepped`` takes a snapshot at this step: the interval's, where the stage can resume."""
+        return self.interval.due(step) and self.resumable(step, pos, self.extra)
+
     def _fault_for_the_check(self, step: int, epoch: int, pos: int) -> None:
         """The resume check's fault (``MSCON_CHECK_KILL_AT``): this step kept on every rank, then
         rank 0 dies as a killed rank would (SIGKILL: no exit handler runs)."""
         self._kill_at = None
-        if self.writer is not None and self.resumable(step, pos, self.extra) and not self.interval.due(step):
+        if self.writer is not None and self.resumable(step, pos, self.extra) and not self.due(step, pos):
             self.snapshot(step, epoch, pos)
         self.settle()
         if self.rank == 0:
