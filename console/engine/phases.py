@@ -107,7 +107,10 @@ class PhaseClock:
             origin, origin_ns = PhaseOrigin.START, launched  # nothing earlier on a clock we can trust
         before = dict(self._pending)
         if prev is not None:
-            before["detected"], before["stopped"] = prev.stopping_ns, prev.last_exit_ns
+            # The agent stops a failed rank's node-local siblings itself, so the last exit can come a
+            # moment before the console's stop: the way down ends no earlier than it began.
+            stopped = max(prev.last_exit_ns, prev.stopping_ns) if prev.last_exit_ns else 0
+            before["detected"], before["stopped"] = prev.stopping_ns, stopped
         # Only what happened between the origin and the launch (an attached console connects later).
         before = {k: ts for k, ts in before.items() if ts and origin_ns <= ts <= launched}
         self._pending = {}

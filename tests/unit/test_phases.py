@@ -198,6 +198,24 @@ def test_a_restart_is_timed_from_the_fault() -> None:
     assert describe_phases(again).startswith("from the fault: stop detected +0.05 s, all stopped +0.15 s")
 
 
+def test_processes_the_agent_stopped_before_the_console_did_end_the_way_down_at_its_stop() -> None:
+    """The agent stops a failed rank's siblings itself: their exits can precede the console's stop."""
+    state = feed(
+        [
+            *launch(),
+            exited(0, "r1", 20.0, "SIGKILL"),
+            exited(0, "r0", 20.01, "SIGTERM", by_agent=True),
+            exited(0, "sched", 20.02, "SIGTERM", by_agent=True),
+            Stopping(0, "r1 failed", "r1", at(20.05)),
+        ]
+    )
+    state.apply(end(state, 20.3))
+    state.apply(AttemptStarted(1, REFS, "10.0.0.1", 8118, at(22.5)))
+    p = state.phases()
+    assert p is not None and p.detected == pytest.approx(0.05) and p.stopped == pytest.approx(0.05)
+    assert describe_phases(p).startswith("from the fault: stop detected +0.05 s, all stopped +0.00 s")
+
+
 def test_a_restart_with_no_fault_counts_from_the_stop_or_its_own_start() -> None:
     state = feed([*launch(), Stopping(0, "restart requested", None, at(20.0))])
     state.apply(exited(0, "r0", 20.1, "SIGTERM", by_agent=True))
