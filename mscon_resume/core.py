@@ -262,7 +262,7 @@ class Resumer:
         w = self.writer
         agreed = self.interval.observe(step_s, self._snapshot_cost(), self.rank, self.size)
         if agreed is not None and self.rank == 0 and w is not None:
-            self._say(f"a snapshot every {agreed} step(s) (auto)")
+            self._say(f"a snapshot every {agreed} step(s) (auto): {self._costs_said(w)}")
         if self._kill_at is not None and step >= self._kill_at:
             self._fault_for_the_check(step, epoch, pos)
 
@@ -304,14 +304,26 @@ class Resumer:
         arrays.update(self.extra_arrays)
         self.writer.submit(step, self.params, info, arrays)
 
+    def _costs_said(self, w: store.Writer) -> str:
+        """What the auto interval was chosen by: this rank's snapshot costs, by part, and the step."""
+        write = f"write {1e3 * w.typical_write_s():.1f} ms (MAC {1e3 * w.typical_mac_s():.1f} ms)"
+        counted = "counted: the host computes the step" if _host_computes() else "not counted: off the host"
+        return (
+            f"copy {1e3 * self._on_step_s(w):.1f} ms on the step, {write} in the background ({counted}), "
+            f"against a {1e3 * self.interval.step_s:.0f} ms step, budget {100 * self.interval.budget:g} %"
+        )
+
+    def _on_step_s(self, w: store.Writer) -> float:
+        """What a snapshot costs the training thread: the capture of the carried values, the copy."""
+        return self._carry_s + w.typical_copy_s()
+
     def _snapshot_cost(self) -> float:
-        """What a snapshot costs the step: the capture of the loops' carried values and the copy,
-        and where the host computes the step (CPU) its background write too, which takes cores
-        from the step's kernels."""
+        """What a snapshot costs the step: :meth:`_on_step_s`, and where the host computes the step
+        (CPU) its background write too, which takes cores from the step's kernels."""
         w = self.writer
         if w is None:
             return 0.0
-        return self._carry_s + w.typical_copy_s() + (w.typical_write_s() if _host_computes() else 0.0)
+        return self._on_step_s(w) + (w.typical_write_s() if _host_computes() else 0.0)
 
     def settle(self) -> None:
         """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""

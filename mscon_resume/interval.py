@@ -22,6 +22,7 @@ class Interval:
         self.every = 1 if self.auto else int(every)
         self.budget = budget
         self._timed: list[float] = []
+        self.step_s = 0.0  # the step time the auto interval was chosen by (0 until then)
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -36,7 +37,8 @@ class Interval:
             return None
         # The first step compiles; the others ran beside a snapshot's write (one every step while
         # probing): the quickest is the closest to the step's own time.
-        self.every = agree_max(budget_interval(cost_s, min(self._timed[1:]), self.budget), rank, size)
+        self.step_s = min(self._timed[1:])
+        self.every = agree_max(budget_interval(cost_s, self.step_s, self.budget), rank, size)
         return self.every
 
 

@@ -2,9 +2,10 @@
 
 At a step boundary the training thread copies every kept parameter (weights and optimizer state)
 to host numpy arrays (``take``: the only part a step pays); a background thread writes the copy
-as one ``.npz`` to a temp name and renames it into place. A file's name carries its step, so a
-rank killed mid-write leaves only a temp file, never a snapshot; a truncated or corrupt one fails
-``np.load``'s CRC check and is skipped on resume.
+(:mod:`snapfile`'s format: raw arrays and one MAC) under a temp name, over the pages of the
+snapshot it drops, and renames it into place. A file's name carries its step, so a rank killed
+mid-write leaves only a temp file, never a snapshot; a truncated or corrupt one fails its MAC and
+is skipped on resume.
 
 Another user on the node must not read a snapshot, nor make a run load one it planted:
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import re
 import secrets
@@ -32,19 +32,20 @@ import shutil
 import stat
 import threading
 import time
-import zipfile
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import snapfile
+
 REUSE_MAX_BYTES = 4 << 30  # a state this large or smaller: its next copy reuses an earlier copy's memory
 KEEP = 2  # a rank killed mid-write still has the previous one, which every other rank also has
 SHM = "/dev/shm"
 SHM_PREFIX = "mscon-"  # + a digest of the state folder, keyed (agent/layout.py names the same folder)
-_NAME_RE = re.compile(r"^snap_(\d+)\.npz$")
+_NAME_RE = re.compile(r"^snap_(\d+)" + re.escape(snapfile.SUFFIX) + "$")
+_OLD_RE = re.compile(r"^snap_(\d+)\.npz$")  # the format before (np.savez): not read, said, dropped
 _TEMP_RE = re.compile(r"^\.snap_\d+\..+\.tmp$")  # a write's temp file (write)
-_META = "__mscon_meta__"  # the npz member holding the step, the MAC and what the script needs to go on
 _ALTERNATES = 8  # how many names a private folder may take when others are taken by another user
 _SHM_HEADROOM = KEEP  # /dev/shm must hold this many states: KEEP snapshots (a temp file among them)
 _KEY_FILE = ".key"
@@ -193,17 +194,6 @@ def folder_key(root: str) -> bytes:
     return key
 
 
-def _mac(key: bytes, arrays: dict[str, np.ndarray], info: dict) -> str:
-    """HMAC-SHA256 of the metadata and every array (name, dtype, shape, bytes), in name order."""
-    h = hmac.new(key, digestmod=hashlib.sha256)
-    h.update(json.dumps(info, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
-
-
 # ------------------------------------------------------------------ files
 
 
@@ -242,22 +232,79 @@ def steps(root: str, rank: int, stage: str = "") -> list[int]:
 
 
 def path(root: str, rank: int, step: int, stage: str = "") -> str:
-    return os.path.join(rank_dir(root, rank, stage), f"snap_{step}.npz")
+    return os.path.join(rank_dir(root, rank, stage), f"snap_{step}{snapfile.SUFFIX}")
 
 
-def _drop(root: str, rank: int, step: int, keep: int, stage: str = "") -> None:
+def _temp(folder: str, step: int) -> str:
+    return os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _drop(root: str, rank: int, step: int, keep: int, stage: str = "") -> str | None:
     """Before ``step`` is written: the snapshots it supersedes (steps not older: an abandoned
     launch's, which a fresh start or a resume from an older step finds), a killed write's temp
-    file, and the oldest beyond ``keep``."""
+    file, files of the format before, and the oldest beyond ``keep``. The first of the dropped
+    snapshots is renamed to a temp name, not removed: its path is returned, for the write to go
+    over its pages."""
     folder = rank_dir(root, rank, stage)
     have = steps(root, rank, stage)
     older = [s for s in have if s < step]
-    gone = [f"snap_{s}.npz" for s in have if s >= step or s in older[: max(len(older) - keep, 0)]]
-    for name in gone + [n for n in _names(folder) if _TEMP_RE.match(n)]:
+    gone = [
+        os.path.basename(path(root, rank, s, stage))
+        for s in have
+        if s >= step or s in older[: max(len(older) - keep, 0)]
+    ]
+    stale = [n for n in _names(folder) if _TEMP_RE.match(n) or _OLD_RE.match(n)]
+    reuse = None
+    for name in gone:
+        try:
+            if reuse is None:
+                tmp = _temp(folder, step)
+                os.rename(os.path.join(folder, name), tmp)  # the name goes at once: never a snapshot again
+                reuse = tmp
+            else:
+                os.remove(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
+    for name in stale:
         try:
             os.remove(os.path.join(folder, name))
         except FileNotFoundError:
             pass
+    return reuse
+
+
+def _open_reused(tmp: str) -> int | None:
+    """The dropped snapshot's file at ``tmp``, open for writing over, if it is still a private
+    regular file of this user with no other name (else removed: the write makes a new one)."""
+    try:
+        fd = os.open(tmp, os.O_RDWR | _NOFOLLOW)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        st = os.fstat(fd)
+        if (
+            stat.S_ISREG(st.st_mode)
+            and st.st_uid == os.getuid()
+            and not st.st_mode & 0o077
+            and st.st_nlink == 1
+        ):
+            return fd
+        os.close(fd)
+    try:
+        os.remove(tmp)
+    except FileNotFoundError:
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Written:
+    """One snapshot written: where, and what its parts cost the writing thread (CPU seconds)."""
+
+    path: str
+    mac_s: float
+    io_s: float
+    reused: bool  # over a dropped snapshot's pages
 
 
 def write(
@@ -269,24 +316,26 @@ def write(
     key: bytes,
     keep: int = KEEP,
     stage: str = "",
-) -> str:
+) -> Written:
     """Write one snapshot: the oldest beyond ``keep - 1`` (and any it supersedes) dropped first,
-    then a temp file made exclusively (0600, never through a link) and renamed into place."""
+    its file renamed to a temp name and written over (else a temp file made exclusively: 0600,
+    never through a link), then renamed into place."""
     for folder in dict.fromkeys([rank_dir(root, rank), rank_dir(root, rank, stage)]):
         try:
             os.mkdir(folder, 0o700)
         except FileExistsError:
             if not private(folder):
                 raise OSError(f"{folder} is not this user's private folder") from None
-    _drop(root, rank, step, keep - 1, stage)
+    reuse = _drop(root, rank, step, keep - 1, stage)
     final = path(root, rank, step, stage)
-    tmp = os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = _open_reused(reuse) if reuse is not None else None
+    tmp = reuse if fd is not None else _temp(folder, step)
+    if fd is None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     info = {**meta, "step": step, "saved_at": time.time()}
-    info["mac"] = _mac(key, arrays, info)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays, **{_META: np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)})
+            costs = snapfile.dump(f, arrays, info, key)
         os.replace(tmp, final)
     except BaseException:
         try:
@@ -294,7 +343,7 @@ def write(
         except OSError:
             pass
         raise
-    return final
+    return Written(final, costs.mac_s, costs.io_s, tmp == reuse)
 
 
 def read(root: str, rank: int, step: int, key: bytes, stage: str = "") -> Snapshot | None:
@@ -303,24 +352,34 @@ def read(root: str, rank: int, step: int, key: bytes, stage: str = "") -> Snapsh
     where = path(root, rank, step, stage)
     try:
         fd = os.open(where, os.O_RDONLY | _NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
+        with os.fdopen(fd, "rb", buffering=0) as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 _say(f"{where} is not this user's file; skipped")
                 return None
-            with np.load(f, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        info = json.loads(arrays.pop(_META).tobytes().decode())
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            data = bytearray(st.st_size)
+            got = f.readinto(data)
+        if got != st.st_size:
+            raise snapfile.Unreadable("changed while read")
+        info, arrays = snapfile.load(data, key)
+    except snapfile.MacMismatch:
+        _say(f"{where}: its MAC does not match (damaged, cut short, or not written by this run); skipped")
+        return None
+    except (OSError, ValueError) as exc:
         _say(f"snapshot of step {step} (rank {rank}) unreadable ({type(exc).__name__}); skipped")
         return None
-    mac = info.pop("mac", "")
-    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, arrays, info)):
-        _say(f"{where} was not written by this run (its MAC does not match); skipped")
-        return None
-    if info.get("step") != step:
+    if not isinstance(info, dict) or info.get("step") != step:
         return None
     return Snapshot(step, info, arrays)
+
+
+def _say_old_format(root: str, rank: int, stage: str) -> None:
+    """Snapshots of the format before (an upgrade between a failure and its relaunch) are not
+    read: said once per folder, so the start afresh is explained."""
+    folder = rank_dir(root, rank, stage)
+    old = sorted(n for n in _names(folder) if _OLD_RE.match(n))
+    if old:
+        _say(f"{folder}: {', '.join(old)} of an earlier mscon_resume's format, not read (start afresh)")
 
 
 def newest_valid(roots: list[str], rank: int, key: bytes | None, stage: str = "") -> list[Snapshot]:
@@ -334,6 +393,7 @@ def newest_valid(roots: list[str], rank: int, key: bytes | None, stage: str = ""
         use = key if key is not None else _existing_key(mine)
         if use is None:
             continue
+        _say_old_format(mine, rank, stage)
         for step in reversed(steps(mine, rank, stage)):
             if step not in found and len(found) < KEEP:
                 snap = read(mine, rank, step, use, stage)
@@ -392,6 +452,7 @@ class Writer:
         # busy the machine; the first copy pays the memory's page faults).
         self.copies: list[float] = []
         self.writes: list[float] = []
+        self.macs: list[float] = []  # each write's MAC, a part of its CPU time
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
@@ -423,7 +484,8 @@ class Writer:
     def _write(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            write(self.root, self.rank, step, arrays, meta, self.key, self.keep, self.stage)
+            done = write(self.root, self.rank, step, arrays, meta, self.key, self.keep, self.stage)
+            self.macs.append(done.mac_s)
         except OSError as exc:  # a full /dev/shm must not stop training
             if self.error is None:
                 _say(f"snapshot of step {step} not written: {exc}")
@@ -439,6 +501,10 @@ class Writer:
         """The median background write's CPU time (the writes done so far)."""
         return _median(self.writes)
 
+    def typical_mac_s(self) -> float:
+        """The median write's MAC (CPU time): a part of :meth:`typical_write_s`."""
+        return _median(self.macs)
+
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
@@ -450,7 +516,7 @@ class Writer:
             f"{self.count} snapshot(s) to {rank_dir(self.root, self.rank, self.stage)}: "
             f"copy {1e3 * self.copy_s / n:.2f} ms, "
             f"wait {1e3 * self.wait_s / n:.2f} ms on the step, write {1e3 * self.write_s / n:.2f} ms in the "
-            "background, each"
+            f"background (its MAC {1e3 * self.typical_mac_s():.2f} ms CPU), each"
         )
 
 

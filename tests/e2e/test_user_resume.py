@@ -131,19 +131,19 @@ def _resume_records(run_dir: Path, nodes: dict[str, str], attempt: int) -> dict[
 
 def _plant(uid: int, folder: Path, ranks: int, tmp_path: Path) -> None:
     """What another user does first: the run's snapshot folder in /dev/shm, made before the run,
-    open to all, with a snapshot of a late step for every rank (a valid npz of nonsense)."""
-    bait = tmp_path / "bait.npz"
+    open to all, with a snapshot of a late step for every rank (a well-formed file of nonsense)."""
+    bait = tmp_path / "bait.msnap"
     import numpy as np
 
-    meta = json.dumps({"step": 9999, "epoch": 0, "pos": 1, "saved_at": 0, "mac": "0" * 64}).encode()
-    np.savez(
-        bait,
-        **{"fc.weight": np.zeros((10, 784), np.float32), "__mscon_meta__": np.frombuffer(meta, np.uint8)},
-    )
+    from mscon_resume import snapfile
+
+    with open(bait, "wb") as f:
+        meta = {"step": 9999, "epoch": 0, "pos": 1, "saved_at": 0}
+        snapfile.dump(f, {"fc.weight": np.zeros((10, 784), np.float32)}, meta, bytes(32))
     assert run_as(uid, "mkdir", "-m", "777", str(folder)).returncode == 0
     for rank in range(ranks):
         assert run_as(uid, "mkdir", "-m", "777", str(folder / f"rank_{rank}")).returncode == 0
-        dest = str(folder / f"rank_{rank}" / "snap_9999.npz")
+        dest = str(folder / f"rank_{rank}" / f"snap_9999{snapfile.SUFFIX}")
         assert run_as(uid, "sh", "-c", 'cat > "$0"', dest, data=bait.read_bytes()).returncode == 0
 
 
@@ -185,7 +185,7 @@ def _check_resume(
             assert (real.stat().st_mode & 0o777) == 0o700 and real.stat().st_uid == os.getuid()
             for what in (real, real / "rank_0"):
                 assert run_as(uid, "ls", str(what)).returncode != 0, what
-            snaps = list(real.glob("rank_*/*/snap_*.npz"))  # each stage (a loop, a callback) its own folder
+            snaps = list(real.glob("rank_*/*/snap_*.msnap"))  # each stage (a loop, a callback) its own folder
             assert snaps, sorted(str(p) for p in real.rglob("*"))
             for snap in snaps:
                 assert (snap.stat().st_mode & 0o777) == 0o600

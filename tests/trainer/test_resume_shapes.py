@@ -163,8 +163,8 @@ def _kill_and_resume(tmp_path: Path, source: str, stage: str) -> tuple[str, str]
     assert rc_first == -signal.SIGKILL, (out[-2000:], err[-3000:])
     kept = _snapshot_folders(state)
     assert kept, "no snapshot folder after the kill"
-    found = sorted(p.name for p in Path(kept[0], "rank_0", stage).glob("snap_*.npz"))  # each stage its own
-    assert found == [f"snap_{KILL_AFTER - 1}.npz", f"snap_{KILL_AFTER}.npz"]
+    found = sorted(p.name for p in Path(kept[0], "rank_0", stage).glob("snap_*.msnap"))  # each stage its own
+    assert found == [f"snap_{KILL_AFTER - 1}.msnap", f"snap_{KILL_AFTER}.msnap"]
     rc, again, err = _done(_launch(script, state, resume=True))
     assert rc == 0, (again[-2000:], err[-3000:])
     assert f"mscon_resume: rank 0 resumes after step {KILL_AFTER} (snapshot saved" in again, again[-2000:]

@@ -60,8 +60,8 @@ def test_damaged_snapshots_fall_back_to_the_checkpoint(tmp_path: Path) -> None:
     args += ["--checkpoint-dir", str(tmp_path / "ck"), "--snapshot-dir", str(tmp_path / "snap")]
     killed = _train([*args, "--die-at-step", "12"], tmp_path)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    kept = sorted((tmp_path / "snap" / "rank_0").glob("snap_*.npz"))
-    assert [p.name for p in kept] == ["snap_11.npz", "snap_12.npz"]
+    kept = sorted((tmp_path / "snap" / "rank_0").glob("snap_*.msnap"))
+    assert [p.name for p in kept] == ["snap_11.msnap", "snap_12.msnap"]
     for p in kept:
         p.write_bytes(p.read_bytes()[:-64])  # both cut short
     resumed = _train([*args, "--resume"], tmp_path, attempt=1)

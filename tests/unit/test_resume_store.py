@@ -6,13 +6,13 @@ through a link, a MAC under the run's key on every snapshot."""
 from __future__ import annotations
 
 import io
-import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ import pytest
 from conftest import wait_for
 from mscon.trainer import checkpoint
 
-from mscon_resume import collective, core, interval, resumable, store
+from mscon_resume import collective, core, interval, resumable, snapfile, store
 from mscon_resume.metrics import MetricsWriter
 
 KEY = bytes(range(32))
@@ -94,32 +94,94 @@ def test_the_oldest_is_dropped_before_the_next_is_written(
     for step in (1, 2):
         store.write(root, 0, step, _arrays(step), {}, KEY)
     seen: list[list[str]] = []
-    savez = np.savez
+    dump = snapfile.dump
 
-    def spy(f: object, *args: object, **kwargs: object) -> None:
+    def spy(f: object, *args: object, **kwargs: object) -> snapfile.Costs:
         seen.append(sorted(os.listdir(store.rank_dir(root, 0))))  # during the write: the temp file is there
-        savez(f, *args, **kwargs)
+        return dump(f, *args, **kwargs)
 
-    monkeypatch.setattr(store.np, "savez", spy)
+    monkeypatch.setattr(store.snapfile, "dump", spy)
     store.write(root, 0, 3, _arrays(3), {}, KEY)
     assert len(seen) == 1 and len(seen[0]) == store.KEEP
-    assert "snap_2.npz" in seen[0] and any(n.startswith(".snap_3.") and n.endswith(".tmp") for n in seen[0])
-    assert sorted(os.listdir(store.rank_dir(root, 0))) == ["snap_2.npz", "snap_3.npz"]
+    assert "snap_2.msnap" in seen[0] and any(n.startswith(".snap_3.") and n.endswith(".tmp") for n in seen[0])
+    assert sorted(os.listdir(store.rank_dir(root, 0))) == ["snap_2.msnap", "snap_3.msnap"]
+
+
+def test_a_write_goes_over_the_dropped_snapshots_file(tmp_path: Path, umask0: None) -> None:
+    """Node memory's pages already there: the third write reuses the first's file (its inode),
+    renamed away before it is written over, still 0600; each file holds its own step's values."""
+    root = _root(tmp_path)
+    written = [store.write(root, 0, step, _arrays(step), {"epoch": 0}, KEY) for step in (1, 2)]
+    first = os.stat(written[0].path).st_ino
+    assert not any(w.reused for w in written)
+    small = {"fc1.weight": np.zeros((2, 2), np.float32)}  # smaller than the file it goes over
+    third = store.write(root, 0, 3, small, {"epoch": 0}, KEY)
+    assert third.reused and os.stat(third.path).st_ino == first and _mode(third.path) == 0o600
+    assert store.steps(root, 0) == [2, 3]
+    got = {s.step: s for s in store.newest_valid([root], 0, KEY)}
+    np.testing.assert_array_equal(got[3].arrays["fc1.weight"], small["fc1.weight"])
+    assert set(got[3].arrays) == {"fc1.weight"}
+    np.testing.assert_array_equal(got[2].arrays["moment.fc1"], _arrays(2)["moment.fc1"])
+    assert third.mac_s >= 0 and third.io_s >= 0
+
+
+@pytest.mark.parametrize("why", ["open to others", "another name"])
+def test_a_dropped_file_not_private_is_not_written_over(tmp_path: Path, why: str) -> None:
+    root = _root(tmp_path)
+    for step in (1, 2):
+        store.write(root, 0, step, _arrays(step), {}, KEY)
+    oldest = store.path(root, 0, 1)
+    before = Path(oldest).read_bytes()
+    elsewhere = tmp_path / "elsewhere"
+    if why == "open to others":
+        os.chmod(oldest, 0o644)
+    else:
+        os.link(oldest, elsewhere)
+    third = store.write(root, 0, 3, _arrays(3), {}, KEY)
+    assert not third.reused and _mode(third.path) == 0o600
+    assert sorted(os.listdir(store.rank_dir(root, 0))) == ["snap_2.msnap", "snap_3.msnap"]
+    if why == "another name":
+        assert elsewhere.read_bytes() == before  # never written through the other name
+    assert store.read(root, 0, 3, KEY) is not None
+
+
+def test_snapshots_of_the_format_before_are_said_not_read_and_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An npz of the library before (an upgrade between a failure and its relaunch): one line,
+    the rank starts afresh, and its first write drops it."""
+    root = _root(tmp_path)
+    folder = Path(store.rank_dir(root, 0))
+    folder.mkdir(mode=0o700)
+    np.savez(folder / "snap_4.npz", w=np.zeros(2))
+    assert store.steps(root, 0) == [] and store.newest_valid([root], 0, KEY) == []
+    said = _said(capsys)
+    assert len(said) == 1 and "snap_4.npz of an earlier mscon_resume's format, not read" in said[0]
+    store.write(root, 0, 1, _arrays(1), {}, KEY)
+    assert os.listdir(folder) == ["snap_1.msnap"]
 
 
 def test_a_write_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
     root = _root(tmp_path)
     store.write(root, 0, 4, _arrays(4), {}, KEY)
-    # What a kill during np.savez leaves: the temp file, half written, never renamed.
+    # What a kill during the write leaves: the temp file, half written, never renamed.
     full = Path(store.path(root, 0, 4)).read_bytes()
     (Path(store.rank_dir(root, 0)) / ".snap_5.123.abcd.tmp").write_bytes(full[: len(full) // 2])
     assert store.steps(root, 0) == [4]
     assert [s.step for s in store.newest_valid([root], 0, KEY)] == [4]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("truncate", "its MAC does not match"),
+        ("flip", "its MAC does not match"),  # a bit flipped inside the weights: no CRC, the MAC sees it
+        ("flip-mac", "its MAC does not match"),
+        ("stub", "snapshot of step 7 (rank 0) unreadable (Unreadable)"),  # cut inside its first bytes
+    ],
+)
 def test_a_damaged_snapshot_is_skipped_for_the_older_one(
-    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, damage: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _root(tmp_path)
     for step in (6, 7):
@@ -128,12 +190,17 @@ def test_a_damaged_snapshot_is_skipped_for_the_older_one(
     data = bytearray(newest.read_bytes())
     if damage == "truncate":
         data = data[: len(data) - 100]
-    else:  # a bit flipped inside the weights: the zip member's CRC no longer matches
-        data[200] ^= 0xFF
+    elif damage == "flip":
+        data[-snapfile.MAC_BYTES - 10] ^= 0x01  # the last array's bytes
+    elif damage == "flip-mac":
+        data[-1] ^= 0x01
+    else:
+        data = data[:20]
     newest.write_bytes(bytes(data))
     assert store.read(root, 0, 7, KEY) is None
     assert [s.step for s in store.newest_valid([root], 0, KEY)] == [6]
-    assert any("snapshot of step 7 (rank 0) unreadable" in line for line in _said(capsys))
+    lines = _said(capsys)
+    assert len(lines) == 2 and all(said in line for line in lines), lines  # one line per read, none else
 
 
 def test_the_copy_is_taken_at_submit_not_when_written(tmp_path: Path) -> None:
@@ -265,6 +332,28 @@ def test_an_auto_interval_snapshots_every_step_until_it_is_agreed(copy_s: float,
     assert interval.Interval(0, 0.02).due(4) is False
 
 
+def test_the_auto_interval_is_said_with_the_costs_it_was_chosen_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0's one line: the interval, each part of a snapshot's cost and the step it was set against."""
+    monkeypatch.setattr(collective, "rank_and_size", lambda: (0, 1))
+    monkeypatch.setattr(core.rng, "capture", lambda: ({}, {}))
+    monkeypatch.setattr(core, "_host_computes", lambda: True)
+    r = core.Resumer(str(tmp_path / "state"), every=interval.AUTO, metrics=MetricsWriter(""))
+    r.roots = [str(tmp_path / "snapshots")]
+    r.keep([("w", _Param("w", np.zeros(1000, dtype=np.float32)))])
+    for step in range(1, interval.Interval.PROBE_STEPS + 3):
+        r.stepped(step, 0, step, 1.0)
+    r.finish()
+    said = [line for line in _said(capsys) if "(auto)" in line]
+    pattern = (
+        r"mscon_resume: a snapshot every 1 step\(s\) \(auto\): copy \d+\.\d ms on the step, "
+        r"write \d+\.\d ms \(MAC \d+\.\d ms\) in the background \(counted: the host computes the step\), "
+        r"against a 1000 ms step, budget 2 %$"
+    )
+    assert len(said) == 1 and re.match(pattern, said[0]), said
+
+
 # ---------------------------------------------------------------- security: folders
 
 
@@ -351,39 +440,38 @@ def test_a_snapshot_under_another_key_is_skipped_and_said(
     store.write(root, 0, 2, _arrays(2), {}, OTHER_KEY)  # planted, or another run's
     assert store.read(root, 0, 2, KEY) is None
     assert [s.step for s in store.newest_valid([root], 0, KEY)] == [1]
-    assert any("its MAC does not match" in line and "snap_2.npz" in line for line in _said(capsys))
+    assert any("its MAC does not match" in line and "snap_2.msnap" in line for line in _said(capsys))
     assert store.read(root, 0, 2, OTHER_KEY) is not None
 
 
-def test_a_rewritten_snapshot_with_the_old_meta_is_skipped(
+def _rewritten(where: str, change: Callable[[dict, dict], None]) -> None:
+    """The file at ``where`` made again, well formed, after ``change(info, arrays)``, under another
+    key, with the original's MAC put back at its end: what someone without the key can make."""
+    data = bytearray(Path(where).read_bytes())
+    info, arrays = snapfile.load(data, KEY)
+    arrays = {k: v.copy() for k, v in arrays.items()}
+    change(info, arrays)
+    buf = io.BytesIO()
+    snapfile.dump(buf, arrays, info, OTHER_KEY)
+    remade = buf.getvalue()[: -snapfile.MAC_BYTES] + bytes(data[-snapfile.MAC_BYTES :])
+    Path(where).write_bytes(remade)
+    got_info, got = snapfile.load(bytearray(buf.getvalue()), OTHER_KEY)  # a well-formed file
+    assert got_info == info and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+
+
+def test_a_rewritten_snapshot_with_the_old_mac_is_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A valid zip, its CRCs right, the MAC of the original: the arrays changed, so it no longer matches."""
+    """A well-formed file, the MAC of the original: the arrays changed, so it no longer matches."""
     root = _root(tmp_path)
     for step in (1, 2):
         store.write(root, 0, step, _arrays(step), {"epoch": 0}, KEY)
-    where = store.path(root, 0, 2)
-    with np.load(where) as z:
-        members = {k: z[k] for k in z.files}
-    meta = members.pop(store._META)
-    assert json.loads(meta.tobytes().decode())["mac"]
-    changed = {k: v + 1 for k, v in members.items()}
-    buf = io.BytesIO()
-    np.savez(buf, **changed, **{store._META: meta})
-    Path(where).write_bytes(buf.getvalue())
-    with np.load(where) as z:  # a well-formed file
-        np.testing.assert_array_equal(z["moment.fc1"], _arrays(2)["moment.fc1"] + 1)
+    _rewritten(store.path(root, 0, 2), lambda info, arrays: arrays["moment.fc1"].__iadd__(1))
     assert store.read(root, 0, 2, KEY) is None
     assert [s.step for s in store.newest_valid([root], 0, KEY)] == [1]
     assert any("its MAC does not match" in line for line in _said(capsys))
-    # The meta changed instead (a later step claimed): no match either.
-    with np.load(store.path(root, 0, 1)) as z:
-        members = {k: z[k] for k in z.files}
-    info = json.loads(members.pop(store._META).tobytes().decode())
-    info["epoch"] = 5
-    buf = io.BytesIO()
-    np.savez(buf, **members, **{store._META: np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)})
-    Path(store.path(root, 0, 1)).write_bytes(buf.getvalue())
+    # The meta changed instead (a later epoch claimed): no match either.
+    _rewritten(store.path(root, 0, 1), lambda info, arrays: info.update(epoch=5))
     assert store.newest_valid([root], 0, KEY) == []
 
 
@@ -430,31 +518,38 @@ def test_a_link_at_the_temp_name_is_never_followed(tmp_path: Path, monkeypatch: 
     # A leftover at a temp name (a killed write's, or a link) goes before the next write ...
     (folder / f".snap_2.{os.getpid()}.feedbeef.tmp").symlink_to(target)
     store.write(root, 0, 2, _arrays(2), {}, KEY)
-    assert target.read_text() == "untouched" and sorted(os.listdir(folder)) == ["snap_1.npz", "snap_2.npz"]
+    assert target.read_text() == "untouched"
+    assert sorted(os.listdir(folder)) == ["snap_1.msnap", "snap_2.msnap"]
 
-    # ... and one planted in the race between that and the write's own open is refused:
+    # ... and one planted in the race between that and the write's own use of the name: over a
+    # dropped snapshot's file, the rename replaces the link itself (never follows it); a new file's
     # O_CREAT | O_EXCL fails on any existing name, a link included, and never follows it.
     planted: list[Path] = []
 
     def plant(n: int) -> str:
         step = len(planted) + 3
-        link = folder / f".snap_{step}.{os.getpid()}.feedbeef.tmp"
-        link.symlink_to(target if step == 3 else tmp_path / "created-through-the-link")
+        rank_folder = Path(store.rank_dir(root, 0 if step == 3 else 1))
+        rank_folder.mkdir(mode=0o700, exist_ok=True)
+        link = rank_folder / f".snap_{step}.{os.getpid()}.feedbeef.tmp"
+        link.symlink_to(target if step < 5 else tmp_path / "created-through-the-link")
         planted.append(link)
         return "feedbeef"
 
     monkeypatch.setattr(store.secrets, "token_hex", plant)
-    with pytest.raises(FileExistsError):
-        store.write(root, 0, 3, _arrays(3), {}, KEY)
-    assert target.read_text() == "untouched" and planted[0].is_symlink()
+    assert store.write(root, 0, 3, _arrays(3), {}, KEY).reused  # over snap_1's file
+    assert target.read_text() == "untouched" and store.steps(root, 0) == [2, 3]
+    assert stat.S_ISREG(os.lstat(store.path(root, 0, 3)).st_mode)
+    with pytest.raises(FileExistsError):  # rank 1 has nothing to go over: a new file
+        store.write(root, 1, 4, _arrays(4), {}, KEY)
+    assert target.read_text() == "untouched" and planted[1].is_symlink()
     with pytest.raises(FileExistsError):  # a dangling link: nothing is created where it points
-        store.write(root, 0, 4, _arrays(4), {}, KEY)
+        store.write(root, 1, 5, _arrays(5), {}, KEY)
     assert not (tmp_path / "created-through-the-link").exists()
-    writer = store.Writer(root, 0, KEY)  # in the background: recorded, not raised
-    writer.submit(5, [("w", _Param("w", np.zeros(2)))], {})
+    writer = store.Writer(root, 1, KEY)  # in the background: recorded, not raised
+    writer.submit(6, [("w", _Param("w", np.zeros(2)))], {})
     writer.wait()
     assert isinstance(writer.error, FileExistsError)
-    assert store.steps(root, 0) == [2]  # (each failed write had dropped the oldest already)
+    assert store.steps(root, 1) == []
 
 
 def test_a_linked_key_is_refused(tmp_path: Path) -> None:
@@ -601,15 +696,15 @@ def test_a_resume_from_an_older_step_drops_the_newer_snapshots_first(
     for step in (12, 13):
         store.write(root, 0, step, _arrays(step), {}, KEY)
     seen: list[list[str]] = []
-    savez = np.savez
+    dump = snapfile.dump
 
-    def spy(f: object, *args: object, **kwargs: object) -> None:
+    def spy(f: object, *args: object, **kwargs: object) -> snapfile.Costs:
         seen.append(sorted(os.listdir(store.rank_dir(root, 0))))
-        savez(f, *args, **kwargs)
+        return dump(f, *args, **kwargs)
 
-    monkeypatch.setattr(store.np, "savez", spy)
+    monkeypatch.setattr(store.snapfile, "dump", spy)
     store.write(root, 0, 13, _arrays(99), {}, KEY)
-    assert len(seen) == 1 and "snap_12.npz" in seen[0] and "snap_13.npz" not in seen[0]
+    assert len(seen) == 1 and "snap_12.msnap" in seen[0] and "snap_13.msnap" not in seen[0]
     assert store.steps(root, 0) == [12, 13]
 
 
@@ -620,7 +715,7 @@ def test_a_killed_writes_temp_file_goes_with_the_next_write(tmp_path: Path) -> N
     stale = Path(store.rank_dir(root, 0)) / ".snap_5.123.abcd.tmp"
     stale.write_bytes(b"half a snapshot")
     store.write(root, 0, 5, _arrays(5), {}, KEY)
-    assert sorted(os.listdir(store.rank_dir(root, 0))) == ["snap_4.npz", "snap_5.npz"]
+    assert sorted(os.listdir(store.rank_dir(root, 0))) == ["snap_4.msnap", "snap_5.msnap"]
 
 
 # ---------------------------------------------------------------- the collectives of a step
