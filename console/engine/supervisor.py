@@ -369,7 +369,7 @@ class Supervisor:
         # Asked of a lost node only: this runs for every input.
         was_warm = isinstance(ev, policy_mod.NodeLost) and policy.warm_for(nxt)
         actions = policy.step(ev)
-        if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt > policy.attempt:
+        if isinstance(ev, policy_mod.StandbyChanged) and ev.attempt > policy.attempt and not ev.joining:
             self.emit(StandbyUpdated(ev.attempt, ev.node, ev.ready, policy.warm_for(ev.attempt), ev.why))
         elif isinstance(ev, policy_mod.NodeLost) and was_warm and policy.attempt + 1 == nxt:
             # its spares went with its agent
