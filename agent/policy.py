@@ -16,7 +16,10 @@ small handler per row (the shape of h11's ``_state.py``). Neither host decides a
   with no budget left, an interactive run waits for the operator (``r`` restarts, ``q`` ends with
   the failed attempt's verdict), a headless one ends;
 - a restart is warm (``StartAttempt.warm``: the processes of the standby cluster the spares joined
-  during the attempt) when every node has said its spares for it are ready, else cold;
+  during the attempt) when every node has said its spares for it are ready, else cold; when every
+  node's are ready or still joining (a fault soon after a warm restart, whose spares start at its
+  first step), it waits for them up to ``standby_wait_s`` (a cold start's cost over a warm one's,
+  as the run measured them), then starts cold;
 - every worker succeeded: the scheduler gets ``SCHEDULER_LINGER_S`` to exit, then it is stopped;
 - a node that has not confirmed a stop within grace + ``STOP_CONFIRM_S`` is cut off;
 - a detached coordinator's follower not heard from for the watchdog period is cut off and lost
@@ -78,6 +81,7 @@ from .policy_types import (  # noqa: F401 - re-exported
     Verdict,
     from_message,
 )
+from .protocol import StandbyPhase
 
 SCHEDULER_LINGER_S = 5.0  # after every worker succeeded, the scheduler gets this long to exit
 STOP_CONFIRM_S = 15.0  # beyond the grace period: a node that has not confirmed its stop is cut off
@@ -93,6 +97,9 @@ STEADY_FACTOR = 20.0  # x the longest gap between its step reports so far in the
 # Before attempt 0, for every node's word on the standby an earlier run kept (restart.keep_warm_s):
 # at once, or once its spares have joined (seconds, never more than a cold launch would take).
 ADOPT_WAIT_S = 30.0
+# How long a restart waits for a joining standby before this run has timed a cold start (attempt 0
+# was warm, or a coordinator took the run over): the same bound, for the same reason.
+STANDBY_WAIT_S = ADOPT_WAIT_S
 FINISHING_LIMIT_S = 120.0  # once a worker finished: the others may be in teardown (barrier, exit)
 ALL_FINISHED = "all ranks finished"  # the reason of a run or attempt whose every rank exited 0
 
@@ -120,10 +127,18 @@ def attempt_outcome(workers: frozenset, ok_workers: set) -> Outcome:
     return Outcome.SUCCEEDED if workers and workers <= ok_workers else Outcome.FAILED
 
 
-def standby_complete(ready: dict, nodes: tuple) -> bool:
+def standby_complete(states: dict, nodes: tuple) -> bool:
     """A standby cluster can take the attempt only when every node's spares have joined it
-    (``ready``: node -> its last word): one node's cold ranks cannot join a formed cluster."""
-    return all(ready.get(n) for n in nodes)
+    (``states``: node -> its last ``StandbyPhase``): one node's cold ranks cannot join a formed
+    cluster."""
+    return all(states.get(n) is StandbyPhase.READY for n in nodes)
+
+
+def standby_coming(states: dict, nodes: tuple) -> bool:
+    """Not complete yet, but it may be: every node's spares are joining or ready (none lost, none
+    silent)."""
+    coming = (StandbyPhase.JOINING, StandbyPhase.READY)
+    return all(states.get(n) in coming for n in nodes) and not standby_complete(states, nodes)
 
 
 class HangRule:
@@ -232,6 +247,9 @@ class _Attempt:
     inspected: set[str] = field(default_factory=set)
     stepped: bool = False  # a rank reported a step: past start-up (a failure now restarts at once)
     hang: HangRule = field(default_factory=HangRule)
+    warm: bool = False  # started on the standby cluster
+    timed: bool = True  # its start is known (not one a coordinator took over): its start-up is timed
+    first_steps: set[str] = field(default_factory=set)  # workers that made their first step
 
 
 class PolicyError(RuntimeError):
@@ -250,9 +268,13 @@ class RunPolicy:
         self.restart_at: float | None = None
         self.wait_until: float | None = None
         self._workers: frozenset[str] = frozenset(config.workers)
-        # node -> its spares for attempt ``standby_for`` have joined their standby cluster
-        self.standby: dict[str, bool] = {}
+        # node -> its last word on its spares for attempt ``standby_for``
+        self.standby: dict[str, StandbyPhase] = {}
         self.standby_for = -1
+        self._standby_until = 0.0  # a restart due waits for a joining standby until then
+        # A cold (False) and a warm (True) attempt's start-up, to every worker's first step, as
+        # this run last measured them (the wait for a joining standby is worth at most their gap).
+        self.startup_s: dict[bool, float] = {}
         self.liveness = Liveness(config.watched, config.watchdog_s, 0.0)  # counts from Begin/Resume
         self._begun = False  # the host said Begin: attempt 0 starts once no adoption is awaited
         self._adopting: set[str] = set()  # nodes whose word on their kept standby is awaited
@@ -273,11 +295,20 @@ class RunPolicy:
         """The nodes whose standby for the next attempt is ready (what a coordinator is handed)."""
         if self.standby_for != self.att.number + 1:
             return ()
-        return tuple(n for n in self.config.nodes if self.standby.get(n))
+        return tuple(n for n in self.config.nodes if self.standby.get(n) is StandbyPhase.READY)
 
     def warm_for(self, number: int) -> bool:
         """Attempt ``number`` would start on the standby cluster (``standby_complete``)."""
         return number == self.standby_for and standby_complete(self.standby, self.config.nodes)
+
+    def standby_wait_s(self) -> float:
+        """How long a restart may wait for a standby still joining: what a cold start costs over a
+        warm one, as this run measured them (waiting longer could not beat starting cold now);
+        ``STANDBY_WAIT_S`` until a cold start has been timed."""
+        cold = self.startup_s.get(False)
+        if cold is None:
+            return STANDBY_WAIT_S
+        return max(0.0, cold - self.startup_s.get(True, 0.0))
 
     # ------------------------------------------------------------ the one entry point
 
@@ -307,7 +338,7 @@ class RunPolicy:
         if ev.attempt > self.att.number:  # else stale: that attempt has started already
             if ev.attempt != self.standby_for:
                 self.standby, self.standby_for = {}, ev.attempt
-            self.standby[ev.node] = ev.ready
+            self.standby[ev.node] = ev.state
 
     def _interrupt(self, ev: StopRequested, out: list[Action]) -> None:
         """No attempt runs: the run ends, interrupted."""
@@ -343,15 +374,16 @@ class RunPolicy:
         self.att = _Attempt(ev.attempt, ev.now, hang=HangRule(self.config.hang_timeout_s))
         self.phase = RunPhase.RUNNING
         self.liveness = Liveness(self.config.watched, self.config.watchdog_s, ev.now)
-        self.standby = {n: True for n in ev.standby_ready}
+        self.att.timed = False  # started before this host heard of it: its start-up is not timed
+        self.standby = {n: StandbyPhase.READY for n in ev.standby_ready}
         self.standby_for = ev.attempt + 1 if ev.standby_ready else -1
 
     def _standby_idle(self, ev: StandbyChanged, out: list[Action]) -> None:
         self._standby(ev, out)
         if ev.attempt == 0 and ev.node in self._adopting:
-            if ev.ready:
+            if ev.state is StandbyPhase.READY:
                 self._adopting.discard(ev.node)
-            else:
+            elif ev.state is StandbyPhase.LOST:
                 self._adopting.clear()  # all or nothing: attempt 0 starts cold, now
         self._maybe_begin(ev.now, out)
 
@@ -393,8 +425,13 @@ class RunPolicy:
             self._fail(reason, ev.name, ev.now, out)
 
     def _rank_stepped(self, ev: RankStepped, out: list[Action]) -> None:
-        self.att.stepped = True
-        self.att.progress[ev.name] = ev.now
+        att = self.att
+        att.stepped = True
+        att.progress[ev.name] = ev.now
+        if att.timed and ev.name in self._workers and ev.name not in att.first_steps:
+            att.first_steps.add(ev.name)
+            if len(att.first_steps) == len(self._workers):  # every worker's first step: started up
+                self.startup_s[att.warm] = ev.now - att.started
 
     def _rank_hung(self, ev: RankHung, out: list[Action]) -> None:
         self._fail("%s on %s is hung (%s)" % (ev.name, ev.node, ev.why), ev.name, ev.now, out)
@@ -501,8 +538,22 @@ class RunPolicy:
     def _tick_backoff(self, ev: Tick, out: list[Action]) -> None:
         if self._watchdog(ev, out):
             return
-        if self.restart_at is not None and ev.now >= self.restart_at:
-            self._start(self.att.number + 1, ev.now, out)
+        self._maybe_start(ev.now, out)
+
+    def _standby_backoff(self, ev: StandbyChanged, out: list[Action]) -> None:
+        self._standby(ev, out)
+        self._maybe_start(ev.now, out)  # a restart waiting for this standby: warm now, or cold
+
+    def _maybe_start(self, now: float, out: list[Action]) -> None:
+        """The next attempt, once its restart is due, unless every node's standby for it is still
+        joining or ready (not every one ready) and the wait for it is still worth it."""
+        if self.restart_at is None or now < self.restart_at:
+            return
+        number = self.att.number + 1
+        waiting = number == self.standby_for and standby_coming(self.standby, self.config.nodes)
+        if waiting and now < self._standby_until:
+            return
+        self._start(number, now, out)
 
     # ------------------------------------------------------------ AWAITING_OPERATOR: r or q
 
@@ -603,6 +654,7 @@ class RunPolicy:
         self.phase = RunPhase.BACKOFF
         self.wait_until = None
         self.restart_at = now + backoff_s
+        self._standby_until = now + self.standby_wait_s()  # the backoff counts towards the wait
         out.append(Restarting(self.att.number + 1, why, backoff_s, self.restarts_left))
         if backoff_s <= 0:
             self._dispatch(Tick(now), out)
@@ -610,7 +662,7 @@ class RunPolicy:
     def _start(self, number: int, now: float, out: list[Action]) -> None:
         warm = self.warm_for(number)
         self.standby, self.standby_for = {}, -1
-        self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s))
+        self.att = _Attempt(number, now, hang=HangRule(self.config.hang_timeout_s), warm=warm)
         self.restart_at = None
         self.phase = RunPhase.RUNNING
         out.append(StartAttempt(number, warm))
@@ -700,6 +752,7 @@ ROWS: dict[RunPhase, dict[type, Handler]] = {
         Heard: _R._heard_stopping,
     },
     RunPhase.BACKOFF: {
+        StandbyChanged: _R._standby_backoff,
         NodeLost: _R._lost_between,
         StopRequested: _R._interrupt,
         RestartRequested: _R._restart_now,

@@ -137,13 +137,26 @@ class RestartRequested:
 
 @dataclass(frozen=True)
 class StandbyChanged:
-    """A node's spares for ``attempt`` have all joined their standby cluster, or one is gone."""
+    """A node's spares for ``attempt`` are joining their standby cluster, have all joined it
+    (ready), or one is gone (lost). ``state`` may be given as a bool: ready, else lost."""
 
     node: str
     attempt: int
-    ready: bool
+    state: P.StandbyPhase
     now: float
-    why: str = ""  # what is gone, when not ready
+    why: str = ""  # what is gone, when lost
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", P.standby_phase(self.state))
+
+    @property
+    def ready(self) -> bool:
+        return self.state is P.StandbyPhase.READY
+
+    @property
+    def joining(self) -> bool:
+        """Not news to the operator (no standby yet, none lost): only the policy's wait reads it."""
+        return self.state is P.StandbyPhase.JOINING
 
 
 @dataclass(frozen=True)
@@ -258,7 +271,7 @@ def from_message(node: str, msg: P.Message, now: float) -> Input | None:
     if isinstance(msg, P.RankPhase) and msg.phase == P.Milestone.FIRST_STEP:
         return RankStepped(node, msg.name, now)
     if isinstance(msg, P.StandbyState):
-        return StandbyChanged(node, msg.attempt, msg.ready, now, msg.why)
+        return StandbyChanged(node, msg.attempt, msg.state, now, msg.why)
     return None
 
 

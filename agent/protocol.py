@@ -8,6 +8,7 @@ because it runs with whatever Python the nodes have.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -20,7 +21,8 @@ from typing import Any, ClassVar
 # 7: kept standbys (Adopt, Shutdown.keep_warm_s)
 # 8: where a rank resumed (RankResumed, from its resume record)
 # 9: alarms first, lines by subscription (Subscribe, NodeSummary; issue 44)
-PROTOCOL_VERSION = 9
+# 10: a standby's state (StandbyState.state: joining, ready, lost; issue 43)
+PROTOCOL_VERSION = 10
 
 # The scheduler process is not a rank; it gets this rank number and the name "sched".
 SCHEDULER_RANK = -1
@@ -553,19 +555,53 @@ def on_standby(spec: ProcSpec, attempt: int) -> ProcSpec:
     return dataclasses.replace(spec, env=dict(spec.env, MS_SCHED_PORT=str(standby_port(int(base), attempt))))
 
 
+class StandbyPhase(str, enum.Enum):
+    """Where a node's spares for an attempt are (``StandbyState.state``; its value on the wire)."""
+
+    JOINING = "joining"  # started: importing MindSpore and joining their standby cluster
+    READY = "ready"  # every one has joined (the scheduler's is alive)
+    LOST = "lost"  # one is gone: the standby is of no use (all or nothing)
+
+    def __str__(self) -> str:  # the value, as StrEnum prints (the agent's Python may be 3.8)
+        return str(self.value)
+
+
+def standby_phase(value: object) -> StandbyPhase:
+    """A standby state as given: its word (the wire's), or a bool (ready, else lost: what a
+    standby's word was before it could be joining). TypeError for anything else (a bad message)."""
+    if isinstance(value, bool):
+        return StandbyPhase.READY if value else StandbyPhase.LOST
+    try:
+        return StandbyPhase(value)
+    except ValueError:
+        words = ", ".join(p.value for p in StandbyPhase)
+        raise TypeError("state %r is none of %s" % (value, words)) from None
+
+
 @dataclass(frozen=True)
 class StandbyState(Message):
-    """Whether this node's spares for ``attempt`` have all joined their standby cluster (``ready``),
-    or one of them is gone (not ready, ``why``): the policy starts that attempt warm only when every
-    node's are ready."""
+    """Where this node's spares for ``attempt`` are: joining their standby cluster, all joined
+    (ready), or one of them gone (lost, ``why``). The policy starts that attempt warm only when every
+    node's are ready; when every node's are at least joining, a restart may wait for them."""
 
     type: ClassVar[str] = "standby_state"
     reported: ClassVar[bool] = True
     journaled: ClassVar[bool] = True
     node: str
     attempt: int
-    ready: bool
+    state: StandbyPhase
     why: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", standby_phase(self.state))
+
+    @property
+    def ready(self) -> bool:
+        return self.state is StandbyPhase.READY
+
+    @property
+    def joining(self) -> bool:
+        return self.state is StandbyPhase.JOINING
 
 
 @dataclass(frozen=True)

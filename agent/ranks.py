@@ -148,14 +148,14 @@ class Ranks:
         try:
             folder = layout.kept_folder(msg.run_dir, self.node)
         except ValueError as exc:
-            self.send(P.StandbyState(node=self.node, attempt=0, ready=False, why=str(exc)))
+            self.send(P.StandbyState(node=self.node, attempt=0, state=P.StandbyPhase.LOST, why=str(exc)))
             return
         specs = tuple(P.on_standby(s, 0) for s in msg.procs)
         why = self.spares.adopt(folder, msg.run_dir, msg.cwd, specs)
         if why is not None:
-            self.send(P.StandbyState(node=self.node, attempt=0, ready=False, why=why))
+            self.send(P.StandbyState(node=self.node, attempt=0, state=P.StandbyPhase.LOST, why=why))
         else:
-            self._standby_state()  # ready now; else once its spares have joined, or one is lost
+            self._standby_state()  # ready now, or joining: ready once its spares have joined
 
     def keep_standby(self, ttl_s: float) -> None:
         """As the agent leaves a run that ended by itself: a joined standby for the next run."""
@@ -186,15 +186,16 @@ class Ranks:
             return
         for error in self.spares.prepare(cmd.run_dir, cmd.attempt + 1, cmd.cwd, cmd.procs, cmd.join_standby):
             self._note_once(error)
+        self._standby_state()  # joining: a restart due before they have joined may wait for them
 
     def _standby_state(self) -> None:
         """Say when this node's standby for the next attempt is ready, or is lost (the policy's
         warm-or-cold choice)."""
         said = self.spares.poll()
         if said is not None:
-            ready, why = said
-            self.send(P.StandbyState(node=self.node, attempt=self.spares.attempt, ready=ready, why=why))
-            if not ready:
+            state, why = said
+            self.send(P.StandbyState(node=self.node, attempt=self.spares.attempt, state=state, why=why))
+            if state is P.StandbyPhase.LOST:
                 self._note_once(
                     "standby for attempt %d lost: %s; a restart would be cold" % (self.spares.attempt, why)
                 )

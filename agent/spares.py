@@ -12,8 +12,9 @@ next attempt's environment, as a cold attempt starts (a warm one: once its ranks
 - Joined spares (``Start.join_standby``): they also run MindSpore's ``init()`` against a scheduler
   port of their own (``protocol.standby_port``), the standby scheduler being node 0's spare, so the
   next attempt skips the cluster join, most of a restart's time. All or nothing: the standby is of
-  use only when every process of every node is in it, so the agent says when its node's spares have
-  all joined or one is gone (``poll`` -> ``StandbyState``) and the policy starts the attempt warm
+  use only when every process of every node is in it, so the agent says when its node's spares are
+  joining, have all joined, or one is gone (``poll`` -> ``StandbyState``) and the policy starts the
+  attempt warm
   (``Start.warm``: take the spares, on the standby port) only when every node's are ready; a cold
   attempt kills them first and launches on the inventory's port.
 
@@ -35,7 +36,7 @@ import subprocess
 
 from . import kept, layout
 from . import procs as procmod
-from .protocol import ProcSpec, on_standby
+from .protocol import ProcSpec, StandbyPhase, on_standby
 
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_boot.py")
 
@@ -94,7 +95,7 @@ class Spares:
         self.joined = False  # they join a standby cluster (Start.join_standby)
         self._by_name: dict[str, Spare] = {}
         self._run_dir = ""
-        self._said: bool | None = None  # the standby state last reported (poll)
+        self._said: StandbyPhase | None = None  # the standby state last reported (poll)
         self._keeper: kept.Keeper | None = None  # the adopted kept standby, until a take or a drop
 
     def prepare(self, run_dir: str, attempt: int, cwd: str, specs: tuple, join: bool = False) -> list:
@@ -165,10 +166,11 @@ class Spares:
             self._by_name[spec.name] = spare
         return None
 
-    def poll(self) -> tuple[bool, str] | None:
-        """The standby's state when it changed since the last call: (True, "") once every spare
-        has joined (the scheduler's is alive), (False, why) once one is gone; None otherwise."""
-        if not self.joined or self.attempt < 0 or self._said is False:
+    def poll(self) -> tuple[StandbyPhase, str] | None:
+        """The standby's state when it changed since the last call: (JOINING, "") once its spares
+        run, (READY, "") once every one has joined (the scheduler's is alive), (LOST, why) once one
+        is gone; None otherwise. A restart due while every node's is joining may wait for it."""
+        if not self.joined or self.attempt < 0 or self._said is StandbyPhase.LOST:
             return None
         state = None
         for name, spare in sorted(self._by_name.items()):
@@ -176,17 +178,17 @@ class Spares:
             if code is not None:
                 exitcode, sig, _ = procmod.describe_exit(code)
                 how = sig or "exit code %s" % exitcode
-                state = (False, "the spare for %s exited (%s)" % (name, how))
+                state = (StandbyPhase.LOST, "the spare for %s exited (%s)" % (name, how))
                 break
         if state is None:
-            if len(self._by_name) == 0 or self._said:
+            if len(self._by_name) == 0 or self._said is StandbyPhase.READY:
                 return None
             joined = all(
                 spare.spec.is_scheduler or os.path.exists(spare.marker) for spare in self._by_name.values()
             )
-            if not joined:
+            state = (StandbyPhase.READY if joined else StandbyPhase.JOINING, "")
+            if state[0] is self._said:
                 return None
-            state = (True, "")
         self._said = state[0]
         return state
 

@@ -35,6 +35,7 @@ from mscon.agent.protocol import (
     MetricBatch,
     ReplayDone,
     RunCommand,
+    StandbyPhase,
     StandbyState,
     from_dict,
     message_class,
@@ -120,7 +121,7 @@ class Attacher:
         self.bus = bus or EventBus()
         self.state = ClusterState()
         self.stragglers = StragglerWatch(StragglerPolicy(), self.state)  # as the supervisor's, default policy
-        self._standby: dict[str, bool] = {}  # node -> its standby for attempt _standby_for joined
+        self._standby: dict[str, StandbyPhase] = {}  # node -> its standby for attempt _standby_for
         self._standby_for = -1
         self.logs_dir = (options.logs_root / self.run_id).resolve()
         self.bus.errors_to(self.logs_dir)
@@ -353,7 +354,7 @@ class Attacher:
         word of its own on it)."""
         if self._standby_for != msg.attempt:
             self._standby, self._standby_for = {}, msg.attempt
-        self._standby[msg.node] = msg.ready
+        self._standby[msg.node] = msg.state
         warm = standby_complete(self._standby, tuple(p.node.name for p in self.plans))
         self.emit(StandbyUpdated(msg.attempt, msg.node, msg.ready, warm, msg.why))
 
@@ -361,7 +362,7 @@ class Attacher:
         """One message of the run, journaled or live: console events as the supervisor emits them."""
         if not isinstance(msg, Coord):
             self.emit(AgentEvent(self.attempt_no, msg))
-            if isinstance(msg, StandbyState) and msg.attempt > self._attempt:
+            if isinstance(msg, StandbyState) and msg.attempt > self._attempt and not msg.joining:
                 self._standby_said(msg)
             if isinstance(msg, Metric | MetricBatch):
                 for ev in self.stragglers.observe(self.attempt_no, msg):

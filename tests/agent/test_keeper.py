@@ -20,7 +20,7 @@ import psutil
 import pytest
 from conftest import wait_for, wait_gone
 from mscon.agent import kept, layout
-from mscon.agent.protocol import ProcSpec, on_standby
+from mscon.agent.protocol import ProcSpec, StandbyPhase, on_standby
 from mscon.agent.spares import Spares
 from node_files import listing, loose
 
@@ -219,14 +219,15 @@ def test_a_run_that_comes_while_it_joins_takes_it_once_joined(home: Path) -> Non
         spares.adopt(folder, _run_dir(home, "run-2"), str(home), tuple(on_standby(s, 0) for s in specs))
         is None
     )
-    assert spares.poll() is None  # taken, not ready: the policy waits for every node's word
+    assert spares.poll() == (StandbyPhase.JOINING, "")  # taken, not ready: the policy waits for it
+    assert spares.poll() is None  # said once
     go.touch()
     deadline = time.monotonic() + 30
     said = None
     while said is None and time.monotonic() < deadline:
         said = spares.poll()
         time.sleep(0.02)
-    assert said == (True, "")
+    assert said == (StandbyPhase.READY, "")
     spares.discard()  # the attempt went cold after all (another node's was not ready): it ends
     assert keeper.wait(30) == 0
 

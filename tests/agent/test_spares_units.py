@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from mscon.agent import layout
 from mscon.agent import procs as procmod
-from mscon.agent.protocol import ProcSpec, on_standby
+from mscon.agent.protocol import ProcSpec, StandbyPhase, on_standby
 from mscon.agent.ranks import Ranks
 from mscon.agent.spares import Spare, Spares
 
@@ -39,18 +39,21 @@ def _standby(tmp_path: Path, attempt: int) -> tuple[Spares, tuple[ProcSpec, ...]
     return spares, specs, popens
 
 
-def test_ready_once_every_worker_joined_then_lost_once_one_is_gone(tmp_path: Path) -> None:
+def test_joining_then_ready_once_every_worker_joined_then_lost_once_one_is_gone(tmp_path: Path) -> None:
     spares, specs, popens = _standby(tmp_path, 1)
     try:
-        assert spares.poll() is None  # r0 has not joined yet (the scheduler needs no marker)
+        # Started, r0 not joined yet (the scheduler needs no marker): joining, said once. A restart
+        # due now may wait for it (issue 43: a fault soon after a warm restart).
+        assert spares.poll() == (StandbyPhase.JOINING, "")
+        assert spares.poll() is None
         Path(layout.spare_joined(str(tmp_path), "r0", 1)).touch()
-        assert spares.poll() == (True, "")
+        assert spares.poll() == (StandbyPhase.READY, "")
         assert spares.poll() is None  # said once
         assert spares.missing(specs, str(tmp_path), 1, str(tmp_path)) is None
         assert spares.missing(specs, str(tmp_path), 2, str(tmp_path)) is not None  # another attempt's
         popens[1].kill()
         popens[1].wait()
-        assert spares.poll() == (False, "the spare for r0 exited (SIGKILL)")
+        assert spares.poll() == (StandbyPhase.LOST, "the spare for r0 exited (SIGKILL)")
         assert spares.poll() is None  # lost stays lost: said once
         assert (
             spares.missing(specs, str(tmp_path), 1, str(tmp_path)) == "the standby's process for r0 is gone"
@@ -100,6 +103,7 @@ class _Node:
         self.watched = [SimpleNamespace(proc=SimpleNamespace(spec=s), first_step_said=False) for s in SPECS]
         self.failed = False
         self.notes: list[str] = []
+        self.said: list[int] = []  # the spares' attempt at each standby word (StandbyState)
 
     def _prepare(self, attempt: int) -> list:
         self.spares.attempt = attempt
@@ -109,6 +113,9 @@ class _Node:
     def _note_once(self, text: str) -> None:
         self.notes.append(text)
 
+    def _standby_state(self) -> None:
+        self.said.append(self.spares.attempt)
+
 
 def test_a_cold_attempt_starts_its_spares_with_it_a_warm_one_once_its_workers_stepped() -> None:
     # Cold: the standby joins during the attempt's own start-up, ready for a fault 1 s into training
@@ -117,6 +124,7 @@ def test_a_cold_attempt_starts_its_spares_with_it_a_warm_one_once_its_workers_st
     cold = _Node(warm=False)
     Ranks._prepare_spares(cold)
     assert cold.spares.asked == [2]
+    assert cold.said == [2]  # joining, said at once: a fault before they joined may wait for them
     Ranks._prepare_spares(cold)
     assert cold.spares.asked == [2]  # once an attempt
     # Warm: its start-up is the first step's compile, which the spares' import would lengthen.

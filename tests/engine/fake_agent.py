@@ -55,6 +55,7 @@ from mscon.agent.protocol import (
     Resolve,
     Resolved,
     Shutdown,
+    StandbyPhase,
     StandbyState,
     Start,
     Stop,
@@ -171,6 +172,7 @@ class NodeConfig:
     # (None: says nothing); "lost" says a spare is gone.
     standby: Literal["ready", "lost"] | None = None
     standby_after_s: float = 0.02
+    standby_joining: bool = False  # it first says its spares are joining, as the agent does
 
 
 @dataclass(frozen=True)
@@ -429,9 +431,12 @@ class FakeChannel(AgentChannel):
             time.sleep(self.cfg.stall_after_start_s)  # blocks the loop on purpose: a console too busy to read
 
     async def _standby(self, attempt: int, ready: bool) -> None:
+        if self.cfg.standby_joining:
+            self._emit(StandbyState(node=self.node, attempt=attempt, state=StandbyPhase.JOINING))
         await self._sleep_until(self.cfg.standby_after_s)
         why = "" if ready else "the spare for r1 exited (SIGKILL)"
-        self._emit(StandbyState(node=self.node, attempt=attempt, ready=ready, why=why))
+        state = StandbyPhase.READY if ready else StandbyPhase.LOST
+        self._emit(StandbyState(node=self.node, attempt=attempt, state=state, why=why))
 
     def _ts(self, seconds: float) -> int:
         return self._start_ns + int(seconds * 1e9)

@@ -7,7 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import REPO, write_inventory
-from mscon.agent.protocol import Coord, CoordKind, Message, ProcStarted, StandbyState, standby_port
+from mscon.agent.protocol import (
+    Coord,
+    CoordKind,
+    Message,
+    ProcStarted,
+    StandbyPhase,
+    StandbyState,
+    standby_port,
+)
 from mscon.console.config.inventory import load_inventory
 from mscon.console.detach.attach import Attacher, AttachOptions
 from mscon.console.engine.events import AttemptStarted, Event, StandbyUpdated
@@ -52,13 +60,13 @@ def test_attach_says_what_the_coordinator_made_of_the_standby_and_of_a_warm_atte
     journals: dict[str, list[tuple[int, Message]]] = {
         "a": [
             (0, _started("a", "r0", 0, 1_000)),
-            (0, StandbyState(node="a", attempt=1, ready=True)),
+            (0, StandbyState(node="a", attempt=1, state=StandbyPhase.READY)),
             (1, coord_started),
             (1, _started("a", "r0", 0, 2_100)),
         ],
         "b": [
             (0, _started("b", "r1", 1, 1_000)),
-            (0, StandbyState(node="b", attempt=1, ready=True)),
+            (0, StandbyState(node="b", attempt=1, state=StandbyPhase.READY)),
             (1, _started("b", "r1", 1, 1_900)),  # b's clock is behind: its entry sorts first
         ],
     }
@@ -79,10 +87,13 @@ def test_attach_of_a_run_whose_standby_lost_a_process_says_the_restart_is_cold(t
     why = "the spare for r1 exited (SIGKILL)"
     attacher._merge(
         {
-            "a": [(0, _started("a", "r0", 0, 1_000)), (0, StandbyState(node="a", attempt=1, ready=True))],
+            "a": [
+                (0, _started("a", "r0", 0, 1_000)),
+                (0, StandbyState(node="a", attempt=1, state=StandbyPhase.READY)),
+            ],
             "b": [
                 (0, _started("b", "r1", 1, 1_000)),
-                (0, StandbyState(node="b", attempt=1, ready=False, why=why)),
+                (0, StandbyState(node="b", attempt=1, state=StandbyPhase.LOST, why=why)),
             ],
         }
     )

@@ -111,7 +111,7 @@ def watched_heard(p: P.RunPolicy, host: str, acts: list) -> None:
 
 
 def standby_kept(p: P.RunPolicy, host: str, acts: list) -> None:
-    assert p.standby == {"a": True} and p.standby_for == p.attempt + 1
+    assert p.standby == {"a": P.StandbyPhase.READY} and p.standby_for == p.attempt + 1
 
 
 def progress_r0(at: float) -> Check:
@@ -165,11 +165,15 @@ def _restart_after(p: P.RunPolicy, host: str, acts: list) -> None:
 
 
 def _standby_dropped(p: P.RunPolicy, host: str, acts: list) -> None:
-    assert "b" not in p.standby and p.standby == {"a": True}
+    assert "b" not in p.standby and p.standby == {"a": P.StandbyPhase.READY}
 
 
 def _attempt_1(p: P.RunPolicy, host: str, acts: list) -> None:
     assert p.attempt == 1
+
+
+def _warm_1(p: P.RunPolicy, host: str, acts: list) -> None:
+    assert p.attempt == 1 and acts == [P.StartAttempt(1, warm=True)]
 
 
 def _first_stop_stands(p: P.RunPolicy, host: str, acts: list) -> None:
@@ -282,6 +286,17 @@ CASES: dict[tuple[R, type], Case] = {
         P.RestartRequested("r", 1.5), ["StartAttempt"], R.RUNNING, _attempt_1
     ),
     (R.BACKOFF, P.Tick): Case(P.Tick(3.3), ["StartAttempt"], R.RUNNING, _attempt_1),
+    (R.BACKOFF, P.StandbyChanged): Case(  # the restart due at 3.2 waits for b's joining standby
+        P.StandbyChanged("b", 1, P.StandbyPhase.READY, 3.5),
+        ["StartAttempt"],
+        R.RUNNING,
+        _warm_1,
+        before=[
+            P.StandbyChanged("a", 1, P.StandbyPhase.READY, 1.3),
+            P.StandbyChanged("b", 1, P.StandbyPhase.JOINING, 1.3),
+            P.Tick(3.3),
+        ],
+    ),
     # ------------------------------------------------------------ AWAITING_OPERATOR (attempt 0 failed)
     (R.AWAITING_OPERATOR, P.NodeLost): Case(
         P.NodeLost("a", "reset", 1.5),

@@ -79,8 +79,20 @@ def exited(name: str, t: float, code: int = 0, by_agent: bool = False, signal: s
     return P.RankExited(node, name, name != "sched", code == 0 and signal is None, by_agent, detail, t)
 
 
-def standby(attempt: int, t: float, *nodes: str, ready: bool = True) -> list[P.Input]:
-    return [P.StandbyChanged(n, attempt, ready, t) for n in nodes or NODES]
+def standby(
+    attempt: int, t: float, *nodes: str, ready: bool = True, state: wire.StandbyPhase | None = None
+) -> list[P.Input]:
+    """Nodes' word on their standby for ``attempt``: ready (or lost), or ``state``."""
+    return [P.StandbyChanged(n, attempt, ready if state is None else state, t) for n in nodes or NODES]
+
+
+def first_steps(t: float) -> list[P.Input]:
+    """Every worker's first step (its agent read its first metric)."""
+    return [P.RankStepped(WORKERS[n], n, t) for n in WORKERS]
+
+
+JOINING = wire.StandbyPhase.JOINING
+LOST = wire.StandbyPhase.LOST
 
 
 def done(t: float, *nodes: str) -> list[P.Input]:
@@ -605,7 +617,126 @@ TABLE += [
 ADOPT = P.ADOPT_WAIT_S
 ASKED = P.AwaitAdoption(NODES, 0.0)  # the console asked both nodes to adopt their kept standby
 
+# A fault soon after a warm restart (issue 43): that attempt's spares start at its first step and
+# are still joining when the fault comes; once its ranks are stopped they join fast.
 TABLE += [
+    Row(
+        "a restart due while every node's standby is still joining waits for it, then starts warm",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (first_steps(10.0), []),
+            (standby(1, 11.0, "a"), []),
+            (exited("r1", 12.0, code=7), [FAIL_R1]),
+            (done(12.2), ["attempt 0 failed", "restart as 1 in 0 s, 1 left: attempt 0 failed"]),
+            (P.Tick(15.0), []),  # b's spares still joining: worth the wait
+            (standby(1, 16.0, "b"), ["start 1 warm"]),
+        ],
+        {"max_restarts": 2},
+    ),
+    Row(
+        "the wait for a joining standby lasts at most the cold start-up over the warm one, as measured",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5), []),
+            (first_steps(10.0), []),  # a cold start-up: 10 s to every worker's first step
+            (exited("r1", 12.0, code=7), [FAIL_R1]),
+            (
+                done(12.0),
+                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
+            ),
+            (started(12.1), []),
+            (first_steps(15.0), []),  # a warm one: 3 s
+            (standby(2, 15.5, state=JOINING), []),
+            (exited("r1", 16.0, code=7), [FAIL_R1]),
+            (done(16.0), ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed"]),
+            (P.Tick(22.9), []),  # 10 - 3 = 7 s: waiting longer could not beat a cold start
+            (P.Tick(23.1), ["start 2"]),
+            (standby(2, 23.5), []),  # too late
+        ],
+        {"max_restarts": 3},
+    ),
+    Row(
+        "a standby not yet timed against a cold start is waited for STANDBY_WAIT_S, then cold",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (exited("r1", 2.0, code=7), [FAIL_R1]),  # before every worker's first step
+            (done(2.0), ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed"]),
+            (P.Tick(2.0 + P.STANDBY_WAIT_S - 0.1), []),
+            (P.Tick(2.0 + P.STANDBY_WAIT_S + 0.1), ["start 1"]),
+        ],
+        {"max_restarts": 1},
+    ),
+    Row(
+        "a joining standby that loses a spare while a restart waits for it: cold at once",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (exited("r1", 2.0, code=7), [FAIL_R1]),
+            (done(2.2), ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed"]),
+            (standby(1, 3.0, "b", state=LOST), ["start 1"]),
+        ],
+        {"max_restarts": 1},
+    ),
+    Row(
+        "no wait unless every node's standby is joining or ready: one node silent, the restart is cold",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, "a", state=JOINING), []),
+            (exited("r1", 2.0, code=7), [FAIL_R1]),
+            (done(2.2), ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed", "start 1"]),
+        ],
+        {"max_restarts": 1},
+    ),
+    Row(
+        "a node lost while a restart waits for its joining standby: cold at once",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (exited("r1", 2.0, code=7), [FAIL_R1]),
+            (done(2.2), ["attempt 0 failed", "restart as 1 in 0 s, 0 left: attempt 0 failed"]),
+            (P.NodeLost("b", "connection reset", 3.0), []),  # its spares went with it
+            (P.Tick(3.1), ["start 1"]),
+        ],
+        {"max_restarts": 1},
+    ),
+    Row(
+        "a backoff counts towards the wait: a standby joining past it is not waited for longer",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (first_steps(10.0), []),
+            (
+                P.RestartRequested("r", 12.0),
+                ["stop: r: the whole group restarts (a rank cannot rejoin a running collective)"],
+            ),
+            (done(12.0), ["attempt 0 restart requested", "restart as 1 in 20 s, 1 left: restart requested"]),
+            (P.Tick(31.9), []),
+            (P.Tick(32.1), ["start 1"]),  # 20 s of backoff is more than the 10 s the wait is worth
+        ],
+        {"max_restarts": 1, "backoff_s": 20.0},
+    ),
+]
+
+TABLE += [
+    Row(
+        "adopt wait: a kept standby still joining is waited for, then attempt 0 starts warm",
+        [
+            (ASKED, []),
+            (P.Begin(0.0), []),
+            (standby(0, 0.5, "a", state=JOINING), []),
+            (standby(0, 1.0, "b"), []),
+            (standby(0, 2.0, "a"), ["start 0 warm"]),
+        ],
+    ),
     Row(
         "adopt wait: attempt 0 starts warm once every node adopted the standby it kept",
         [

@@ -598,6 +598,36 @@ async def test_what_r_would_do_is_the_policys_word_on_the_standby(tmp_path: Path
         assert [s.msg.warm for s in cluster.sent_of(Start, node)] == [False, warm]  # type: ignore[attr-defined]
 
 
+async def test_a_fault_while_every_standby_joins_waits_for_it_and_restarts_warm(tmp_path: Path) -> None:
+    """Issue 43: a fault before the next attempt's spares have joined (soon after a warm restart,
+    whose spares start at its first step). Every node said its spares are joining, so the restart
+    waits for them (the policy's bound: no cold start timed here, STANDBY_WAIT_S) and starts warm;
+    the joining words are no event of their own, and the summary marks the attempt warm."""
+
+    def script(attempt: int) -> Script:
+        return {"r1": [Exit(0.05, code=7)]} if attempt == 0 else all_exit(EVERYONE, 0.03)
+
+    joining = {"standby": "ready", "standby_joining": True}
+    cluster = make_cluster(
+        tmp_path,
+        script,
+        a=NodeConfig(**joining, standby_after_s=0.4),  # type: ignore[arg-type]
+        b=NodeConfig(**joining, standby_after_s=0.6),  # type: ignore[arg-type]
+    )
+    run = await run_job(tmp_path, cluster, max_restarts=1)
+    r = run.result
+    assert (r.status, [a.outcome for a in r.attempts]) == (
+        JobState.SUCCEEDED,
+        [AttemptOutcome.FAILED, AttemptOutcome.SUCCEEDED],
+    )
+    said = [(u.node, u.ready, u.warm) for u in run.of(StandbyUpdated) if u.attempt == 1]
+    assert said == [("a", True, False)]  # b's word started attempt 1 at once: AttemptStarted says it
+    assert [s.warm for s in run.of(AttemptStarted)] == [False, True]
+    for node in ("a", "b"):
+        assert [s.msg.warm for s in cluster.sent_of(Start, node)] == [False, True]  # type: ignore[attr-defined]
+    assert [a.phases is not None and a.phases.warm for a in r.attempts] == [False, True]
+
+
 async def test_operator_who_quits_a_waiting_run_gets_the_failed_attempts_verdict(tmp_path: Path) -> None:
     cluster = make_cluster(tmp_path, {"r1": [Exit(0.03, code=7)]})
 

@@ -286,6 +286,8 @@ class HeadlessReporter:
                 self.note(f"{_who(msg.name, msg.node)}: profiler output in {msg.profile_dir}")
         elif isinstance(msg, AgentError):
             self.note(f"{printable(msg.node)}: agent: {printable(msg.message)}")
+        elif isinstance(msg, StandbyState) and msg.joining:
+            pass  # spares started: their word once joined (or lost) is the news
         elif isinstance(msg, StandbyState) and msg.attempt == 0:  # the one a last run kept (Adopt)
             if msg.ready:
                 what = "taken: the standby the last run of this job kept (the launch skips the join)"
