@@ -32,6 +32,11 @@ step (its first step record's "ts") instead: an early fault (issue 43: 1 s into 
 warm once the spares start with a cold attempt). ``--max-restarts 2``: still one fault, but attempt 1
 has budget left, so it prepares spares of its own (what they cost a warm restart).
 
+``--second-fault-after-s S`` (needs ``--max-restarts 2``): a second fault, r1 of attempt 1 killed S
+seconds after every rank of attempt 1 made its first step (issue 43: a fault soon after a warm
+restart). (a), (b) and (c) are then measured from that kill, on attempt 2 (warm or cold, its
+breakdown says), against attempt 1; the first restart's warm or cold is printed too.
+
 ``--model resnet18``: the model-zoo case instead (issue 43): MindCV 0.3's ResNet-18 built as MindCV's
 train.py builds it, with ResumeCallback (bench/mindcv_resnet.py; synthetic images, ``--samples`` per
 rank, ``--epochs``), the same nodes and fault. Its compiled graphs are kept on the nodes and loaded
@@ -161,9 +166,11 @@ class Trial:
     ok: bool = False
     error: str = ""
     t_start: float = 0.0  # wall clock (time.time()), as the ranks' metrics
-    t_kill: float | None = None
+    t_kill: float | None = None  # the measured fault's (the second one's with --second-fault-after-s)
+    measured: int = 1  # the attempt the measured fault restarts into
+    phases_first: str = ""  # with a second fault: mscon's breakdown of attempt 1 (the first restart)
     kill_step: int | None = None  # r1's step when killed (its metrics; --unmodified: its loss line)
-    trained0: float | None = None  # s from every rank of attempt 0 at its first step to the kill
+    trained0: float | None = None  # s from every rank of the faulted attempt at its first step to the kill
     rc: int | None = None
     first_step: dict[int, float] = field(default_factory=dict)  # rank -> s from the kill, attempt 1
     first_line: dict[int, tuple[float, str]] = field(default_factory=dict)  # rank -> (s, text), attempt 1
@@ -261,15 +268,16 @@ def last_step(path: Path) -> int:
     return max((r["step"] for r in records(path) if isinstance(r.get("step"), int)), default=0)
 
 
-def rank_process(pids: list[int], rank: int, ours: Any, script: str = SCRIPT) -> int | None:
-    """Rank ``rank``'s own process in attempt 0 (the one whose parent is none of the candidates:
-    a process it forked carries its environment and command line too)."""
+def rank_process(pids: list[int], rank: int, ours: Any, script: str = SCRIPT, attempt: int = 0) -> int | None:
+    """Rank ``rank``'s own process in ``attempt`` (the one whose parent is none of the candidates:
+    a process it forked carries its environment and command line too; a spare that became the rank
+    carries the environment it was started with, its attempt's)."""
     cands = [
         p
         for p in pids
         if (e := proc_environ(p)).get("RANK_ID") == str(rank)
         and e.get("MS_ROLE") == "MS_WORKER"
-        and e.get("MSCON_ATTEMPT", "0") == "0"
+        and e.get("MSCON_ATTEMPT", "0") == str(attempt)
         and ours(e)
         and any(w.endswith((script, SPARE_BOOT)) for w in cmdline(p))
     ]
@@ -277,12 +285,12 @@ def rank_process(pids: list[int], rank: int, ours: Any, script: str = SCRIPT) ->
     return roots[0] if len(roots) == 1 else None
 
 
-def trained_s(world: int, metrics: Any, firsts: dict[int, float]) -> float | None:
-    """Seconds since every rank of attempt 0 made its first step (the latest "ts" of their first
+def trained_s(world: int, metrics: Any, firsts: dict[int, float], attempt: int = 0) -> float | None:
+    """Seconds since every rank of ``attempt`` made its first step (the latest "ts" of their first
     step records), or None before then; ``firsts`` keeps what was read already."""
     for r in range(world):
         if r not in firsts:
-            first = next((x for x in records(metrics(r, 0)) if isinstance(x.get("step"), int)), None)
+            first = next((x for x in records(metrics(r, attempt)) if isinstance(x.get("step"), int)), None)
             if first is None:
                 return None
             firsts[r] = float(first["ts"])
@@ -291,8 +299,39 @@ def trained_s(world: int, metrics: Any, firsts: dict[int, float]) -> float | Non
 
 def fault_words(a: argparse.Namespace) -> str:
     if a.fault_after_s is not None:
-        return f"{a.fault_after_s:g} s after every rank's first step"
-    return f"step >= {a.fault_step}"
+        first = f"{a.fault_after_s:g} s after every rank's first step"
+    else:
+        first = f"step >= {a.fault_step}"
+    if a.second_fault_after_s is None:
+        return first
+    return f"{first}, then in attempt 1 {a.second_fault_after_s:g} s after every rank's first step"
+
+
+def second_fault(
+    trial: Trial, a: argparse.Namespace, proc: Any, metrics: Any, ours: Any, script: str, known: set[int]
+) -> None:
+    """Kill r1 of attempt 1 ``--second-fault-after-s`` after every rank of attempt 1 stepped: the
+    measured fault from then on."""
+    firsts: dict[int, float] = {}
+    deadline = time.monotonic() + a.cap
+    victim = None
+    while True:
+        if victim is None or not alive(victim):
+            pids = marked(ours)
+            known.update(pids)
+            victim = rank_process(pids, 1, ours, script, attempt=1)
+        trained = trained_s(trial.world, metrics, firsts, attempt=1)
+        if trained is not None and trained >= a.second_fault_after_s:
+            if victim is None:
+                raise RuntimeError("r1 of attempt 1 due for its kill, but its process was not found")
+            os.kill(victim, signal.SIGKILL)
+            trial.t_kill, trial.kill_step, trial.measured = time.time(), last_step(metrics(1, 1)), 2
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"mscon exited {proc.returncode} before the second kill was due")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the second kill was not due within {a.cap:.0f} s")
+        time.sleep(POLL_S)
 
 
 def loss_lines(lines: list[tuple[float, str, str]]) -> list[tuple[float, int, int, int, str]]:
@@ -374,6 +413,8 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
                     raise RuntimeError(f"r1 due for its kill (step {step}), but its process was not found")
                 os.kill(victim, signal.SIGKILL)
                 trial.t_kill, trial.kill_step = time.time(), step
+                if a.second_fault_after_s is not None:
+                    second_fault(trial, a, proc, metrics, ours, script, known)
                 break
             if proc.poll() is not None:
                 raise RuntimeError(f"mscon exited {proc.returncode} before r1's kill was due ({fault})")
@@ -405,6 +446,7 @@ def run_trial(trial: Trial, cluster: Any, a: argparse.Namespace, tmp: Path, data
 def analyse(trial: Trial, a: argparse.Namespace, lines: list, metrics: Any, summary: Path) -> None:
     assert trial.t_kill is not None
     kill = trial.t_kill
+    m = trial.measured  # the attempt the measured fault restarted into; m - 1 is the faulted one
     spe = a.samples // (trial.world * BATCH)
     trial.restart_line = next(
         (t - kill for t, s, x in lines if s == "stderr" and t >= kill and x.startswith("mscon: restarting")),
@@ -428,11 +470,11 @@ def analyse(trial: Trial, a: argparse.Namespace, lines: list, metrics: Any, summ
             if r in trial.first_line:
                 trial.first_step[r] = trial.first_line[r][0]
         else:
-            trial.last0[r] = last_step(metrics(r, 0))
-            first0 = next((x for x in records(metrics(r, 0)) if isinstance(x.get("step"), int)), None)
+            trial.last0[r] = last_step(metrics(r, m - 1))
+            first0 = next((x for x in records(metrics(r, m - 1)) if isinstance(x.get("step"), int)), None)
             if first0 is not None:
                 trial.trained0 = max(trial.trained0 or -1e9, kill - float(first0["ts"]))
-            recs = records(metrics(r, 1))
+            recs = records(metrics(r, m))
             first = next((x for x in recs if isinstance(x.get("step"), int)), None)
             if first is not None:
                 trial.first_step[r] = float(first["ts"]) - kill
@@ -447,18 +489,20 @@ def analyse(trial: Trial, a: argparse.Namespace, lines: list, metrics: Any, summ
         doc = {}
     attempts = doc.get("attempts") or []
     trial.outcomes = [str(x.get("outcome")) for x in attempts]
-    if len(attempts) > 1 and isinstance(attempts[1].get("resume"), dict):
-        trial.verdict = str(attempts[1]["resume"].get("verdict", ""))
+    if len(attempts) > m and isinstance(attempts[m].get("resume"), dict):
+        trial.verdict = str(attempts[m]["resume"].get("verdict", ""))
     breakdowns = start_up(summary)
-    trial.phases0 = next((text for n, text, _ in breakdowns if n == 0), "")
-    trial.phases1 = next((text for n, text, _ in breakdowns if n == 1), "")
+    trial.phases0 = next((text for n, text, _ in breakdowns if n == m - 1), "")
+    trial.phases1 = next((text for n, text, _ in breakdowns if n == m), "")
+    if m > 1:
+        trial.phases_first = next((text for n, text, _ in breakdowns if n == 1), "")
     problems = []
     if trial.rc != 0:
         problems.append(f"mscon exited {trial.rc}")
-    if trial.outcomes != ["failed", "succeeded"]:
+    if trial.outcomes != ["failed"] * m + ["succeeded"]:
         problems.append(f"attempts {trial.outcomes}")
     if trial.all_first_step is None:
-        problems.append(f"only ranks {sorted(trial.first_step)} stepped in attempt 1")
+        problems.append(f"only ranks {sorted(trial.first_step)} stepped in attempt {m}")
     if not a.unmodified:
         srcs = {str(r.get("source")) for r in trial.resumed.values()}
         if trial.resume_step is None or srcs != {"snapshot"}:
@@ -484,17 +528,18 @@ def trial_line(t: Trial, a: argparse.Namespace) -> str:
         return head + f"FAILED before the kill: {t.error}"
     per_rank = " ".join(f"r{r}={v:.2f}" for r, v in sorted(t.first_step.items()))
     resumed = t.resume_step
+    m = t.measured
     lines = [
-        head + f"r1 killed at its step {t.kill_step}; attempt 1: every rank at its first step "
+        head + f"r1 killed at its step {t.kill_step}; attempt {m}: every rank at its first step "
         f"{_s(t.all_first_step)} s ({per_rank}); every rank's next loss line {_s(t.all_first_line)} s; "
-        f"steps lost {t.lost if t.lost is not None else '-'} (last common step of attempt 0 "
+        f"steps lost {t.lost if t.lost is not None else '-'} (last common step of attempt {m - 1} "
         f"{t.last_common}, resumed after {resumed if resumed is not None else t.resumed})",
-        f"    attempt 0 trained {_s(t.trained0)} s (every rank's first step -> kill; mscon's launch -> "
+        f"    attempt {m - 1} trained {_s(t.trained0)} s (every rank's first step -> kill; mscon's launch -> "
         f"kill {_s(t.t_kill - t.t_start)} s); "
-        f"mscon 'restarting' at {_s(t.restart_line)} s; attempt 1 {'warm' if t.warm else 'NOT WARM'}: "
+        f"mscon 'restarting' at {_s(t.restart_line)} s; attempt {m} {'warm' if t.warm else 'NOT WARM'}: "
         f"{t.phases1 or '(no breakdown)'}",
-        f"    attempt 0 (cold): {t.phases0 or '(no breakdown)'}",
-        f"    summary: attempts {t.outcomes}, attempt 1's resume: {t.verdict or '-'}; "
+        f"    attempt {m - 1}: {t.phases0 or '(no breakdown)'}",
+        f"    summary: attempts {t.outcomes}, attempt {m}'s resume: {t.verdict or '-'}; "
         + ("OK" if t.ok else f"NOT OK: {t.error}"),
     ]
     if t.twice:
@@ -549,9 +594,13 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
     restarting = [t.restart_line for t in ok if t.restart_line is not None]
     print(f"  mscon 'restarting' line after the kill: {stats(restarting, '{:.2f} s')}")
     print(f"  warm restarts: {sum(t.warm for t in ok)} of {len(ok)}")
+    if a.second_fault_after_s is not None:
+        first_warm = sum("(warm" in t.phases_first for t in ok)
+        print(f"  (the measured restart is the second; the first was warm in {first_warm} of {len(ok)})")
     if not a.unmodified:
         trained = [t.trained0 for t in ok if t.trained0 is not None]
-        print(f"  attempt 0 trained (every rank's first step -> kill): {stats(trained, '{:.2f} s')}")
+        faulted = ok[0].measured - 1 if ok else 0
+        print(f"  attempt {faulted} trained (every rank's first step -> kill): {stats(trained, '{:.2f} s')}")
         launched = [t.t_kill - t.t_start for t in ok if t.t_kill is not None]
         print(f"  mscon's launch -> kill: {stats(launched, '{:.2f} s')}")
         first0 = [s for t in ok if (s := to_first_step(t.phases0)) is not None]
@@ -578,6 +627,11 @@ def main(argv: list[str] | None = None) -> int:
         "--fault-after-s",
         type=float,
         help="kill r1 this many seconds after every rank's first step instead (an early fault: 1)",
+    )
+    p.add_argument(
+        "--second-fault-after-s",
+        type=float,
+        help="then kill r1 of attempt 1 this many s after its every rank's first step (measured; budget 2)",
     )
     p.add_argument(
         "--max-restarts",
@@ -622,6 +676,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--fault-step must be within the script's {epochs} epochs of {spe} steps")
     if a.fault_after_s is not None and (a.unmodified or a.fault_after_s < 0):
         p.error("--fault-after-s needs the ranks' step records (not --unmodified) and is >= 0")
+    if a.second_fault_after_s is not None and (
+        a.unmodified or a.second_fault_after_s < 0 or a.max_restarts < 2
+    ):
+        p.error("--second-fault-after-s: >= 0, with step records (not --unmodified), --max-restarts 2")
     if a.unmodified:
         stripped_net_py()  # fails early if net.py's lines changed
     exe = Path(sys.executable)
