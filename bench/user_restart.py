@@ -575,12 +575,13 @@ def stats(values: list[float], fmt: str = "{:.2f}") -> str:
 def report(trials: list[Trial], a: argparse.Namespace) -> None:
     print()
     ok = [t for t in trials if t.t_kill is not None]
+    m = 2 if a.second_fault_after_s is not None else 1  # the attempt the measured fault restarts into
     what = "net.py without mscon_resume (--unmodified)" if a.unmodified else "examples/net.py (mscon_resume)"
     if a.model == "resnet18":
         what = f"MindCV ResNet-18 (bench/mindcv_resnet.py, ResumeCallback; graph cache {a.graph_cache})"
     print(f"{what}: r1 SIGKILLed at {fault_words(a)}; seconds / steps from the kill:")
     rows = [
-        ("(a) every rank of attempt 1 at its first step", [t.all_first_step for t in ok], "{:.2f} s"),
+        (f"(a) every rank of attempt {m} at its first step", [t.all_first_step for t in ok], "{:.2f} s"),
         ("(b) every rank's next loss line on stdout", [t.all_first_line for t in ok], "{:.2f} s"),
         (
             "(c) steps lost" + (" (>=: lines every 10 steps)" if a.unmodified else ""),
@@ -599,12 +600,12 @@ def report(trials: list[Trial], a: argparse.Namespace) -> None:
         print(f"  (the measured restart is the second; the first was warm in {first_warm} of {len(ok)})")
     if not a.unmodified:
         trained = [t.trained0 for t in ok if t.trained0 is not None]
-        faulted = ok[0].measured - 1 if ok else 0
-        print(f"  attempt {faulted} trained (every rank's first step -> kill): {stats(trained, '{:.2f} s')}")
+        print(f"  attempt {m - 1} trained (every rank's first step -> kill): {stats(trained, '{:.2f} s')}")
         launched = [t.t_kill - t.t_start for t in ok if t.t_kill is not None]
         print(f"  mscon's launch -> kill: {stats(launched, '{:.2f} s')}")
         first0 = [s for t in ok if (s := to_first_step(t.phases0)) is not None]
-        print(f"  attempt 0 (cold) to every rank's first step: {stats(first0, '{:.2f} s')}")
+        what0 = "attempt 0 (cold)" if m == 1 else f"attempt {m - 1}"
+        print(f"  {what0} to every rank's first step: {stats(first0, '{:.2f} s')}")
     twice = [t.index for t in ok if t.twice]
     print(f"  trials with a loss line printed in both attempts: {twice or 'none'}")
     shared = [t.index for t in trials if t.shared]
