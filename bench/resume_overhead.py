@@ -8,8 +8,13 @@ again. It prints the mean wall time per step of each (the library's after its in
 chosen), its overhead against the mean of the two plain runs, the interval, the copy's time on
 the training thread, and the most /dev/shm its snapshots held (sampled every 5 ms) as a multiple
 of the state. The overhead is measured over ``--steps``: use at least three intervals' worth.
+``--model resnet18`` trains MindCV's ResNet-18 instead (``bench/snapshot_cost.py``'s build: 89 MiB
+of state) and also prints each snapshot's parts (CPU time, medians): the copy on the step, the
+background write and its MAC, and the step's wait for the write before. ``--every N`` fixes the
+interval (1: a snapshot every step) instead of ``auto``.
 
     .venv/bin/python bench/resume_overhead.py [--sizes-mb 10,100,1000] [--steps 60] [--budget 0.02]
+    .venv/bin/python bench/resume_overhead.py --model resnet18 --steps 20 [--every 1] [--batch 8]
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +69,12 @@ def main() -> None:
     ap.add_argument("--sizes-mb", default="10,100,1000")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--budget", type=float, default=0.02)
+    ap.add_argument("--model", choices=("wide", "resnet18"), default="wide")
+    ap.add_argument("--every", default="auto", help="the snapshot interval: auto, or a number of steps")
+    ap.add_argument("--batch", type=int, default=8, help="resnet18: the batch (snapshot_cost.py's)")
     a = ap.parse_args()
 
     import mindspore as ms
-    import mindspore.dataset as ds
     import numpy as np
     from mindspore import nn
 
@@ -74,13 +83,20 @@ def main() -> None:
     ms.set_seed(1)
     print(f"{'state':>8} {'plain s/step':>13} {'library s/step':>15} {'overhead':>9} ", end="")
     print(f"{'every':>6} {'copy ms':>8} {'shm peak':>9}")
+    if a.model == "resnet18":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from snapshot_cost import build
+
+        train, keep, batch = build("resnet18", a.batch, 32)
+        measure(lambda: train(*batch), [train], a.steps, a.budget, a.every, parts=True)
+        return
     for mb in (int(x) for x in a.sizes_mb.split(",")):
-        measure(ms, ds, np, nn, mb, a.steps, a.budget)
+        step, kept = wide(ms, np, nn, mb)
+        measure(step, kept, a.steps, a.budget, a.every)
 
 
-def measure(ms: Any, ds: Any, np: Any, nn: Any, mb: int, steps: int, budget: float) -> None:
-    from mscon_resume import core, store
-
+def wide(ms: Any, np: Any, nn: Any, mb: int) -> tuple[Callable[[], Any], list]:
+    """One training step of a wide square layer with SGD whose state is about ``mb`` MB, and what it keeps."""
     # SGD keeps two more arrays of the weights' size (accum, stat): the state is 3x the weights.
     d = int(math.sqrt(mb * 2**20 / 4 / 3))
     net = nn.Dense(d, d, has_bias=False)
@@ -99,13 +115,25 @@ def measure(ms: Any, ds: Any, np: Any, nn: Any, mb: int, steps: int, budget: flo
         return loss
 
     x = ms.Tensor(np.random.default_rng(0).standard_normal((8, d)).astype(np.float32))
+    return lambda: step(x, x), [net, opt]
+
+
+def measure(
+    one_step: Callable[[], Any],
+    kept: list,
+    steps: int,
+    budget: float,
+    every: str,
+    parts: bool = False,
+) -> None:
+    from mscon_resume import core, store
 
     def run(n: int, resumer: Any = None) -> list[float]:
         """Each iteration's wall time: the step, and the library's work at its boundary."""
         times = []
         last = time.perf_counter()
         for i in range(n):
-            step(x, x).asnumpy()
+            one_step().asnumpy()
             now = time.perf_counter()
             if resumer is not None:
                 resumer.stepped(i + 1, 0, i + 1, now - last)
@@ -117,24 +145,33 @@ def measure(ms: Any, ds: Any, np: Any, nn: Any, mb: int, steps: int, budget: flo
     run(2)  # compile
     before = run(steps)
     state = Path(tempfile.mkdtemp(prefix="mscon-bench-state-"))
-    resumer = core.Resumer(str(state), "auto", budget)
-    params = core.kept_parameters(net, opt)
+    resumer = core.Resumer(str(state), every if every == "auto" else int(every), budget)
+    params = core.kept_parameters(*kept)
     state_bytes = sum(int(p.nbytes) for _, p in params)
     resumer.keep(params)
     with Peak(Path(store.shm_folder(str(state)))) as peak:
         lib = run(steps, resumer)
         if resumer.writer is not None:
             resumer.writer.wait()
-    every = resumer.interval.every
-    copy_ms = 1e3 * resumer.writer.copy_s / max(resumer.writer.count, 1) if resumer.writer else 0.0
+    interval = resumer.interval.every
+    w = resumer.writer
+    copy_ms = 1e3 * w.copy_s / max(w.count, 1) if w else 0.0
+    if parts and w is not None:
+        said = (
+            f"per snapshot ({w.count}, CPU ms, medians): copy {1e3 * w.typical_copy_s():.1f} on the step, "
+            f"write {1e3 * w.typical_write_s():.1f} (MAC {1e3 * w.typical_mac_s():.1f}) in the background, "
+            f"wait for the write before {1e3 * w.wait_s / max(w.count, 1):.1f} (mean, wall)"
+        )
+        print(said, flush=True)
     resumer.finish()
     after = run(steps)
     shutil.rmtree(state, ignore_errors=True)
     base = statistics.mean(before + after)
-    steady = statistics.mean(lib[1 + resumer.interval.PROBE_STEPS :])  # once the interval is chosen
+    # Once the interval is chosen (auto); a fixed one's first two copies pay the memory's page faults.
+    steady = statistics.mean(lib[1 + resumer.interval.PROBE_STEPS if resumer.interval.auto else 2 :])
     print(
         f"{state_bytes / 2**20:>6.0f}MB {base:>13.4f} {steady:>15.4f} {100 * (steady - base) / base:>8.2f}% "
-        f"{every:>6} {copy_ms:>8.1f} {peak.peak / state_bytes:>8.2f}x",
+        f"{interval:>6} {copy_ms:>8.1f} {peak.peak / state_bytes:>8.2f}x",
         flush=True,
     )
 

@@ -1,15 +1,18 @@
 """What one snapshot costs, part by part, on a model users train: MindCV 0.3's ResNet-18 (built as
 its ``train.py`` builds it: ``create_model``, cosine schedule with warm-up, momentum, label
-smoothing; synthetic images) or the docs'
-``net.py``-sized Dense net.
+smoothing; synthetic images), ``examples/net.py``'s network (one Dense on 28x28 images, SGD:
+``netpy``, use ``--batch 32``), or a small two-layer Dense net.
 
-    .venv/bin/python bench/snapshot_cost.py [--model resnet18|dense] [--snapshots 10] [--batch 8] [--image 32]
+    .venv/bin/python bench/snapshot_cost.py [--model resnet18|netpy|dense] [--snapshots 10] [--steps 3]
+        [--batch 8] [--image 32]
 
-Reported per snapshot (medians): the copy the training thread pays (``store.take``: every kept
-parameter to host memory), then the background write (``total_write``) and its parts: the MAC
-(HMAC-SHA256 over every byte) and the npz (the zip's CRC-32 of every member and the copy into
-/dev/shm's pages, the rest of the write); the bytes; and one training step's
-time on this machine, so each part reads as a share of a step (on CPU the background write takes
+Reported per snapshot (medians, CPU time of the thread doing it): the copy the training thread
+pays (``store.take``: every kept parameter to host memory, over the arrays of the copy two
+snapshots back, as ``store.Writer`` does), then the background write (``total_write``,
+``store.write``) and its parts: the MAC (HMAC-SHA256 over every byte: ``snapfile.dump``), the
+file's bytes (``io``: a copy into /dev/shm's pages, those of the snapshot it drops from the
+third on), and the rest (dropping, renaming, the header); the bytes; and one training step's time
+on this machine, so each part reads as a share of a step (on CPU the background write takes
 cores from the step's kernels, so it counts; on GPU/Ascend only the copy does).
 """
 
@@ -51,6 +54,11 @@ def build(model: str, batch: int, image: int) -> tuple[object, object, tuple]:
         opt = create_optimizer(net.trainable_params(), opt="momentum", lr=lr, momentum=0.9, weight_decay=1e-4)
         loss = create_loss(name="CE", label_smoothing=0.1)
         shape, classes = (batch, 3, image, image), 1000
+    elif model == "netpy":  # examples/net.py (MindSpore's msrun sample): one Dense on MNIST, SGD
+        net = nn.SequentialCell(nn.Flatten(), nn.Dense(28 * 28, 10, weight_init="normal"), nn.ReLU())
+        opt = nn.SGD(net.trainable_params(), 1e-2)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        shape, classes = (batch, 1, 28, 28), 10
     else:
         net = nn.SequentialCell(nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 10))
         opt = nn.Momentum(net.trainable_params(), 0.01, 0.9)
@@ -68,7 +76,7 @@ def build(model: str, batch: int, image: int) -> tuple[object, object, tuple]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=("resnet18", "dense"), default="resnet18")
+    ap.add_argument("--model", choices=("resnet18", "netpy", "dense"), default="resnet18")
     ap.add_argument("--snapshots", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3, help="training steps timed (after one warm-up)")
     ap.add_argument("--batch", type=int, default=8, help="a rank's batch (bench/mindcv_resnet.py's)")
@@ -87,30 +95,28 @@ def main() -> int:
     kept = Kept(keep)
     params = kept.params
     key = os.urandom(32)
-    parts: dict[str, list[float]] = {"copy": [], "mac": [], "npz": [], "total_write": []}
+    parts: dict[str, list[float]] = {"copy": [], "mac": [], "io": [], "rest": [], "total_write": []}
     nbytes = 0
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as root:
         earlier: list[dict] = []  # as store.Writer does: a copy goes over the one two snapshots back
         for step in range(1, args.snapshots + 1):
-            t0 = time.perf_counter()
+            c0 = time.thread_time()
             arrays = store.take(params, into=earlier[-2] if len(earlier) >= 2 else None)
-            parts["copy"].append(time.perf_counter() - t0)
+            parts["copy"].append(time.thread_time() - c0)
             earlier = [*earlier[-1:], arrays]
             nbytes = sum(a.nbytes for a in arrays.values())
-            info = {"epoch": 0, "pos": step, "step": step}
-            t0 = time.perf_counter()
-            store._mac(key, arrays, info)
-            parts["mac"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            store.write(root, 0, step, arrays, info, key)
-            total = time.perf_counter() - t0
+            c0 = time.thread_time()
+            done = store.write(root, 0, step, arrays, {"epoch": 0, "pos": step}, key)
+            total = time.thread_time() - c0
             parts["total_write"].append(total)
-            parts["npz"].append(total - parts["mac"][-1])  # np.savez: the zip's CRC-32s and the copy to shm
+            parts["mac"].append(done.mac_s)
+            parts["io"].append(done.io_s)
+            parts["rest"].append(total - done.mac_s - done.io_s)
     step = statistics.median(step_s)
     print(f"model {args.model}: {len(params)} kept arrays, {nbytes / 2**20:.1f} MiB per snapshot")
     what = f"batch {args.batch}, {args.image}x{args.image} images, CPU"
     print(f"one training step ({what}): median {1e3 * step:.0f} ms of {args.steps}")
-    for name in ("copy", "mac", "npz", "total_write"):
+    for name in ("copy", "mac", "io", "rest", "total_write"):
         v = statistics.median(parts[name])
         print(f"  {name:12s} {1e3 * v:8.1f} ms  {100 * v / step:6.2f} % of a step")
     copy, total = statistics.median(parts["copy"]), statistics.median(parts["total_write"])

@@ -310,6 +310,7 @@ class Resumer:
         counted = "counted: the host computes the step" if _host_computes() else "not counted: off the host"
         return (
             f"copy {1e3 * self._on_step_s(w):.1f} ms on the step, {write} in the background ({counted}), "
+            f"wait for the write before {1e3 * w.typical_wait_s():.1f} ms, "
             f"against a {1e3 * self.interval.step_s:.0f} ms step, budget {100 * self.interval.budget:g} %"
         )
 
@@ -318,12 +319,14 @@ class Resumer:
         return self._carry_s + w.typical_copy_s()
 
     def _snapshot_cost(self) -> float:
-        """What a snapshot costs the step: :meth:`_on_step_s`, and where the host computes the step
-        (CPU) its background write too, which takes cores from the step's kernels."""
+        """What a snapshot costs the step: :meth:`_on_step_s`, and the longer of the wait for the
+        write before (a write slower than the steps stalls them, on any device) and, where the
+        host computes the step (CPU), the write's CPU time, which takes cores from the step's
+        kernels (the part of it run during the wait takes none: hence not both)."""
         w = self.writer
         if w is None:
             return 0.0
-        return self._on_step_s(w) + (w.typical_write_s() if _host_computes() else 0.0)
+        return self._on_step_s(w) + max(w.typical_wait_s(), w.typical_write_s() if _host_computes() else 0.0)
 
     def settle(self) -> None:
         """Every rank's snapshot of the last due step is written (a test's fault comes after it)."""

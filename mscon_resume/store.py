@@ -454,6 +454,7 @@ class Writer:
         self.writes: list[float] = []
         self.macs: list[float] = []  # each write's MAC, a part of its CPU time
         self.wait_s = 0.0  # time it spent waiting for the previous write
+        self.waits: list[float] = []  # each wait (wall): the step stalls while a write cannot keep up
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
         # The copy being written (no one may touch it), and the one written before it: the next
@@ -474,7 +475,8 @@ class Writer:
             self._free = self._writing  # written now: the next copy goes over it
         self._writing = mine
         self.copy_s += t1 - t0
-        self.wait_s += time.perf_counter() - t1
+        self.waits.append(time.perf_counter() - t1)
+        self.wait_s += self.waits[-1]
         self.count += 1
         self._thread = threading.Thread(
             target=self._write, args=(step, arrays, meta), name="mscon-snapshot", daemon=True
@@ -500,6 +502,10 @@ class Writer:
     def typical_write_s(self) -> float:
         """The median background write's CPU time (the writes done so far)."""
         return _median(self.writes)
+
+    def typical_wait_s(self) -> float:
+        """The median wait of a submit for the write before it (wall time)."""
+        return _median(self.waits)
 
     def typical_mac_s(self) -> float:
         """The median write's MAC (CPU time): a part of :meth:`typical_write_s`."""

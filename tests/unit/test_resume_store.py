@@ -6,6 +6,7 @@ through a link, a MAC under the run's key on every snapshot."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import stat
@@ -349,9 +350,31 @@ def test_the_auto_interval_is_said_with_the_costs_it_was_chosen_by(
     pattern = (
         r"mscon_resume: a snapshot every 1 step\(s\) \(auto\): copy \d+\.\d ms on the step, "
         r"write \d+\.\d ms \(MAC \d+\.\d ms\) in the background \(counted: the host computes the step\), "
-        r"against a 1000 ms step, budget 2 %$"
+        r"wait for the write before \d+\.\d ms, against a 1000 ms step, budget 2 %$"
     )
     assert len(said) == 1 and re.match(pattern, said[0]), said
+
+
+@pytest.mark.parametrize(
+    ("host", "waits", "want_ms"),
+    [
+        (True, [0.0, 0.0, 0.0], 12 + 80),  # CPU: the copy and the write's CPU time, which takes cores
+        (False, [0.0, 0.0, 0.0], 12),  # an accelerator: the copy alone while the write keeps up
+        (False, [0.05, 0.05, 0.05], 12 + 50),  # ... and the step's wait when it does not
+        (True, [0.2, 0.2, 0.2], 12 + 200),  # CPU, the write slower than a step: its wait (not both)
+    ],
+)
+def test_a_snapshots_cost_counts_the_steps_wait_for_a_write_that_cannot_keep_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: bool, waits: list[float], want_ms: int
+) -> None:
+    monkeypatch.setattr(collective, "rank_and_size", lambda: (0, 1))
+    monkeypatch.setattr(core, "_host_computes", lambda: host)
+    r = core.Resumer(str(tmp_path / "state"), every=interval.AUTO, metrics=MetricsWriter(""))
+    r.writer = store.Writer(str(tmp_path / "snapshots"), 0, KEY)
+    r.writer.copies, r.writer.writes, r.writer.waits = [0.012] * 3, [0.08] * 3, waits
+    assert r._snapshot_cost() == pytest.approx(want_ms / 1e3)
+    # A 1 s step, budget 2 %: every step while the snapshot costs at most 20 ms of it.
+    assert interval.budget_interval(r._snapshot_cost(), 1.0, 0.02) == math.ceil(want_ms / 20)
 
 
 # ---------------------------------------------------------------- security: folders
