@@ -104,6 +104,7 @@ class ClusterState:
         self._by_node: dict[str, tuple[RankView, ...]] = {}
         self._worker_states: Counter[RankState] = Counter()
         self._started = 0
+        self._stepped = 0  # workers with a metric this attempt
         self._checks_of: dict[str, dict[str, CheckReported]] = {}
         self._node_states: Counter[NodeState] = Counter()
         self._failing: set[str] = set()
@@ -142,6 +143,7 @@ class ClusterState:
             self._workers = len(self._worker_list)
             self._worker_states = Counter({RankState.PENDING: self._workers})
             self._started = 0
+            self._stepped = 0
             self._ok_exits = 0
             self.flagged = {}
             self.standby, self.standby_warm = {}, False  # used, or killed: that attempt has started
@@ -359,6 +361,8 @@ class ClusterState:
         if r.first_step is None:  # its first metric of the attempt (resume.py)
             r.stepped, r.first_step = True, (msg.epoch, msg.step)
             self._starts += 1
+        if r.last_step is None and not r.is_scheduler:
+            self._stepped += 1
         r.last_step = msg.step
         if msg.loss is not None:
             r.last_loss = msg.loss
@@ -481,6 +485,14 @@ class ClusterState:
     def workers_started(self) -> int:
         """How many of the current attempt's workers have been started (ProcStarted)."""
         return self._started
+
+    def worker_count(self) -> int:
+        """How many workers the current attempt has."""
+        return self._workers
+
+    def workers_stepped(self) -> int:
+        """How many of the current attempt's workers have reported a step (a metric)."""
+        return self._stepped
 
     def checks_on(self, node: str) -> tuple[CheckReported, ...]:
         """The latest result of each preflight check on ``node`` ("*": the cluster-wide ones)."""

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mscon.agent.protocol import AllExited, LogBatch, ProcExited, ProcHung, ProcStarted
+from mscon.agent.protocol import (
+    AllExited,
+    LogBatch,
+    Metric,
+    MetricBatch,
+    NodeSummary,
+    ProcExited,
+    ProcHung,
+    ProcStarted,
+)
 from mscon.console.engine.events import (
     AgentEvent,
     AttemptStarted,
@@ -49,6 +58,10 @@ def _run() -> list[Event]:
     evs += [AgentEvent(0, ProcStarted(r.node, r.name, r.rank, 100, 2, "/tmp/l")) for r in _refs(0)]
     evs.append(AgentEvent(0, ProcStarted("a", "r0", 0, 100, 3, "/tmp/l")))  # the same rank again
     evs += [AgentEvent(0, LogBatch(NODES[i // 4], f"r{i}", i, 0, ("x",), 4)) for i in range(0, 12, 2)]
+    # Steps: a rank's first, again, the scheduler's (not a worker), a node's summary with two
+    evs.append(AgentEvent(0, MetricBatch("a", "r0", 0, (Metric("a", "r0", 0, 1), Metric("a", "r0", 0, 2)))))
+    evs.append(AgentEvent(0, Metric("a", "sched", -1, 1)))
+    evs.append(AgentEvent(0, NodeSummary("b", 4.0, (), (Metric("b", "r4", 4, 3), Metric("b", "r5", 5, 3)))))
     evs.append(_exit("a", 1, 0))
     evs.append(_exit("a", 2, 1))
     evs.append(_exit("b", 4, 0, by_agent=True))
@@ -73,6 +86,8 @@ def _scanned(st: ClusterState) -> tuple[object, ...]:
         {n: sorted(c.name for c in cs) for n, cs in checks.items()},
         frozenset(n for n, cs in checks.items() if n != "*" and CheckStatus.FAIL in {c.status for c in cs}),
         len([n for n in checks if n != "*"]),
+        sum(r.last_step is not None for r in workers),
+        len(workers),
     )
 
 
@@ -85,6 +100,8 @@ def _counted(st: ClusterState) -> tuple[object, ...]:
         {n: sorted(c.name for c in st.checks_on(n)) for n in {n for n, _ in st.checks}},
         st.failing_nodes(),
         st.checked_nodes(),
+        st.workers_stepped(),
+        st.worker_count(),
     )
 
 

@@ -58,7 +58,7 @@ def starting(state: ClusterState) -> bool:
     if timed is not None and timed.first_step is not None:
         return False
     # An agent that says no first step (a recording made before it did): the workers' metrics do.
-    return not all(r.last_step is not None for r in state.workers())
+    return state.workers_stepped() < state.worker_count()
 
 
 def breakdown(state: ClusterState) -> str | None:
