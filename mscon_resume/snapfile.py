@@ -1,15 +1,18 @@
-"""The snapshot file's format: a header, every array's raw bytes, and one MAC over all of it.
+"""The snapshot file's format: every array's raw bytes, a header, and one MAC over all of it.
 
-    "MSCSNAP1" | header length (u64, little-endian) | header (JSON) | zeros to a multiple of 64
-    | each array's bytes, each from a multiple of 64 | HMAC-SHA256 of every byte before it (32)
+    "MSCSNAP1" | the header's offset (u64, little-endian) | zeros to 64
+    | each array's bytes, each from a multiple of 64 | the header (JSON)
+    | HMAC-SHA256 of every byte before it (32)
 
 The header holds the metadata (step, epoch, position, random state, ...) and each array's name,
-dtype, shape and offset. One pass over the bytes: each piece goes into the MAC, then into the
-file. No checksum of its own: the MAC authenticates every byte, so a damaged, truncated or
-rewritten file fails it (``np.savez``'s zip, the format before, spent a CRC-32 pass over every
-member on top of the MAC: 25 ms of ResNet-18's 89 MiB). ``dump`` writes from the file's start
-over whatever it held (a dropped snapshot's pages: node memory already allocated, 18 ms against
-48 ms for a new file of that size) and cuts the rest.
+dtype, shape and offset. An array's offset depends only on the arrays before it (:func:`place`),
+so the training thread can copy the parameters straight into a file's pages before the rest is
+known (``store.Writer``), and ``dump`` then only MACs them (``placed``). No checksum of its own:
+the MAC authenticates every byte, so a damaged, truncated or rewritten file fails it (np.savez's
+zip, the format before, spent a CRC-32 pass over every member on top of the MAC: 25 ms of
+ResNet-18's 89 MiB). ``dump`` writes from the file's start over whatever it held (a dropped
+snapshot's pages: node memory already allocated, 18 ms against 48 ms for a new file of that
+size) and cuts the rest.
 """
 
 from __future__ import annotations
@@ -53,42 +56,59 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
+def place(arrays: dict[str, np.ndarray]) -> tuple[list[list], int]:
+    """Each array's ``[name, dtype, shape, offset]`` in the file, in order, and where they end."""
+    index, at = [], ALIGN
+    for name, a in arrays.items():
+        if a.dtype.hasobject:
+            raise TypeError(f"array {name!r} holds Python objects: a snapshot holds numbers only")
+        at += _pad(at)
+        index.append([name, a.dtype.str, list(a.shape), at])
+        at += a.nbytes
+    return index, at
+
+
 def _raw(a: np.ndarray) -> memoryview:
     """An array's bytes, in C order, without a copy where it already is contiguous."""
     return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-def dump(f: BinaryIO, arrays: dict[str, np.ndarray], info: dict, key: bytes) -> Costs:
-    """Write ``arrays`` and ``info`` to ``f`` (at its start) with their MAC under ``key``."""
-    index, offset = [], 0
-    for name, a in arrays.items():
-        if a.dtype.hasobject:
-            raise TypeError(f"array {name!r} holds Python objects: a snapshot holds numbers only")
-        offset += _pad(offset)
-        index.append([name, a.dtype.str, list(a.shape), offset])
-        offset += a.nbytes
+def dump(
+    f: BinaryIO, arrays: dict[str, np.ndarray], info: dict, key: bytes, placed: frozenset = frozenset()
+) -> Costs:
+    """Write ``arrays`` and ``info`` to ``f`` (from its start) with their MAC under ``key``.
+    ``placed``: names of arrays whose bytes the file already holds where :func:`place` puts them
+    (copied into its mapped pages): MACed, not written again."""
+    index, end = place(arrays)
     header = json.dumps({"info": info, "arrays": index}).encode()
-    start = len(MAGIC) + _LEN.size + len(header)
-    start += _pad(start)  # the arrays' offsets count from here
     mac = hmac.new(key, digestmod=hashlib.sha256)
     mac_s = io_s = 0.0
 
-    def put(data: bytes | memoryview) -> None:
+    def put(data: bytes | memoryview, write: bool = True) -> None:
         nonlocal mac_s, io_s
         c0 = time.thread_time()
         mac.update(data)
         c1 = time.thread_time()
-        f.write(data)
+        if write:
+            f.write(data)
         mac_s, io_s = mac_s + c1 - c0, io_s + time.thread_time() - c1
 
-    head = MAGIC + _LEN.pack(len(header)) + header
-    put(head + _ZEROS[: _pad(len(head))])
-    at = 0
-    for (_, _, _, offset), a in zip(index, arrays.values()):
+    f.seek(0)
+    head = MAGIC + _LEN.pack(end)
+    put(head + _ZEROS[: ALIGN - len(head)])
+    at = ALIGN
+    for (name, _, _, offset), a in zip(index, arrays.values()):
         if offset > at:
+            f.seek(at)
             put(_ZEROS[: offset - at])
-        put(_raw(a))
+        if name in placed:
+            put(_raw(a), write=False)
+        else:
+            f.seek(offset)
+            put(_raw(a))
         at = offset + a.nbytes
+    f.seek(end)
+    put(header)
     f.write(mac.digest())
     f.truncate()  # a reused file's tail, beyond what this snapshot holds
     return Costs(mac_s, io_s)
@@ -97,7 +117,7 @@ def dump(f: BinaryIO, arrays: dict[str, np.ndarray], info: dict, key: bytes) -> 
 def load(data: bytearray, key: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     """(info, arrays) of a whole file's bytes, once its MAC matches under ``key``. The arrays are
     views of ``data`` (no copy). Raises :class:`Unreadable` or :class:`MacMismatch`."""
-    if len(data) < len(MAGIC) + _LEN.size + MAC_BYTES or bytes(data[: len(MAGIC)]) != MAGIC:
+    if len(data) < ALIGN + MAC_BYTES or bytes(data[: len(MAGIC)]) != MAGIC:
         raise Unreadable("not a snapshot file of this format")
     body = memoryview(data)[:-MAC_BYTES]
     want = hmac.new(key, body, hashlib.sha256).digest()
@@ -105,18 +125,16 @@ def load(data: bytearray, key: bytes) -> tuple[dict, dict[str, np.ndarray]]:
         raise MacMismatch("its MAC does not match")
     # Authenticated from here: what follows guards against this module's own mistakes only.
     try:
-        (size,) = _LEN.unpack_from(data, len(MAGIC))
-        at = len(MAGIC) + _LEN.size
-        header = json.loads(bytes(data[at : at + size]).decode())
+        (end,) = _LEN.unpack_from(data, len(MAGIC))
+        header = json.loads(bytes(body[end:]).decode())
         info, index = header["info"], header["arrays"]
-        start = at + size + _pad(at + size)
         arrays = {}
         for name, dtype_str, shape, offset in index:
             dtype = np.dtype(dtype_str)
             count = math.prod(shape)
-            if dtype.hasobject or start + offset + count * dtype.itemsize > len(body):
+            if dtype.hasobject or offset < ALIGN or offset + count * dtype.itemsize > end:
                 raise Unreadable(f"array {name!r} out of the file")
-            arrays[name] = np.frombuffer(data, dtype, count, start + offset).reshape(shape)
+            arrays[name] = np.frombuffer(data, dtype, count, offset).reshape(shape)
     except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, Unreadable):
             raise

@@ -63,7 +63,7 @@ def test_any_byte_changed_or_missing_fails_the_mac(damage: str) -> None:
     if damage == "header":
         data[data.index(b'"step": 3') + 8] = ord("4")  # a later step claimed
     elif damage == "array":
-        data[-snapfile.MAC_BYTES - 1] ^= 0x01
+        data[snapfile.ALIGN] ^= 0x01  # the first array's first byte
     elif damage == "padding":  # the zeros between the 13-byte mask and the next array
         data[data.index(np.frombuffer(_arrays()["mask"], np.uint8).tobytes()) + 14] = 1
     elif damage == "mac":
@@ -84,6 +84,25 @@ def test_any_byte_changed_or_missing_fails_the_mac(damage: str) -> None:
 def test_what_is_not_this_format_is_unreadable(data: bytes) -> None:
     with pytest.raises(snapfile.Unreadable):
         snapfile.load(bytearray(data), KEY)
+
+
+def test_arrays_already_in_the_file_are_maced_not_written_again() -> None:
+    """What the training thread copied into a file's mapped pages (``placed``) is where
+    :func:`snapfile.place` puts it; ``dump`` writes the rest around it and MACs all of it."""
+    arrays = _arrays()
+    index, _ = snapfile.place(arrays)
+    f = io.BytesIO()
+    first = index[0]
+    f.seek(first[3])
+    f.write(arrays[first[0]].tobytes())  # the copy into the file, before dump
+    placed = frozenset([first[0]])
+    snapfile.dump(f, arrays, {"step": 1}, KEY, placed=placed)
+    assert bytearray(f.getvalue()) == _dump(arrays, {"step": 1})
+    # Not in the file after all: the MAC, taken over the array, does not match what the file holds.
+    g = io.BytesIO()
+    snapfile.dump(g, arrays, {"step": 1}, KEY, placed=placed)
+    with pytest.raises(snapfile.MacMismatch):
+        snapfile.load(bytearray(g.getvalue()), KEY)
 
 
 def test_dump_over_a_longer_file_cuts_its_tail() -> None:
