@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import math
 import os
@@ -349,7 +350,7 @@ def worker_main(path: str, lines_per_s: float, steps_per_s: float, single: bool)
 def console_imports() -> None:
     global AgentChannel, NodeTransport, Supervisor, RunOptions, EventBus, HeadlessReporter  # noqa: PLW0603
     global load_inventory, AgentEvent, NodeUpdate, NodeState, Stopping, LINE_LIMIT  # noqa: PLW0603
-    global TransportKind, default_lines, parse_ranks, FreezeAfterSlowPasses  # noqa: PLW0603
+    global TransportKind, default_lines, parse_ranks, FreezeAfterSlowPasses, stream_line_ready  # noqa: PLW0603
     from mscon.console.config.inventory import load_inventory
     from mscon.console.engine.bus import EventBus
     from mscon.console.engine.collector import FreezeAfterSlowPasses
@@ -357,7 +358,7 @@ def console_imports() -> None:
     from mscon.console.engine.lines_wanted import default_lines, parse_ranks
     from mscon.console.engine.supervisor import RunOptions, Supervisor
     from mscon.console.transport import AgentChannel, NodeTransport, TransportKind
-    from mscon.console.transport.base import LINE_LIMIT
+    from mscon.console.transport.base import LINE_LIMIT, stream_line_ready
     from mscon.console.views.headless.reporter import HeadlessReporter
 
 
@@ -391,6 +392,9 @@ def make_classes(
 
         async def _readline(self) -> str:
             return (await self.reader.readline()).decode("utf-8", errors="replace")
+
+        def _line_ready(self) -> bool:
+            return stream_line_ready(self.reader)
 
         async def close(self, wait_s: float = 10.0) -> None:
             self.writer.close()
@@ -614,6 +618,10 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
             await asyncio.sleep(0.05)
             peak = max(peak, proc.memory_info().rss)
         await asyncio.sleep(min(2.0, a.seconds / 3))  # settle, then measure steady streaming
+        phases = None
+        if a.profile_phases:
+            phases = cProfile.Profile()
+            phases.enable()
         c1, w1, l1, b1 = (
             time.process_time() - checker.cpu_s,
             time.monotonic(),
@@ -630,6 +638,11 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
             checker.lines,
             checker.messages,
         )
+        if phases is not None:
+            phases.disable()
+            phases.dump_stats(f"{a.profile_phases}-{n_nodes}-steady.pstats")
+            phases = cProfile.Profile()
+            phases.enable()  # from just before the kill to the last Stop written
         res.stream_cpu = (c2 - c1) / (w2 - w1)
         res.stream_lines_s = (l2 - l1) / (w2 - w1)
         res.stream_msgs_s = (b2 - b1) / (w2 - w1)
@@ -639,6 +652,11 @@ async def run_console(a: argparse.Namespace, n_nodes: int, tmp: Path, sockets: l
         await writer.drain()
         kill_ns = int((await reader.readline()).decode())
         writer.close()
+        if phases is not None:
+            while len(stop_sent) < n_nodes and time.monotonic() < end + 60:  # noqa: ASYNC110 - the bench's poll
+                await asyncio.sleep(0.01)
+            phases.disable()
+            phases.dump_stats(f"{a.profile_phases}-{n_nodes}-kill.pstats")
         return kill_ns
 
     drive = asyncio.get_running_loop().create_task(driver())
@@ -763,6 +781,11 @@ def main() -> int:
     )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--profile", help="cProfile the console into PREFIX-N.pstats")
+    p.add_argument(
+        "--profile-phases",
+        help="cProfile the console's steady streaming into PREFIX-N-steady.pstats, and from the kill to the "
+        "last Stop written into PREFIX-N-kill.pstats",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -782,8 +805,6 @@ def main() -> int:
             workers, sockets = start_workers(a, n, tmp)
             try:
                 if a.profile:
-                    import cProfile
-
                     prof = cProfile.Profile()
                     res = prof.runcall(asyncio.run, run_console(a, n, tmp, sockets))
                     prof.dump_stats(f"{a.profile}-{n}.pstats")

@@ -77,33 +77,72 @@ class Inputs:
     def put_nowait(self, item: Input) -> None:
         """Queue at once, whatever the backlog (a lost channel, an item put back)."""
         if isinstance(item, tuple):
-            self._agent_items += 1
-            if self._agent_items >= self.backlog:
-                self._room.clear()
             node, msg = item
-            if alarming(msg):
-                assert isinstance(msg, ProcExited | ProcHung)
-                self._q.put_nowait((0, next(self._seq), Alarm(node, msg)))
-            self._q.put_nowait((0 if isinstance(msg, Evidence) else 2, next(self._seq), item))
+            if self._jump(node, msg):
+                self._in_order(item)
             return
         prio = 0 if isinstance(item, StopJob | RestartGroup | DetachRun | Alarm) else 1
         self._q.put_nowait((prio, next(self._seq), item))
+
+    def _jump(self, node: str, msg: Message | None) -> bool:
+        """Queue what of ``msg`` jumps the queue: a failure's Alarm, or MindSpore's blame itself.
+        False when the message itself went (it has no place in order left to take)."""
+        if isinstance(msg, Evidence):
+            self._count_agent_item()
+            self._q.put_nowait((0, next(self._seq), (node, msg)))
+            return False
+        if alarming(msg):
+            assert isinstance(msg, ProcExited | ProcHung)
+            self._q.put_nowait((0, next(self._seq), Alarm(node, msg)))
+        return True
+
+    def _in_order(self, item: tuple[str, Message | None]) -> None:
+        self._count_agent_item()
+        self._q.put_nowait((2, next(self._seq), item))
+
+    def _count_agent_item(self) -> None:
+        self._agent_items += 1
+        if self._agent_items >= self.backlog:
+            self._room.clear()
+
+    async def put_all(self, node: str, msgs: list[Message]) -> None:
+        """A channel's messages as its reader found them buffered together: whatever of them jumps
+        the queue goes in at once, before the reader waits for room with the rest (an exit
+        behind a backlog of log batches in the same read is not held up by them: issue 44);
+        the rest as ``put`` takes them, in order."""
+        if not any(m.alarm for m in msgs):  # the usual case: nothing to hand on first
+            for msg in msgs:
+                await self.put((node, msg))
+            return
+        for msg in [m for m in msgs if self._jump(node, m)]:
+            await self._put_in_order((node, msg))
 
     async def put(self, item: Input) -> None:
         """Queue; past ``backlog`` queued agent messages, a sample the next one supersedes (a
         NodeSummary, metrics, telemetry) is dropped and counted, and any other message waits (its
         reader with it), but for an alarm: a reader never holds back an exit or a hang."""
-        if isinstance(item, tuple):
-            msg = item[1]
-            if self._agent_items >= self.backlog and msg is not None and msg.sampled:
-                self.dropped += 1
-                return
-            if self._agent_items >= self.backlog and not alarming(msg):
-                # Once, not in a loop: the room opens at half the bound and lets every reader
-                # waiting in (a reader per node at most past it). Re-checking would wake all of
-                # them at every message taken: quadratic at 10,000 nodes.
-                await self._room.wait()
-        self.put_nowait(item)
+        if not isinstance(item, tuple):
+            self.put_nowait(item)
+        elif not alarming(item[1]):
+            await self._put_in_order(item)
+        elif self._jump(*item):
+            self._in_order(item)
+
+    async def _put_in_order(self, item: tuple[str, Message | None]) -> None:
+        """``item``'s place in order, once there is room (its jump, if any, already queued)."""
+        msg = item[1]
+        if self._agent_items >= self.backlog and msg is not None and msg.sampled:
+            self.dropped += 1
+            return
+        if self._agent_items >= self.backlog and not alarming(msg):
+            # Once, not in a loop: the room opens at half the bound and lets every reader
+            # waiting in (a reader per node at most past it). Re-checking would wake all of
+            # them at every message taken: quadratic at 10,000 nodes.
+            await self._room.wait()
+        if isinstance(msg, Evidence):
+            self._jump(*item)  # blame goes in as its own jump
+        else:
+            self._in_order(item)
 
     async def get(self) -> Input:
         self._gets += 1

@@ -67,6 +67,17 @@ class Inbox(Protocol):
     def put_nowait(self, item: tuple[str, Message | None]) -> None: ...
 
 
+async def _put_all(inbox: Inbox, node: str, msgs: list[Message]) -> None:
+    """A channel's buffered messages into ``inbox``: at once where it takes them together (the
+    supervisor's Inputs: its alarms go ahead of the rest before any waits), else one by one."""
+    put_all = getattr(inbox, "put_all", None)
+    if put_all is not None:
+        await put_all(node, msgs)
+        return
+    for msg in msgs:
+        await inbox.put((node, msg))
+
+
 # How a node is reached: make_transport for SSH and local nodes; tests pass in-process doubles.
 TransportFactory = Callable[[Inventory, NodeSpec, SshOptions], NodeTransport]
 
@@ -236,18 +247,10 @@ class ClusterSession:
         channel = link.channel
         assert channel is not None
         try:
-            while True:
-                msg = await channel.recv()
-                if msg is None:
-                    break
-                if isinstance(msg, Hello) and link.hello_waiter is not None and not link.hello_waiter.done():
-                    link.hello_waiter.set_result(msg)
-                    continue
-                waiter = link.waiters.pop(msg.type, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(msg)
-                    continue
-                await self.inbox.put((link.name, msg))
+            # What is buffered is taken together, so that an exit or a hang among it reaches the
+            # policy before the reader waits with a backlog ahead of it (issue 44).
+            while msgs := await channel.recv_ready():
+                await _put_all(self.inbox, link.name, [m for m in msgs if not self._answered(link, m)])
         except Exception as exc:  # noqa: BLE001 - a broken channel is a lost node, not a crash
             link.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -262,6 +265,18 @@ class ClusterSession:
                     tail = channel.stderr_tail().strip().splitlines()
                     link.error = tail[-1] if tail else "agent connection closed"
                 self.inbox.put_nowait((link.name, None))
+
+    @staticmethod
+    def _answered(link: NodeLink, msg: Message) -> bool:
+        """Whether ``msg`` is the hello or an answer someone waits for (then it goes to them)."""
+        if isinstance(msg, Hello) and link.hello_waiter is not None and not link.hello_waiter.done():
+            link.hello_waiter.set_result(msg)
+            return True
+        waiter = link.waiters.pop(msg.type, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(msg)
+            return True
+        return False
 
     async def _each(self, links: list[NodeLink], step: Callable[[NodeLink], Awaitable[None]]) -> list[str]:
         async def one(link: NodeLink) -> str | None:

@@ -18,6 +18,9 @@ from mscon.console.config.safepath import UnsafePath, label, remote_within, with
 from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
 
 LINE_LIMIT = 64 * 1024 * 1024  # a LogBatch of long lines can be large
+# Bytes of lines a reader takes in one go when more are already buffered (one write of the agent's
+# outbox, whose alarms come first): the alarms among them reach the console ahead of the rest.
+READY_BYTES = 256 * 1024
 # Before the peer has proved its key (a dial's challenge and proof lines are about 100 bytes): a
 # line past this ends the connection, and no more than about twice this is buffered for it.
 PRE_AUTH_LINE_LIMIT = 4096
@@ -93,8 +96,17 @@ class AgentChannel(abc.ABC):
         """The last few KiB the agent (or the shell before it) wrote to stderr, safe to print."""
         return printable(self._stderr_raw())
 
+    def _line_ready(self) -> bool:
+        """Whether a whole line is buffered (the next ``_readline`` returns without waiting); False
+        where the transport cannot tell: its messages then come one at a time."""
+        return False
+
     async def send(self, msg: Message) -> None:
         await self._write(encode(msg))
+
+    async def send_line(self, line: str) -> None:
+        """A message already encoded (``encode``): a broadcast encodes once for every node."""
+        await self._write(line)
 
     async def recv(self) -> Message | None:
         """The next message, or None once the agent's output ends."""
@@ -102,13 +114,43 @@ class AgentChannel(abc.ABC):
             line = await self._readline()
             if not line:
                 return None
-            if not line.strip():
-                continue
-            try:
-                return decode(line)
-            except ProtocolError:
-                # Something else wrote to stdout (a login banner, a stray print); skip it.
-                continue
+            msg = _decoded(line)
+            if msg is not None:
+                return msg
+
+    async def recv_ready(self, max_bytes: int = READY_BYTES) -> list[Message]:
+        """The next message and those whose lines are already buffered behind it (about
+        ``max_bytes`` of lines at most), in order; [] once the agent's output ends. A reader that
+        has them all can hand on the alarms among them before it waits with the rest (issue 44)."""
+        first = await self.recv()
+        if first is None:
+            return []
+        out, taken = [first], 0
+        while taken < max_bytes and self._line_ready():
+            line = await self._readline()  # buffered: no wait
+            if not line:
+                break  # the end: the next recv says so
+            taken += len(line)
+            msg = _decoded(line)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+
+def _decoded(line: str) -> Message | None:
+    """A line's message; None for a blank line or something else that wrote to stdout (a login
+    banner, a stray print): skipped."""
+    if not line.strip():
+        return None
+    try:
+        return decode(line)
+    except ProtocolError:
+        return None
+
+
+def stream_line_ready(reader: asyncio.StreamReader) -> bool:
+    """``AgentChannel._line_ready`` of a channel read with an asyncio ``StreamReader``."""
+    return b"\n" in reader._buffer  # noqa: SLF001 - asyncio keeps it there (3.8 to 3.13); no public peek
 
 
 class NodeTransport(abc.ABC):

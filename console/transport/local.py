@@ -21,6 +21,7 @@ from mscon.console.transport.base import (
     NodeUnreachable,
     Progress,
     TransportKind,
+    stream_line_ready,
 )
 from mscon.console.transport.bundle import (
     AGENT_PACKAGE,
@@ -55,6 +56,9 @@ class LocalChannel(AgentChannel):
     async def _readline(self) -> str:
         assert self.proc.stdout is not None
         return (await self.proc.stdout.readline()).decode("utf-8", errors="replace")
+
+    def _line_ready(self) -> bool:
+        return self.proc.stdout is not None and stream_line_ready(self.proc.stdout)
 
     async def close(self, wait_s: float = 10.0) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():

@@ -37,6 +37,7 @@ from mscon.console.transport.base import (
     NodeUnreachable,
     Progress,
     TransportKind,
+    stream_line_ready,
 )
 from mscon.console.transport.bundle import (
     AGENT_BOOT,
@@ -63,6 +64,9 @@ class SlurmChannel(AgentChannel):
             return (await self.reader.readline()).decode("utf-8", errors="replace")
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return ""
+
+    def _line_ready(self) -> bool:
+        return stream_line_ready(self.reader)
 
     async def close(self, wait_s: float = 10.0) -> None:
         with contextlib.suppress(OSError, RuntimeError):

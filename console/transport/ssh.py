@@ -102,6 +102,22 @@ def _parse_jump(hop: str) -> tuple[str | None, str, int | None]:
     return user or None, host, port
 
 
+def ssh_line_ready(reader: asyncssh.SSHReader) -> bool:
+    """``AgentChannel._line_ready`` of an SSH channel's stdout: asyncssh has no peek, so its
+    session's receive buffer is looked at (a list of str chunks and the exceptions to raise, in
+    2.14 to 2.24); False where it is not what it was (the messages then come one at a time)."""
+    try:
+        chunks = reader._session._recv_buf[reader._datatype]  # noqa: SLF001
+    except (AttributeError, KeyError, TypeError):
+        return False
+    for chunk in chunks:
+        if not isinstance(chunk, str):
+            return False  # an exception or EOF next: readline deals with it
+        if "\n" in chunk:
+            return True
+    return False
+
+
 class SshChannel(AgentChannel):
     def __init__(self, proc: asyncssh.SSHClientProcess) -> None:
         self.proc = proc
@@ -124,6 +140,9 @@ class SshChannel(AgentChannel):
             return await self.proc.stdout.readline()
         except (asyncssh.Error, OSError, asyncio.IncompleteReadError):
             return ""
+
+    def _line_ready(self) -> bool:
+        return ssh_line_ready(self.proc.stdout)
 
     async def close(self, wait_s: float = 10.0) -> None:
         try:

@@ -82,3 +82,37 @@ def test_past_the_backlog_samples_are_dropped_and_an_alarm_goes_in_at_once() -> 
         assert _drain(q) == [Alarm("a", FAILED), ("a", LOG), ("a", LOG), ("a", FAILED)]
 
     asyncio.run(main())
+
+
+def test_a_failure_read_behind_a_backlog_goes_in_before_the_reader_waits() -> None:
+    """Issue 44: a reader that found [batches..., exit] buffered together hands the exit's alarm
+    (and blame read with it) on at once, though the queue is full and the batches wait for room."""
+
+    async def main() -> None:
+        q = Inputs(backlog=2)
+        for _ in range(2):
+            await q.put(("a", LOG))
+        reader = asyncio.ensure_future(q.put_all("a", [LOG, LOG, BLAME, FAILED]))
+        await asyncio.sleep(0)
+        assert not reader.done()  # its batches wait for room
+        assert q.get_nowait() == ("a", BLAME)
+        assert q.get_nowait() == Alarm("a", FAILED)
+        while not reader.done():
+            assert q.get_nowait() == ("a", LOG)
+            await asyncio.sleep(0)
+        rest = _drain(q)
+        assert rest.count(("a", LOG)) + 2 == 4 and rest[-1] == ("a", FAILED)  # the exit after them
+        assert ("a", BLAME) not in rest  # taken once
+
+    asyncio.run(main())
+
+
+def test_messages_read_together_keep_their_order_but_for_what_jumps() -> None:
+    """An exit the agent caused (a Stop's) jumps nothing; blame read with it goes first, once."""
+
+    async def main() -> None:
+        q = Inputs()
+        await q.put_all("a", [LOG, STOPPED, BLAME, LOG])
+        assert _drain(q) == [("a", BLAME), ("a", LOG), ("a", STOPPED), ("a", LOG)]
+
+    asyncio.run(main())
