@@ -363,7 +363,10 @@ def read(root: str, rank: int, step: int, key: bytes, stage: str = "") -> Snapsh
             raise snapfile.Unreadable("changed while read")
         info, arrays = snapfile.load(data, key)
     except snapfile.MacMismatch:
-        _say(f"{where}: its MAC does not match (damaged, cut short, or not written by this run); skipped")
+        _say(
+            f"snapshot of step {step} (rank {rank}) skipped: its MAC does not match (damaged, cut short, "
+            f"or not written by this run): {where}"
+        )
         return None
     except (OSError, ValueError) as exc:
         _say(f"snapshot of step {step} (rank {rank}) unreadable ({type(exc).__name__}); skipped")
