@@ -385,10 +385,14 @@ def make_classes(
             self.node, self.reader, self.writer = node, reader, writer
 
         async def _write(self, data: str) -> None:
-            self.writer.write(data.encode())
+            self.send_now(data)
             await self.writer.drain()
-            if data.startswith('{"type":"stop"') and self.node not in stop_sent:
+
+        def send_now(self, line: str) -> bool:
+            self.writer.write(line.encode())
+            if line.startswith('{"type":"stop"') and self.node not in stop_sent:
                 stop_sent[self.node] = time.time_ns()
+            return True
 
         async def _readline(self) -> str:
             return (await self.reader.readline()).decode("utf-8", errors="replace")

@@ -163,13 +163,12 @@ class Supervisor:
         session = self.session
         if session is None:
             return
-        await asyncio.gather(
-            *(
-                session.send(p.node.name, self._subscription(i))
-                for i, p in enumerate(self.plans)
-                if session.links[p.node.name].open
-            )
-        )
+        # Most nodes are told the same (no rank of theirs in view): each Subscribe encoded once.
+        groups: dict[Message, list[str]] = {}
+        for i, p in enumerate(self.plans):
+            if session.links[p.node.name].open:
+                groups.setdefault(self._subscription(i), []).append(p.node.name)
+        await asyncio.gather(*(session.broadcast(msg, nodes) for msg, nodes in groups.items()))
 
     def closing_command(self) -> Command:
         """What a console that closes without a choice sends: a run it started dies with it."""

@@ -57,6 +57,11 @@ class LocalChannel(AgentChannel):
         assert self.proc.stdout is not None
         return (await self.proc.stdout.readline()).decode("utf-8", errors="replace")
 
+    def send_now(self, line: str) -> bool:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode())
+        return True
+
     def _line_ready(self) -> bool:
         return self.proc.stdout is not None and stream_line_ready(self.proc.stdout)
 

@@ -65,6 +65,10 @@ class SlurmChannel(AgentChannel):
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return ""
 
+    def send_now(self, line: str) -> bool:
+        self.writer.write(line.encode())
+        return True
+
     def _line_ready(self) -> bool:
         return stream_line_ready(self.reader)
 

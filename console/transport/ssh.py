@@ -141,6 +141,10 @@ class SshChannel(AgentChannel):
         except (asyncssh.Error, OSError, asyncio.IncompleteReadError):
             return ""
 
+    def send_now(self, line: str) -> bool:
+        self.proc.stdin.write(line)
+        return True
+
     def _line_ready(self) -> bool:
         return ssh_line_ready(self.proc.stdout)
 

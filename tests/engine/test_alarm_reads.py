@@ -84,12 +84,12 @@ class StreamTransport(NodeTransport):
         return False
 
 
-def inventory(tmp_path: Path) -> Inventory:
+def inventory(tmp_path: Path, nodes: int = 1) -> Inventory:
     (tmp_path / "train.py").write_text("print('never run')\n")
     doc = {
         "name": "reads",
         "device_target": "CPU",
-        "nodes": [{"name": "a", "host": "10.0.0.1", "devices": 2}],
+        "nodes": [{"name": "abc"[i], "host": f"10.0.0.{i + 1}", "devices": 2} for i in range(nodes)],
         "scheduler": {"port": 8118},
         "job": {"workdir": str(tmp_path), "script": "train.py"},
     }
