@@ -272,6 +272,9 @@ class RunPolicy:
         self.standby: dict[str, StandbyPhase] = {}
         self.standby_for = -1
         self._standby_until = 0.0  # a restart due waits for a joining standby until then
+        self._joining_at: float | None = None  # the first word that the standby_for one is joining
+        # How long this run's last standby took from its first joining word to every node's ready.
+        self.standby_join_s: float | None = None
         # A cold (False) and a warm (True) attempt's start-up, to every worker's first step, as
         # this run last measured them (the wait for a joining standby is worth at most their gap).
         self.startup_s: dict[bool, float] = {}
@@ -337,8 +340,12 @@ class RunPolicy:
     def _standby(self, ev: StandbyChanged, out: list[Action]) -> None:
         if ev.attempt > self.att.number:  # else stale: that attempt has started already
             if ev.attempt != self.standby_for:
-                self.standby, self.standby_for = {}, ev.attempt
+                self.standby, self.standby_for, self._joining_at = {}, ev.attempt, None
             self.standby[ev.node] = ev.state
+            if ev.state is StandbyPhase.JOINING and self._joining_at is None:
+                self._joining_at = ev.now
+            elif self._joining_at is not None and standby_complete(self.standby, self.config.nodes):
+                self.standby_join_s, self._joining_at = ev.now - self._joining_at, None
 
     def _interrupt(self, ev: StopRequested, out: list[Action]) -> None:
         """No attempt runs: the run ends, interrupted."""
@@ -551,9 +558,18 @@ class RunPolicy:
             return
         number = self.att.number + 1
         waiting = number == self.standby_for and standby_coming(self.standby, self.config.nodes)
-        if waiting and now < self._standby_until:
+        if waiting and now < self._standby_until and self._ready_in_time():
             return
         self._start(number, now, out)
+
+    def _ready_in_time(self) -> bool:
+        """The joining standby is expected ready before the wait stops being worth it: by the time
+        this run's last standby took to join, counted from this one's first joining word (a spare
+        started 1 s before the fault has its import ahead of it: ~10 s on a loaded 2-core node,
+        no better than a cold start). Not timed yet: it may be."""
+        if self.standby_join_s is None or self._joining_at is None:
+            return True
+        return self._joining_at + self.standby_join_s < self._standby_until
 
     # ------------------------------------------------------------ AWAITING_OPERATOR: r or q
 

@@ -659,6 +659,52 @@ TABLE += [
         {"max_restarts": 3},
     ),
     Row(
+        "a joining standby not expected ready before the wait stops paying is not waited for: cold at once",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (standby(1, 9.0), []),  # this run's standby joins in 8.5 s
+            (first_steps(10.0), []),  # a cold start-up: 10 s
+            (exited("r1", 12.0, code=7), [FAIL_R1]),
+            (
+                done(12.0),
+                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
+            ),
+            (started(12.1), []),
+            (first_steps(15.0), []),  # a warm one: 3 s; a wait is worth 7 s at most
+            (standby(2, 15.5, state=JOINING), []),  # expected ready at 24.0
+            (exited("r1", 16.0, code=7), [FAIL_R1]),
+            (
+                done(16.0),  # 24.0 is past 16 + 7: no better than a cold start now
+                ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed", "start 2"],
+            ),
+        ],
+        {"max_restarts": 3},
+    ),
+    Row(
+        "a joining standby expected ready in time is waited for: the same fault later, warm",
+        [
+            (P.Begin(0.0), ["start 0"]),
+            (started(), []),
+            (standby(1, 0.5, state=JOINING), []),
+            (standby(1, 9.0), []),  # this run's standby joins in 8.5 s
+            (first_steps(10.0), []),  # a cold start-up: 10 s
+            (exited("r1", 12.0, code=7), [FAIL_R1]),
+            (
+                done(12.0),
+                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
+            ),
+            (started(12.1), []),
+            (first_steps(15.0), []),  # a warm one: 3 s; a wait is worth 7 s at most
+            (standby(2, 15.5, state=JOINING), []),  # expected ready at 24.0
+            (exited("r1", 20.0, code=7), [FAIL_R1]),
+            (done(20.0), ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed"]),
+            (standby(2, 23.0), ["start 2 warm"]),  # expected by 24.0, within 20 + 7
+        ],
+        {"max_restarts": 3},
+    ),
+    Row(
         "a standby not yet timed against a cold start is waited for STANDBY_WAIT_S, then cold",
         [
             (P.Begin(0.0), ["start 0"]),
