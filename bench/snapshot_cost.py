@@ -6,12 +6,12 @@ smoothing; synthetic images), ``examples/net.py``'s network (one Dense on 28x28 
     .venv/bin/python bench/snapshot_cost.py [--model resnet18|netpy|dense] [--snapshots 10] [--steps 3]
         [--batch 8] [--image 32]
 
-Reported per snapshot (medians, CPU time of the thread doing it): the copy the training thread
-pays (``store.take``: every kept parameter to host memory, over the arrays of the copy two
-snapshots back, as ``store.Writer`` does), then the background write (``total_write``,
-``store.write``) and its parts: the MAC (HMAC-SHA256 over every byte: ``snapfile.dump``), the
-file's bytes (``io``: a copy into /dev/shm's pages, those of the snapshot it drops from the
-third on), and the rest (dropping, renaming, the header); the bytes; and one training step's time
+Reported per snapshot, taken by ``store.Writer`` as the library takes them (medians from the
+third on, once the memory's pages are in; CPU time of the thread doing it): the copy the training
+thread pays (every kept parameter into the mapped pages of the file it is written as), then the
+background write (``total_write``) and its parts: the MAC (HMAC-SHA256 over every byte:
+``snapfile.dump``), the file's bytes written (``io``: the header and what was not copied into the
+file's pages), and the rest (dropping, renaming, opening); the bytes; and one training step's time
 on this machine, so each part reads as a share of a step (on CPU the background write takes
 cores from the step's kernels, so it counts; on GPU/Ascend only the copy does).
 """
@@ -94,27 +94,26 @@ def main() -> int:
 
     kept = Kept(keep)
     params = kept.params
-    key = os.urandom(32)
-    parts: dict[str, list[float]] = {"copy": [], "mac": [], "io": [], "rest": [], "total_write": []}
-    nbytes = 0
+    nbytes = sum(int(p.nbytes) for _, p in params)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as root:
-        earlier: list[dict] = []  # as store.Writer does: a copy goes over the one two snapshots back
+        w = store.Writer(root, 0, os.urandom(32))  # as the library takes them, one after another
         for step in range(1, args.snapshots + 1):
-            c0 = time.thread_time()
-            arrays = store.take(params, into=earlier[-2] if len(earlier) >= 2 else None)
-            parts["copy"].append(time.thread_time() - c0)
-            earlier = [*earlier[-1:], arrays]
-            nbytes = sum(a.nbytes for a in arrays.values())
-            c0 = time.thread_time()
-            done = store.write(root, 0, step, arrays, {"epoch": 0, "pos": step}, key)
-            total = time.thread_time() - c0
-            parts["total_write"].append(total)
-            parts["mac"].append(done.mac_s)
-            parts["io"].append(done.io_s)
-            parts["rest"].append(total - done.mac_s - done.io_s)
+            w.submit(step, params, {"epoch": 0, "pos": step})
+            w.wait()
+        w.close()
+    assert w.error is None, w.error
+    later = slice(2, None)  # the first two copies and writes fault their memory's pages in
+    parts = {
+        "copy": w.copies[later],
+        "mac": w.macs[later],
+        "io": w.ios[later],
+        "rest": [t - m - i for t, m, i in zip(w.writes, w.macs, w.ios, strict=True)][later],
+        "total_write": w.writes[later],
+    }
     step = statistics.median(step_s)
     print(f"model {args.model}: {len(params)} kept arrays, {nbytes / 2**20:.1f} MiB per snapshot")
-    what = f"batch {args.batch}, {args.image}x{args.image} images, CPU"
+    images = f", {args.image}x{args.image} images" if args.model == "resnet18" else ""
+    what = f"batch {args.batch}{images}, CPU"
     print(f"one training step ({what}): median {1e3 * step:.0f} ms of {args.steps}")
     for name in ("copy", "mac", "io", "rest", "total_write"):
         v = statistics.median(parts[name])

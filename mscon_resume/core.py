@@ -340,7 +340,7 @@ class Resumer:
         only where no stage of the script may follow; otherwise :mod:`lifecycle` drops them once
         the whole run has succeeded."""
         if self.writer is not None:
-            self.writer.wait()
+            self.writer.close()
             if completed and not self.stage:
                 store.remove(self.roots, self.rank)
             self.writer = None
@@ -353,7 +353,7 @@ class Resumer:
 
     def _drop_now(self) -> None:
         if self.writer is not None:
-            self.writer.wait()  # a write still going would leave a file behind the removal
+            self.writer.close()  # a write still going would leave a file behind the removal
         store.remove(self.roots, self.rank)
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import mmap
 import os
 import re
 import secrets
@@ -39,7 +41,6 @@ import numpy as np
 
 from . import snapfile
 
-REUSE_MAX_BYTES = 4 << 30  # a state this large or smaller: its next copy reuses an earlier copy's memory
 KEEP = 2  # a rank killed mid-write still has the previous one, which every other rank also has
 SHM = "/dev/shm"
 SHM_PREFIX = "mscon-"  # + a digest of the state folder, keyed (agent/layout.py names the same folder)
@@ -239,12 +240,12 @@ def _temp(folder: str, step: int) -> str:
     return os.path.join(folder, f".snap_{step}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-def _drop(root: str, rank: int, step: int, keep: int, stage: str = "") -> str | None:
+def _drop(root: str, rank: int, step: int, keep: int, stage: str = "", into: str | None = None) -> str | None:
     """Before ``step`` is written: the snapshots it supersedes (steps not older: an abandoned
     launch's, which a fresh start or a resume from an older step finds), a killed write's temp
-    file, files of the format before, and the oldest beyond ``keep``. The first of the dropped
-    snapshots is renamed to a temp name, not removed: its path is returned, for the write to go
-    over its pages."""
+    file, files of the format before, and the oldest beyond ``keep``. Without ``into`` (the temp
+    file this write goes into, kept), the first of the dropped snapshots is renamed to a temp
+    name, not removed: its path is returned, for the write to go over its pages."""
     folder = rank_dir(root, rank, stage)
     have = steps(root, rank, stage)
     older = [s for s in have if s < step]
@@ -253,11 +254,12 @@ def _drop(root: str, rank: int, step: int, keep: int, stage: str = "") -> str | 
         for s in have
         if s >= step or s in older[: max(len(older) - keep, 0)]
     ]
-    stale = [n for n in _names(folder) if _TEMP_RE.match(n) or _OLD_RE.match(n)]
+    spare = os.path.basename(into) if into is not None else None
+    stale = [n for n in _names(folder) if (_TEMP_RE.match(n) or _OLD_RE.match(n)) and n != spare]
     reuse = None
     for name in gone:
         try:
-            if reuse is None:
+            if reuse is None and into is None:
                 tmp = _temp(folder, step)
                 os.rename(os.path.join(folder, name), tmp)  # the name goes at once: never a snapshot again
                 reuse = tmp
@@ -316,26 +318,35 @@ def write(
     key: bytes,
     keep: int = KEEP,
     stage: str = "",
+    into: str | None = None,
+    placed: frozenset = frozenset(),
 ) -> Written:
     """Write one snapshot: the oldest beyond ``keep - 1`` (and any it supersedes) dropped first,
     its file renamed to a temp name and written over (else a temp file made exclusively: 0600,
-    never through a link), then renamed into place."""
+    never through a link), then renamed into place. ``into``: the temp file (a :class:`Mapped`
+    one's) that already holds the ``placed`` arrays where :func:`snapfile.place` puts them."""
     for folder in dict.fromkeys([rank_dir(root, rank), rank_dir(root, rank, stage)]):
         try:
             os.mkdir(folder, 0o700)
         except FileExistsError:
             if not private(folder):
                 raise OSError(f"{folder} is not this user's private folder") from None
-    reuse = _drop(root, rank, step, keep - 1, stage)
+    reuse = _drop(root, rank, step, keep - 1, stage, into)
     final = path(root, rank, step, stage)
-    fd = _open_reused(reuse) if reuse is not None else None
-    tmp = reuse if fd is not None else _temp(folder, step)
+    if into is not None:
+        fd = _open_reused(into)
+        if fd is None:
+            raise OSError(f"{into} is no longer this user's private file")
+        tmp = into
+    else:
+        fd = _open_reused(reuse) if reuse is not None else None
+        tmp = reuse if fd is not None else _temp(folder, step)
     if fd is None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     info = {**meta, "step": step, "saved_at": time.time()}
     try:
-        with os.fdopen(fd, "wb") as f:
-            costs = snapfile.dump(f, arrays, info, key)
+        with os.fdopen(fd, "r+b" if tmp in (reuse, into) else "wb") as f:
+            costs = snapfile.dump(f, arrays, info, key, placed)
         os.replace(tmp, final)
     except BaseException:
         try:
@@ -343,7 +354,46 @@ def write(
         except OSError:
             pass
         raise
-    return Written(final, costs.mac_s, costs.io_s, tmp == reuse)
+    return Written(final, costs.mac_s, costs.io_s, tmp in (reuse, into))
+
+
+class Mapped:
+    """A snapshot file whose pages the training thread copies the parameters into (mapped): its
+    write then MACs them where they are and adds the rest, no second copy of the state. The
+    state's files alternate: each copy goes into the oldest, renamed away from its snapshot
+    name first (dropped), whose pages node memory already holds."""
+
+    def __init__(self, folder: str, step: int, index: list[list], end: int) -> None:
+        """``index``, ``end``: :func:`snapfile.place` of the parameters' copy before."""
+        self.layout = [entry[:3] for entry in index]
+        self.path = _temp(folder, step)
+        self.written = False  # renamed into place as a snapshot: the one to go over next but one
+        if not hasattr(os, "posix_fallocate"):
+            raise OSError("no posix_fallocate on this system")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        try:
+            # Room for every page now, or OSError: a copy into a page that node memory cannot
+            # back would be SIGBUS, killing the rank.
+            os.posix_fallocate(fd, 0, end)
+            self._map = mmap.mmap(fd, end)
+        except BaseException:
+            os.close(fd)
+            os.remove(self.path)
+            raise
+        os.close(fd)
+        self.views = {
+            name: np.frombuffer(self._map, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
+            for name, dtype, shape, offset in index
+            if math.prod(shape)
+        }
+
+    def close(self) -> None:
+        """Unmap (the file stays, a snapshot or a temp file the next write drops)."""
+        self.views = {}
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a copy's array still held somewhere: unmapped when it goes
 
 
 def read(root: str, rank: int, step: int, key: bytes, stage: str = "") -> Snapshot | None:
@@ -442,9 +492,11 @@ def _names(folder: str) -> list[str]:
 
 
 class Writer:
-    """Writes snapshots on one background thread. ``submit`` hands over a copy taken at a step
-    boundary; if the previous write is still going it waits for it first, so every rank writes
-    the same steps (a skipped step on one rank would leave the ranks without a common one)."""
+    """Writes snapshots on one background thread. ``submit`` waits for the previous write first
+    (so every rank writes the same steps: a skipped step on one rank would leave the ranks without
+    a common one), then copies the parameters at the step boundary into the pages of a
+    :class:`Mapped` file (from the second snapshot on, once their shapes are known; else into
+    host memory) and hands it over."""
 
     def __init__(self, root: str, rank: int, key: bytes, keep: int = KEEP, stage: str = "") -> None:
         self.root, self.rank, self.key, self.keep, self.stage = root, rank, key, keep, stage
@@ -452,51 +504,115 @@ class Writer:
         self.error: BaseException | None = None
         self.copy_s = 0.0  # time the training thread spent copying, all snapshots together
         # Each copy's and each write's CPU time (the thread's own: what a snapshot costs, however
-        # busy the machine; the first copy pays the memory's page faults).
+        # busy the machine; the first copies pay the memory's page faults).
         self.copies: list[float] = []
         self.writes: list[float] = []
         self.macs: list[float] = []  # each write's MAC, a part of its CPU time
+        self.ios: list[float] = []  # each write's bytes into its file (none for a mapped copy's)
         self.wait_s = 0.0  # time it spent waiting for the previous write
         self.waits: list[float] = []  # each wait (wall): the step stalls while a write cannot keep up
         self.write_s = 0.0  # time the background thread spent writing
         self.count = 0
-        # The copy being written (no one may touch it), and the one written before it: the next
-        # copy goes over the latter's warm pages. Up to ``REUSE_MAX_BYTES``: a larger state keeps
-        # one copy between snapshots, not two.
-        self._writing: dict[str, np.ndarray] | None = None
-        self._free: dict[str, np.ndarray] | None = None
+        self._files: list[Mapped] = []  # oldest first: at most ``keep``
+        self._last: tuple[list[list], int] | None = None  # where the copy before went in its file
+        self._said_unmapped = False
 
     def submit(self, step: int, params: list[tuple[str, Any]], meta: dict, extra: dict | None = None) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        mine = take(params, into=self._free)
-        self._free = None
+        t0 = time.perf_counter()
+        self.wait()  # the file this copy goes into is a snapshot until the write before is done
+        t1, c1 = time.perf_counter(), time.thread_time()
+        into = self._file(step)
+        mine = take(params, into=into.views if into is not None else None)
+        placed: frozenset = frozenset()
+        if into is not None and [e[:3] for e in snapfile.place(mine)[0]] == into.layout:
+            placed = frozenset(n for n, v in into.views.items() if mine[n] is v)
+        elif into is not None:  # the parameters changed shape: this copy as a new file, out of the map
+            mine = {k: np.array(v, copy=True) if into.views.get(k) is v else v for k, v in mine.items()}
+            self._files.remove(into)
+            into.close()
+            os.remove(into.path)
+            into = None
+        self._last = snapfile.place(mine)
         arrays = {**mine, **(extra or {})}
-        t1 = time.perf_counter()
-        self.copies.append(time.thread_time() - c0)
-        self.wait()
-        if sum(a.nbytes for a in mine.values()) <= REUSE_MAX_BYTES:
-            self._free = self._writing  # written now: the next copy goes over it
-        self._writing = mine
-        self.copy_s += t1 - t0
-        self.waits.append(time.perf_counter() - t1)
+        self.copies.append(time.thread_time() - c1)
+        self.copy_s += time.perf_counter() - t1
+        self.waits.append(t1 - t0)
         self.wait_s += self.waits[-1]
         self.count += 1
         self._thread = threading.Thread(
-            target=self._write, args=(step, arrays, meta), name="mscon-snapshot", daemon=True
+            target=self._write, args=(step, arrays, meta, into, placed), name="mscon-snapshot", daemon=True
         )
         self._thread.start()
 
-    def _write(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    def _file(self, step: int) -> Mapped | None:
+        """The mapped file this step's copy goes into: the oldest of ours once ``keep`` are
+        written, renamed from its snapshot's name to a temp one; else a new one. None (a copy into
+        host memory): the first snapshot (the parameters' shapes unknown), or none can be made."""
+        if self._last is None:
+            return None
+        for f in [f for f in self._files if not f.written]:  # its write failed: the file is gone
+            self._files.remove(f)
+            f.close()
+        want = [e[:3] for e in self._last[0]]
+        if len(self._files) >= self.keep or (self._files and self._files[0].layout != want):
+            oldest = self._files.pop(0)
+            if oldest.layout == want:
+                tmp = _temp(os.path.dirname(oldest.path), step)
+                try:
+                    os.rename(oldest.path, tmp)  # dropped: never read as a snapshot again
+                except OSError:
+                    oldest.close()
+                else:
+                    oldest.path, oldest.written = tmp, False
+                    self._files.append(oldest)
+                    return oldest
+            else:
+                oldest.close()
+        folder = rank_dir(self.root, self.rank, self.stage)
+        try:
+            new = Mapped(folder, step, *self._last)
+        except (OSError, ValueError) as exc:  # no room, or no mapping here: host memory, as before
+            if not self._said_unmapped:
+                self._said_unmapped = True
+                _say(f"snapshots copied to host memory, not into their files' pages ({exc})")
+            return None
+        self._files.append(new)
+        return new
+
+    def _write(
+        self, step: int, arrays: dict[str, np.ndarray], meta: dict, into: Mapped | None, placed: frozenset
+    ) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            done = write(self.root, self.rank, step, arrays, meta, self.key, self.keep, self.stage)
+            done = write(
+                self.root,
+                self.rank,
+                step,
+                arrays,
+                meta,
+                self.key,
+                self.keep,
+                self.stage,
+                into.path if into is not None else None,
+                placed,
+            )
             self.macs.append(done.mac_s)
+            self.ios.append(done.io_s)
+            if into is not None:
+                into.path, into.written = done.path, True
         except OSError as exc:  # a full /dev/shm must not stop training
             if self.error is None:
                 _say(f"snapshot of step {step} not written: {exc}")
             self.error = exc
         self.write_s += time.perf_counter() - t0
         self.writes.append(time.thread_time() - c0)
+
+    def close(self) -> None:
+        """The last write awaited and every file unmapped (they stay: snapshots, or removed)."""
+        self.wait()
+        for f in self._files:
+            f.close()
+        self._files = []
 
     def typical_copy_s(self) -> float:
         """The median copy's CPU time: what a snapshot costs the step once memory is warm."""

@@ -809,23 +809,75 @@ def test_a_callback_takes_no_snapshot_where_it_cannot_resume_so_a_rank_ahead_sti
     assert usable[0] & usable[1] == {10}, usable
 
 
-def test_a_copy_goes_over_the_memory_of_the_copy_written_before_and_every_file_holds_its_step(
-    tmp_path: Path,
+def test_each_copy_goes_into_the_pages_of_the_file_it_is_written_as(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The third snapshot's copy reuses the first's arrays (written by then; the second's may still
-    be in its write), and each file still holds the values of its own step."""
+    """From the second snapshot on, the step's copy goes into a mapped file's pages and its write
+    only MACs it there; the files alternate (the fourth goes over the second's, renamed away
+    first), each holds its own step's values, 0600, never more than KEEP in the folder."""
     root = _root(tmp_path)
+    placed: list[frozenset] = []
+    dump = snapfile.dump
+
+    def spy(f: object, arrays: dict, info: dict, key: bytes, done: frozenset = frozenset()) -> snapfile.Costs:
+        placed.append(done)
+        return dump(f, arrays, info, key, done)
+
+    monkeypatch.setattr(store.snapfile, "dump", spy)
     w = store.Writer(root, 0, KEY)
     data = np.zeros(1000, dtype=np.float32)
-    params = [("w", _Param("w", data))]
-    taken: list[np.ndarray] = []
-    for step in range(1, 6):
+    params = [("w", _Param("w", data)), ("b", _Param("b", np.ones(3, dtype=np.float64)))]
+    inode, used = {}, {}
+    for step in range(1, 7):
         data[:] = step  # the training updates the parameter in place
-        w.submit(step, params, {"epoch": 0, "pos": step})
-        assert w._writing is not None
-        taken.append(w._writing["w"])
-    w.wait()
-    assert taken[2] is taken[0] and taken[3] is taken[1] and taken[1] is not taken[0]
+        w.submit(step, params, {"epoch": 0, "pos": step}, extra={"rng": np.arange(step)})
+        w.wait()
+        assert w.error is None
+        used[step] = w._files[-1] if step > 1 else None
+        inode[step] = os.stat(store.path(root, 0, step)).st_ino
+        assert _mode(store.path(root, 0, step)) == 0o600
+        assert len(os.listdir(store.rank_dir(root, 0))) <= store.KEEP
+    assert placed == [frozenset()] + [frozenset({"w", "b"})] * 5
+    assert used[4] is used[2] and used[6] is used[2] and used[5] is used[3] and used[3] is not used[2]
+    assert inode[2] == inode[4] == inode[6] and inode[3] == inode[5] and inode[2] != inode[3]
+    got = store.newest_valid([root], 0, KEY)
+    assert [s.step for s in got] == [6, 5]
+    for snap in got:
+        assert np.all(snap.arrays["w"] == snap.step) and list(snap.arrays["rng"]) == list(range(snap.step))
+    w.close()
+    assert w._files == [] and store.steps(root, 0) == [5, 6]  # unmapped; the snapshots stay
+
+
+def test_a_parameter_that_changes_shape_goes_out_of_the_map_and_the_next_file_fits_it(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    w = store.Writer(root, 0, KEY)
+    for step, n in enumerate((4, 4, 4, 6, 6, 6), start=1):
+        w.submit(step, [("w", _Param("w", np.full(n, step, dtype=np.float32)))], {})
+        w.wait()
+        assert w.error is None
     for snap in store.newest_valid([root], 0, KEY):
-        assert np.all(snap.arrays["w"] == snap.step), snap.step
-    assert [s.step for s in store.newest_valid([root], 0, KEY)] == [5, 4]
+        np.testing.assert_array_equal(snap.arrays["w"], np.full(6, snap.step, dtype=np.float32))
+    assert all(f.layout[0][2] == [6] for f in w._files)
+    w.close()
+
+
+def test_no_room_to_map_falls_back_to_host_memory_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """posix_fallocate refuses (a full /dev/shm): no mapped file (a copy into a page node memory
+    cannot back would kill the rank with SIGBUS); the copies go to host memory as before."""
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.os, "posix_fallocate", full)
+    root = _root(tmp_path)
+    w = store.Writer(root, 0, KEY)
+    for step in (1, 2, 3):
+        w.submit(step, [("w", _Param("w", np.full(4, step, dtype=np.float32)))], {})
+        w.wait()
+    assert w._files == [] and w.error is None
+    assert [s.step for s in store.newest_valid([root], 0, KEY)] == [3, 2]
+    said = [line for line in _said(capsys) if "host memory" in line]
+    assert len(said) == 1 and "No space left on device" in said[0]
+    assert not [n for n in os.listdir(store.rank_dir(root, 0)) if n.endswith(".tmp")]
