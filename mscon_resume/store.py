@@ -363,14 +363,17 @@ class Mapped:
     state's files alternate: each copy goes into the oldest, renamed away from its snapshot
     name first (dropped), whose pages node memory already holds."""
 
-    def __init__(self, folder: str, step: int, index: list[list], end: int) -> None:
-        """``index``, ``end``: :func:`snapfile.place` of the parameters' copy before."""
+    def __init__(self, folder: str, step: int, index: list[list], end: int, adopt: str | None = None) -> None:
+        """``index``, ``end``: :func:`snapfile.place` of the parameters' copy before. ``adopt``: a
+        dropped snapshot's file, renamed to a temp name, whose pages to go over."""
         self.layout = [entry[:3] for entry in index]
-        self.path = _temp(folder, step)
         self.written = False  # renamed into place as a snapshot: the one to go over next but one
         if not hasattr(os, "posix_fallocate"):
             raise OSError("no posix_fallocate on this system")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        fd = _open_reused(adopt) if adopt is not None else None
+        self.path = adopt if fd is not None and adopt is not None else _temp(folder, step)
+        if fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         try:
             # Room for every page now, or OSError: a copy into a page that node memory cannot
             # back would be SIGBUS, killing the rank.
@@ -570,7 +573,10 @@ class Writer:
                 oldest.close()
         folder = rank_dir(self.root, self.rank, self.stage)
         try:
-            new = Mapped(folder, step, *self._last)
+            # What this step's write would drop goes first (at most ``keep`` states on disk), the
+            # first of it renamed to a temp name to go over its pages.
+            adopt = _drop(self.root, self.rank, step, self.keep - 1, self.stage)
+            new = Mapped(folder, step, *self._last, adopt=adopt)
         except (OSError, ValueError) as exc:  # no room, or no mapping here: host memory, as before
             if not self._said_unmapped:
                 self._said_unmapped = True

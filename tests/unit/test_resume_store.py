@@ -824,6 +824,14 @@ def test_each_copy_goes_into_the_pages_of_the_file_it_is_written_as(
         return dump(f, arrays, info, key, done)
 
     monkeypatch.setattr(store.snapfile, "dump", spy)
+    on_disk: list[int] = []  # files in the folder as a mapped file takes its room: KEEP at most
+    fallocate = os.posix_fallocate
+
+    def room(fd: int, offset: int, size: int) -> None:
+        on_disk.append(len(os.listdir(store.rank_dir(root, 0))))
+        fallocate(fd, offset, size)
+
+    monkeypatch.setattr(store.os, "posix_fallocate", room)
     w = store.Writer(root, 0, KEY)
     data = np.zeros(1000, dtype=np.float32)
     params = [("w", _Param("w", data)), ("b", _Param("b", np.ones(3, dtype=np.float64)))]
@@ -839,7 +847,9 @@ def test_each_copy_goes_into_the_pages_of_the_file_it_is_written_as(
         assert len(os.listdir(store.rank_dir(root, 0))) <= store.KEEP
     assert placed == [frozenset()] + [frozenset({"w", "b"})] * 5
     assert used[4] is used[2] and used[6] is used[2] and used[5] is used[3] and used[3] is not used[2]
-    assert inode[2] == inode[4] == inode[6] and inode[3] == inode[5] and inode[2] != inode[3]
+    assert on_disk == [2, 2]  # the second's (beside the first) and the third's (over the first's)
+    # Each file goes over the pages of the one it drops: the third's is the first's (not mapped).
+    assert inode[1] == inode[3] == inode[5] and inode[2] == inode[4] == inode[6] and inode[1] != inode[2]
     got = store.newest_valid([root], 0, KEY)
     assert [s.step for s in got] == [6, 5]
     for snap in got:
