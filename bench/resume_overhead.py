@@ -156,7 +156,7 @@ def measure(
     interval = resumer.interval.every
     w = resumer.writer
     copy_ms = 1e3 * w.copy_s / max(w.count, 1) if w else 0.0
-    if parts and w is not None:
+    if parts and w is not None and hasattr(w, "macs"):  # (the library before 5e40a12 did not time its MAC)
         said = (
             f"per snapshot ({w.count}, CPU ms, medians): copy {1e3 * w.typical_copy_s():.1f} on the step, "
             f"write {1e3 * w.typical_write_s():.1f} (MAC {1e3 * w.typical_mac_s():.1f}) in the background, "

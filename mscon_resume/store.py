@@ -1,17 +1,21 @@
 """Snapshots of a rank's training state: private folders, authenticated files, a background writer.
 
 At a step boundary the training thread copies every kept parameter (weights and optimizer state)
-to host numpy arrays (``take``: the only part a step pays); a background thread writes the copy
-(:mod:`snapfile`'s format: raw arrays and one MAC) under a temp name, over the pages of the
-snapshot it drops, and renames it into place. A file's name carries its step, so a rank killed
-mid-write leaves only a temp file, never a snapshot; a truncated or corrupt one fails its MAC and
-is skipped on resume.
+straight into the mapped pages of the file it is written as (``Writer``, :class:`Mapped`; the
+first snapshot, whose shapes are not known yet, into host memory): the only part a step pays. A
+background thread then MACs those bytes where they are, adds the rest (:mod:`snapfile`'s format:
+raw arrays, a header, one MAC) and renames the temp file into place. The state's files alternate:
+each copy goes over the pages of the oldest, renamed away first. A file's name carries its step,
+so a rank killed mid-copy or mid-write leaves only a temp file, never a snapshot; a truncated or
+corrupt one fails its MAC and is skipped on resume.
 
 Another user on the node must not read a snapshot, nor make a run load one it planted:
 
 - a folder is used only if this user owns it and nobody else may write or read it (made 0700; a
   name taken by someone else is passed over for the next of a fixed list, said once in the log);
-- files are created exclusively (``O_EXCL | O_NOFOLLOW``), mode 0600, never through a link;
+- files are created exclusively (``O_EXCL | O_NOFOLLOW``), mode 0600, never through a link; one
+  gone over again is opened ``O_NOFOLLOW`` and used only while it is this user's regular 0600
+  file with one name;
 - every snapshot carries a MAC (HMAC-SHA256) under the run's key (``MSCON_SNAPSHOT_KEY``, which
   mscon's agent hands its ranks; by hand, a key file made in the private folder), so a file
   written by anyone or anything else is skipped on resume, and said.
