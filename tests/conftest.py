@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -211,6 +212,16 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def wait_run_processes(run_id: str, count: int, timeout: float) -> list[psutil.Process]:
+    """The run's processes (``run_processes``), once at least ``count`` of them run."""
+    return wait_for(
+        lambda: found if len(found := run_processes(run_id)) >= count else [],
+        timeout,
+        f"{count} processes of run {run_id}",
+        lambda: f"{len(run_processes(run_id))} running",
+    )
+
+
 def run_process(run_id: str, attempt: int, name: str) -> psutil.Process | None:
     """A process of the run by attempt and name, spare-born or not (its MSCON_METRICS says)."""
     want = os.sep + f"{layout.ATTEMPT_PREFIX}{attempt}" + os.sep + name + layout.METRICS_SUFFIX
@@ -285,17 +296,33 @@ def _alive(p: psutil.Process) -> bool:
 T = TypeVar("T")
 
 
-def wait_for(cond: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``cond`` until it returns something true, and return that; fail naming ``what`` after
-    ``timeout`` seconds. How a test waits: on a condition, never on a guess at a duration."""
+def wait_for(
+    cond: Callable[[], T], timeout: float, what: str, detail: Callable[[], object] | None = None
+) -> T:
+    """Poll ``cond`` until it returns something true, and return that; fail naming ``what`` (and
+    what ``detail`` says then) after ``timeout`` seconds. How a test waits: on a condition, never on
+    a guess at a duration."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            said = f": {detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{said}")
         time.sleep(0.02)
+
+
+async def until(cond: Callable[[], T], limit_s: float, what: str) -> T:
+    """``wait_for`` for a test on the event loop: polls ``cond`` between the loop's other work."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 def pipe_bytes(fd: int) -> int:

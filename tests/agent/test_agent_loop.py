@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from conftest import wait_for
 from mscon.agent import protocol as P
 
 # A rank that ignores TERM: only the KILL at the end of the grace ends it.
@@ -113,12 +114,7 @@ def _resolve(a: Agent) -> P.Resolved:
 
 def _reaped(pid: int, timeout: float = 10.0) -> bool:
     """The process is gone from /proc: its parent (the agent) has reaped it, not only seen it die."""
-    deadline = time.monotonic() + timeout
-    while os.path.exists(f"/proc/{pid}"):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    return wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout, f"pid {pid} reaped")
 
 
 def test_the_agent_answers_while_its_ranks_take_their_grace(tmp_path: Path) -> None:

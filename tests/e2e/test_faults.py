@@ -162,9 +162,10 @@ def _inventory(
 def _ranks(run_id: str, expect: int, timeout: float = 30) -> dict[str, psutil.Process]:
     """The run's worker ranks by name ("r0"...), once ``expect`` of them run, each with ``.node``
     (its node's name) and ``.agent_pid`` (its parent, the node's agent)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found: dict[str, psutil.Process] = {}
+    found: dict[str, psutil.Process] = {}
+
+    def all_found() -> bool:
+        found.clear()
         for p in run_processes(run_id):
             try:
                 path = Path(p.environ()["MSCON_METRICS"])
@@ -178,10 +179,11 @@ def _ranks(run_id: str, expect: int, timeout: float = 30) -> dict[str, psutil.Pr
                     continue
                 p.node = path.parent.parent.name  # the run folder (.../<run id>/<node>) of its attempt folder
                 found[name] = p
-        if len(found) >= expect or time.monotonic() > deadline:
-            assert len(found) == expect, f"expected {expect} ranks of {run_id}, found {sorted(found)}"
-            return found
-        time.sleep(0.05)
+        return len(found) >= expect
+
+    wait_for(all_found, timeout, f"{expect} ranks of {run_id}", lambda: f"found {sorted(found)}")
+    assert len(found) == expect, f"expected {expect} ranks of {run_id}, found {sorted(found)}"
+    return found
 
 
 def _agents(ranks: Iterable[psutil.Process]) -> list[psutil.Process]:
@@ -226,11 +228,7 @@ def _assert_nothing_left(
     assert wait_gone(procs, timeout) == [], f"still running: {[p.pid for p in procs if _alive(p)]}"
     assert run_processes(run_id) == []
     if cluster is not None:
-        deadline = time.monotonic() + timeout
-        while _under_sshd(cluster) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = _under_sshd(cluster)
-        assert left == [], [psutil.Process(p).cmdline() for p in left if pid_alive(p)]
+        nothing_under_sshd(cluster, timeout)
 
 
 def _kill_sshd_with_sessions(cluster: SshdCluster, name: str) -> list[int]:
@@ -519,15 +517,15 @@ def test_partitioned_node_is_lost_within_two_keepalives(
     assert "lost the node nsnode" in _root_cause_line(con.text("err"))
     assert cut_off_gone is not None and cut_off_gone < watchdog_s + 3, cut_off_gone
     _assert_nothing_left(run_id, list(ranks.values()) + agents, sshd_cluster)
+
     # What may linger is sshd's own session process, until TCP notices the console closed the
     # connection during the partition (a retransmission after the heal): nothing of ours.
-    deadline = time.monotonic() + 60
-    while (
-        left := [p for p in netns_node.pids() if netns_node.proc is None or p != netns_node.proc.pid]
-    ) and (time.monotonic() < deadline):
+    def only_sshd_lingers() -> bool:
+        left = [p for p in netns_node.pids() if netns_node.proc is None or p != netns_node.proc.pid]
         assert all(_name(p) in ("sshd", "") for p in left), left
-        time.sleep(0.2)
-    assert left == []
+        return not left
+
+    wait_for(only_sshd_lingers, 60, "the node's last sshd session process to go")
 
 
 # ------------------------------------------------------------------ 7. Ctrl-C
@@ -667,7 +665,7 @@ def test_closed_stdout_ends_the_run_cleanly(tmp_path: Path, sshd_cluster: SshdCl
     workers = [r for r in s["ranks"] if r["rank"] >= 0]
     assert len(workers) == 4 and all(r["status"].startswith("stopped") for r in workers), workers
     assert run_processes(run_id) == []
-    assert _under_sshd_eventually_empty(sshd_cluster)
+    nothing_under_sshd(sshd_cluster)
     fetched = sorted(
         p.relative_to(runs / run_id).as_posix()
         for p in (runs / run_id).glob(layout.log_path("node*", 0, "r*"))
@@ -675,13 +673,13 @@ def test_closed_stdout_ends_the_run_cleanly(tmp_path: Path, sshd_cluster: SshdCl
     assert fetched == [layout.log_path(f"node{n}", 0, f"r{r}") for n, r in ((1, 0), (1, 1), (2, 2), (2, 3))]
 
 
-def _under_sshd_eventually_empty(cluster: SshdCluster, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while _under_sshd(cluster):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+def nothing_under_sshd(cluster: SshdCluster, timeout: float = 10) -> None:
+    """Wait until no process is left below the nodes' sshd; fail naming what is."""
+
+    def left() -> list[list[str]]:
+        return [psutil.Process(p).cmdline() for p in _under_sshd(cluster) if pid_alive(p)]
+
+    wait_for(lambda: not _under_sshd(cluster), timeout, "nothing left under the nodes' sshd", left)
 
 
 # ------------------------------------------------------------------ 10. DNS name + ssh alias, MindSpore
@@ -760,7 +758,7 @@ def test_real_mindspore_via_dns_name_and_ssh_config_alias(
     assert sorted((r["node"], r["rank"]) for r in workers) == [(dns_name, 0), ("node-b", 1)]
     assert all(r["status"] == "ok" and r["last_step"] == 10 for r in workers), workers
     assert run_processes(run_id) == []
-    assert _under_sshd_eventually_empty(sshd_cluster)
+    nothing_under_sshd(sshd_cluster)
 
 
 # ------------------------------------------------------------------ 11. restart from the checkpoint
@@ -827,4 +825,4 @@ def test_max_restarts_resumes_from_checkpoint(
     workers = [r for r in s["ranks"] if r["rank"] >= 0]
     assert all(r["status"] == "ok" and r["last_step"] == 16 for r in workers), workers
     assert run_processes(run_id) == []
-    assert _under_sshd_eventually_empty(sshd_cluster)
+    nothing_under_sshd(sshd_cluster)

@@ -14,7 +14,7 @@ import pytest
 from conftest import needs_mindspore
 from mscon.agent import policy
 from sshd_nodes import SshdCluster
-from test_faults import TRAIN, _inventory, _report, _run_id, _start, _summary, _under_sshd_eventually_empty
+from test_faults import TRAIN, _inventory, _report, _run_id, _start, _summary, nothing_under_sshd
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mindspore]
 
@@ -44,7 +44,7 @@ def test_a_silent_rank_in_a_fast_job_is_hung_at_the_steady_limit(
     fired = re.search(r"no progress for ([\d.]+) s \(20 x its longest gap between steps", root["detail"])
     assert fired, root
     assert policy.STEADY_FLOOR_S <= float(fired[1]) < policy.FIRST_STEPS_LIMIT_S
-    assert _under_sshd_eventually_empty(sshd_cluster)
+    nothing_under_sshd(sshd_cluster)
 
 
 @needs_mindspore
@@ -65,4 +65,4 @@ def test_a_first_step_slower_than_the_steady_limit_is_not_a_hang(
     assert s["status"] == "succeeded"
     phases = s["attempts"][0]["phases"]
     assert phases["first_step"] - phases["ready"] >= stall_s  # the silence really came before it
-    assert _under_sshd_eventually_empty(sshd_cluster)
+    nothing_under_sshd(sshd_cluster)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
-from conftest import mscon, node_home, wait_gone
+from conftest import mscon, node_home, wait_for, wait_gone
 from mscon.agent import layout
 from node_files import listing, loose
 from sshd_nodes import SshdCluster
@@ -52,14 +51,14 @@ def _keepers() -> dict[str, psutil.Process]:
 
 def _kept_ready(timeout: float = 240) -> dict[str, list[psutil.Process]]:
     """Each node's kept spares, once all have joined their cluster (the scheduler needs no marker)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> dict[str, psutil.Process] | None:
         keepers = _keepers()
         joined = all((_warm_folder(n) / f"{name}.joined").exists() for n, name in NODES.items())
-        if len(keepers) == len(NODES) and joined:
-            return {n: k.children() for n, k in keepers.items()}
-        time.sleep(0.1)
-    raise AssertionError(f"no kept standby ready on every node: {sorted(_keepers())}")
+        return keepers if len(keepers) == len(NODES) and joined else None
+
+    keepers = wait_for(ready, timeout, "a kept standby ready on every node", lambda: sorted(_keepers()))
+    return {n: k.children() for n, k in keepers.items()}
 
 
 def _held_privately(held: dict[str, list[psutil.Process]]) -> None:

@@ -14,14 +14,22 @@ import json
 import secrets
 import socket
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
-from conftest import REPO, agent_processes, kill_run, mscon, mscon_popen, run_processes, ssh_inventory
+from conftest import (
+    REPO,
+    agent_processes,
+    kill_run,
+    mscon,
+    mscon_popen,
+    run_processes,
+    ssh_inventory,
+    wait_for,
+)
 from link_capture import Capture, flood, leaks, on_port, tcpdump_unavailable_reason
 from mscon.agent import layout
 from mscon.console.transport.slurm_launcher import ENV_CONSOLE_ADDRESS
@@ -95,13 +103,7 @@ def _listening(pids: list[int], address: str) -> list[int]:
 
 
 def _wait_port(find, what: str, timeout: float = 60) -> int:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while True:
-        ports = find()
-        if ports:
-            return ports[0]
-        assert time.monotonic() < deadline, f"no {what} listening"
-        time.sleep(0.05)
+    return wait_for(find, timeout, f"a {what} listening")[0]
 
 
 @needs_tcpdump

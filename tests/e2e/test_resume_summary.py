@@ -9,20 +9,19 @@ import json
 import os
 import secrets
 import signal
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, free_port, mscon_popen, needs_mindspore, run_processes, write_inventory
+from conftest import REPO, free_port, mscon_popen, needs_mindspore, run_processes, wait_for, write_inventory
 
 SCRIPT = "tests/e2e/user_mindspore_script.py"
 
 
 def _rank(run_id: str, rank: int, timeout: float) -> psutil.Process:
     """The run's worker process of global rank ``rank`` (RANK_ID), once it has started."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def found() -> psutil.Process | None:
         for p in run_processes(run_id):
             try:
                 env = p.environ()
@@ -30,8 +29,9 @@ def _rank(run_id: str, rank: int, timeout: float) -> psutil.Process:
                 continue
             if env.get("MS_ROLE") == "MS_WORKER" and env.get("RANK_ID") == str(rank):
                 return p
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank} of {run_id} did not start in {timeout} s")
+        return None
+
+    return wait_for(found, timeout, f"rank {rank} of {run_id} to start")
 
 
 @pytest.mark.mindspore

@@ -30,6 +30,7 @@ from conftest import (
     mscon_popen,
     needs_mindspore,
     run_processes,
+    wait_for,
     wait_gone,
     write_inventory,
 )
@@ -129,12 +130,11 @@ def _wait_for_line(proc: subprocess.Popen[str], *needles: str, timeout: float = 
 
 
 def _wait_no_step(alloc: Alloc, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alloc.our_steps():
-            return []
-        time.sleep(0.2)
-    return alloc.our_steps()
+    try:
+        wait_for(lambda: not alloc.our_steps(), timeout, "no step of ours left")
+    except AssertionError:
+        return alloc.our_steps()
+    return []
 
 
 # srun, first on the console's PATH, that keeps a copy of the line the console writes on its stdin
@@ -190,16 +190,16 @@ def no_dial_value_in_any_environment(values: tuple[str, ...]) -> int:
 
 
 def _srun_of(proc: subprocess.Popen[str]) -> psutil.Process:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def srun() -> psutil.Process | None:
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
                 if child.name() == "srun":
                     return child
             except psutil.Error:
                 continue
-        time.sleep(0.1)
-    raise AssertionError("mscon started no srun")
+        return None
+
+    return wait_for(srun, 30, "mscon's srun")
 
 
 # ------------------------------------------------------------------ no MindSpore

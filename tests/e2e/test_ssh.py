@@ -23,8 +23,8 @@ from conftest import (
     run_processes,
     ssh_inventory,
     use_ssh_config_aliases,
-    wait_for,
     wait_gone,
+    wait_run_processes,
 )
 from mscon.agent import layout
 from sshd_nodes import SshdCluster
@@ -207,7 +207,7 @@ def test_console_stop_or_crash_leaves_no_process(
     request.addfinalizer(proc.kill)
     _wait_for_line(proc, "[node2 r3] epoch: 1 step: 3,")
     # node1's ranks may still be starting when node2's print (a loaded machine): wait for all 4.
-    ranks = wait_for(lambda: r if len(r := run_processes(run_id)) >= 4 else [], 30, "the run's 4 ranks")
+    ranks = wait_run_processes(run_id, 4, 30)
     agents = agent_processes(["node1", "node2"], _sshd_pids(sshd_cluster))
     assert len(agents) == 2
     if how == "sigint":

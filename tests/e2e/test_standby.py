@@ -38,7 +38,7 @@ from test_faults import (
     _run_id,
     _start,
     _summary,
-    _under_sshd_eventually_empty,
+    nothing_under_sshd,
 )
 
 pytestmark = [pytest.mark.ssh, pytest.mark.mindspore(ranks=2)]  # 2 ranks; their spares wait idle (no slot)
@@ -116,7 +116,7 @@ def _stop_and_check_clean(con: Console, run_id: str, cluster: SshdCluster) -> No
     assert rc == 130, con.text("err")[-3000:]
     assert run_processes(run_id) == []
     assert wait_gone(_spares_of(run_id), 10) == []
-    assert _under_sshd_eventually_empty(cluster)
+    nothing_under_sshd(cluster)
 
 
 def _taken(run_dir: Path, attempt: int, name: str, pid: int) -> bool:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import local_inventory
+from conftest import local_inventory, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"
@@ -25,10 +24,7 @@ def test_prefixes_are_coloured_in_a_terminal_and_plain_in_a_pipe(tmp_path: Path)
         ["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "50", cmd], check=True, cwd=tmp_path
     )
     try:
-        deadline = time.monotonic() + 60
-        while not done.exists():
-            assert time.monotonic() < deadline, "mscon did not finish in the terminal"
-            time.sleep(0.2)
+        wait_for(done.exists, 60, "mscon to finish in the terminal")
         screen = subprocess.run(
             ["tmux", "capture-pane", "-e", "-p", "-t", session], capture_output=True, text=True, check=True
         ).stdout

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +27,7 @@ import pytest
 import yaml
 from conftest import (
     REPO,
+    free_port,
     mscon,
     needs_mindspore,
     node_run_dir,
@@ -35,6 +35,7 @@ from conftest import (
     run_processes,
     slow_twin,
     ssh_inventory,
+    wait_for,
 )
 from mscon.agent import layout
 from mscon.console.engine.plan import MINDSPORE_TIMERS
@@ -97,16 +98,14 @@ def _kill_r1_after(run_id: str, node: str, step: int, timeout: float = 240) -> N
     """SIGKILL rank 1 once its metrics file says it completed ``step``. The process is found
     first: a scan of every process's environment takes steps' worth of time on a loaded machine."""
     metrics = Path(layout.metrics_path(node_run_dir(run_id, node), 0, "r1"))
-    deadline = time.monotonic() + timeout
-    victim = run_process(run_id, 0, "r1")  # attempt 0's, not a spare waiting for attempt 1
-    while victim is None:
-        assert time.monotonic() < deadline, "r1 never started"
-        time.sleep(0.05)
-        victim = run_process(run_id, 0, "r1")
-    while max(_steps(metrics), default=0) < step:
-        assert time.monotonic() < deadline, f"r1 never reached step {step}"
+    # attempt 0's r1, not a spare waiting for attempt 1
+    victim = wait_for(lambda: run_process(run_id, 0, "r1"), timeout, "r1 to start")
+
+    def reached() -> bool:
         assert victim.is_running(), "r1 ended before the kill"
-        time.sleep(0.02)
+        return max(_steps(metrics), default=0) >= step
+
+    wait_for(reached, timeout, f"r1 to reach step {step}")
     victim.send_signal(signal.SIGKILL)
 
 
@@ -302,14 +301,10 @@ def _snapshot_step(snapshots: Path) -> int:
 def _killed_in_the_middle_then_relaunched(work: Path, data: Path, snapshots: Path) -> None:
     """msrun launches net.py, every process of it is killed once both ranks have a snapshot of the
     middle step in ``snapshots``, then msrun launches it again with ``MSCON_RESUME=1``."""
-    from conftest import free_port
-
     first = _msrun(work, data, "first", free_port(), resume=False)
     try:
-        deadline = time.monotonic() + 240
         middle = 5 * MSRUN_EPOCH
-        while time.monotonic() < deadline and _snapshot_step(snapshots) < middle:
-            time.sleep(0.02)  # both ranks have a snapshot of the middle step or later
+        wait_for(lambda: _snapshot_step(snapshots) >= middle, 240, "both ranks' snapshot of the middle step")
     finally:
         # Every process of the launch, as a lost node would: msrun's workers run in sessions of
         # their own, so they are found by what they run and where.

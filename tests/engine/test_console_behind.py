@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import kill_run, local_inventory, run_processes, wait_gone
+from conftest import kill_run, local_inventory, wait_gone, wait_run_processes
 from mscon.agent import layout
 
 FAKE = "bench/fake_rank.py"
@@ -38,11 +38,8 @@ def test_a_suspended_console_does_not_stall_its_agents(tmp_path: Path) -> None:
         stderr=err,
     )
     try:
-        deadline = time.monotonic() + 60
-        while len(run_processes(run_id)) < 2:  # the two ranks (one node: no scheduler process)
-            assert time.monotonic() < deadline, "the ranks did not start"
-            time.sleep(0.05)
-        ranks = run_processes(run_id)
+        # the two ranks (one node: no scheduler process)
+        ranks = wait_run_processes(run_id, 2, 60)
         console.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         try:

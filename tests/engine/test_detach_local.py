@@ -163,27 +163,22 @@ def test_a_hundred_ls_leave_the_detached_run_untouched(tmp_path: Path, run_id: s
 
     lines_before = len(log.read_text().splitlines())
     assert asyncio.run(many()) == ["running"] * 100
-    deadline = time.monotonic() + 10  # a client's threads end once its socket is closed
-    while agent.num_threads() > before + 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert agent.num_threads() <= before + 1, (before, agent.num_threads())
+    # a client's threads end once its socket is closed
+    wait_for(lambda: agent.num_threads() <= before + 1, 10, "the clients' threads to end", agent.num_threads)
     assert agent.is_running() and len(run_processes(run_id)) == 2
-    deadline = time.monotonic() + 10
-    while len(log.read_text().splitlines()) <= lines_before + 5:
-        assert time.monotonic() < deadline, "the ranks stopped printing"
-        time.sleep(0.05)
+    wait_for(lambda: len(log.read_text().splitlines()) > lines_before + 5, 10, "the ranks to print on")
 
 
 def _detached_agent(run_dir: str):  # noqa: ANN202 - psutil.Process
     import psutil
 
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def agent() -> psutil.Process | None:
         for p in psutil.process_iter(["cmdline"]):
             try:
                 if any("mscon_agent" in w for w in p.info["cmdline"] or []) and p.cwd() == run_dir:
                     return p
             except psutil.Error:
                 continue
-        time.sleep(0.05)
-    raise AssertionError(f"no detached agent in {run_dir}")
+        return None
+
+    return wait_for(agent, 10, f"the detached agent in {run_dir}")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, needs_mindspore, run_processes, wait_gone, write_inventory
+from conftest import REPO, free_port, needs_mindspore, run_processes, wait_for, wait_gone, write_inventory
 from tmux_screen import capture, wait_screen
 
 needs_tmux = pytest.mark.skipif(
@@ -78,10 +78,7 @@ def test_mscon_up_with_two_mindspore_ranks_in_tmux(tmp_path: Path) -> None:
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
         wait_screen(session, lambda s: "Quit mscon?" in s, 20, "the quit question")
         subprocess.run(["tmux", "send-keys", "-t", session, "s"], check=True)
-        deadline = time.monotonic() + 60
-        while not done.exists():
-            assert time.monotonic() < deadline, capture(session)
-            time.sleep(0.3)
+        wait_for(done.exists, 60, "the console to finish", lambda: capture(session))
         assert done.read_text().strip() == "exit=130"
         assert wait_gone(ranks, 5) == [] and run_processes(run_id) == []
         assert "interrupted" in capture(session)  # the summary, printed after the console closed
@@ -151,19 +148,20 @@ def test_a_terminal_nobody_reads_does_not_delay_a_stop(tmp_path: Path) -> None:
     )
     os.close(slave)
     try:
-        deadline = time.monotonic() + 60
-        while len(run_processes(run_id)) < 4:
-            assert time.monotonic() < deadline and proc.poll() is None, "the ranks did not start"
-            time.sleep(0.2)
+
+        def started() -> bool:
+            assert proc.poll() is None, f"the console exited ({proc.returncode}) before its ranks started"
+            return len(run_processes(run_id)) >= 4
+
+        wait_for(started, 60, "the 4 ranks to start")
+
         # Nobody reads: the pty fills up, the driver's writer blocks on it, its frame queue fills and
         # the console starts dropping frames (every later frame finds it full).
-        deadline = time.monotonic() + 60
-        while not dropped.exists():
+        def dropping() -> bool:
             assert proc.poll() is None, f"the console exited ({proc.returncode}) before its terminal filled"
-            assert time.monotonic() < deadline, (
-                "the console dropped no frame in 60 s: the terminal never filled"
-            )
-            time.sleep(0.05)
+            return dropped.exists()
+
+        wait_for(dropping, 60, "a dropped frame (the terminal never filled)")
         ranks = run_processes(run_id)
         t0 = time.monotonic()
         os.write(master, b"q")

@@ -5,18 +5,17 @@ tests/e2e/test_fetched_private_ssh.py."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import io
 import os
 import stat
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import until
 from mscon.agent import layout
 from mscon.agent import protocol as P
 from mscon.console.config.inventory import NodeSpec
@@ -155,10 +154,7 @@ async def test_what_the_console_writes_into_a_run_folder_is_private_under_any_um
     bus = EventBus(run)
     broken = bus.add_sink("broken", _raise)
     bus.publish(AgentEvent(0, P.LogBatch("n1", "r0", 0, 0, ("line",), 0)))
-    deadline = time.monotonic() + 10
-    while broken.detached is None:
-        assert time.monotonic() < deadline, "the raising sink was never detached"
-        await asyncio.sleep(0.01)
+    await until(lambda: broken.detached is not None, 10, "the raising sink detached")
     await bus.close()
     result = RunResult("r1", JobState.SUCCEEDED, 0, "every rank succeeded", None, (), 1.0, str(run))
     write_summary(summary_file(run), result)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import local_inventory, mscon
+from conftest import local_inventory, mscon, until
 from mscon.agent import layout
 from mscon.agent.protocol import LogBatch, ProcExited, ProcStarted
 from mscon.console.cli.main import main
@@ -137,16 +137,14 @@ def test_a_quiet_spell_still_brings_what_is_buffered_to_the_disk(tmp_path: Path)
         bus.add_sink("history", rec.handle, lag_limit=10**9, hard_limit=10**9, busy=rec.busy)
         for ev in events:
             bus.publish(ev)
-        deadline = time.monotonic() + 10
-        seen = 0
-        while time.monotonic() < deadline:
-            seen = len(list(read_recording(path))) if path.stat().st_size else 0
-            if seen == len(events):
-                break
-            await asyncio.sleep(0.02)  # polling the file, with a deadline
+
+        def on_disk() -> int:
+            return len(list(read_recording(path))) if path.stat().st_size else 0
+
+        await until(lambda: on_disk() == len(events), 10, "every event in the recording")
         await bus.close()
         rec.close()
-        return seen
+        return on_disk()
 
     assert asyncio.run(quiet()) == len(events)
 

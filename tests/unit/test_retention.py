@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from conftest import wait_for
 from mscon.agent import layout, retention
 from mscon.agent.journal import RunStatus
 
@@ -210,10 +211,7 @@ def test_the_agent_prunes_its_nodes_old_runs_as_a_run_starts(tmp_path: Path) -> 
         assert agent.stdin is not None
         agent.stdin.write(P.encode(start).encode())
         agent.stdin.flush()
-        deadline = time.monotonic() + 30
-        while _ids(root) != {"old2", "new"} and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling a condition with a deadline, not a guess at a duration
-        assert _ids(root) == {"old2", "new"}
+        wait_for(lambda: _ids(root) == {"old2", "new"}, 30, "the run folders old2 and new only")
     finally:
         agent.kill()
         agent.wait()

@@ -3,27 +3,19 @@ others keep receiving, and the headless reporter's end never holds up the event 
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from conftest import until
 from mscon.agent import protocol as P
 from mscon.console.engine.bus import CONSOLE_ERR, EventBus
 from mscon.console.engine.events import AgentEvent, Event, JobState, Notice, RunFinished, RunResult
 from mscon.console.views.headless.reporter import HeadlessReporter
 
 NODE = "n1"
-
-
-async def until(cond: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.002)
 
 
 def _log(i: int) -> AgentEvent:
@@ -48,7 +40,7 @@ async def test_a_raising_sink_leaves_its_traceback_in_console_err_and_the_others
     broken = bus.add_sink("broken", _explode_on_third)
     for i in range(5):
         bus.publish(_log(i))
-    await until(lambda: broken.detached is not None)
+    await until(lambda: broken.detached is not None, 5, "the raising sink detached")
     for i in range(5, 8):
         bus.publish(_log(i))
     await bus.close()
@@ -109,7 +101,7 @@ async def test_the_reporter_finishes_without_holding_up_the_event_loop(tmp_path:
         bus.add_sink("headless", rep.handle, busy=rep.busy)
         bus.publish(AgentEvent(0, P.LogBatch(NODE, "r0", 0, 0, lines, 1)))
         bus.publish(RunFinished(0, _result(tmp_path)))
-        await until(rep.busy)  # the loop runs while the sink waits for stdout
+        await until(rep.busy, 5, "the reporter busy")  # the loop runs while the sink waits for stdout
         assert "mscon: run run-1" not in err.getvalue()
         go.set()
         await bus.close(stall_s=0.05)
