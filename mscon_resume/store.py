@@ -624,21 +624,26 @@ class Writer:
             f.close()
         self._files = []
 
+    WARM_AFTER = 2  # snapshots
+    # The first snapshots fault their memory in (the first copy's host arrays, the first two mapped
+    # files' pages, the first write's new file): a third of ResNet-18's copies cost 30 ms, the rest
+    # 14. What each costs from then on is what the auto interval weighs: the median from the third.
+
     def typical_copy_s(self) -> float:
         """The median copy's CPU time: what a snapshot costs the step once memory is warm."""
-        return _median(self.copies)
+        return _median(_warm(self.copies))
 
     def typical_write_s(self) -> float:
-        """The median background write's CPU time (the writes done so far)."""
-        return _median(self.writes)
+        """The median background write's CPU time, once memory is warm."""
+        return _median(_warm(self.writes))
 
     def typical_wait_s(self) -> float:
         """The median wait of a submit for the write before it (wall time)."""
-        return _median(self.waits)
+        return _median(_warm(self.waits))
 
     def typical_mac_s(self) -> float:
         """The median write's MAC (CPU time): a part of :meth:`typical_write_s`."""
-        return _median(self.macs)
+        return _median(_warm(self.macs))
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -653,6 +658,11 @@ class Writer:
             f"wait {1e3 * self.wait_s / n:.2f} ms on the step, write {1e3 * self.write_s / n:.2f} ms in the "
             f"background (its MAC {1e3 * self.typical_mac_s():.2f} ms CPU), each"
         )
+
+
+def _warm(values: list[float]) -> list[float]:
+    """The values from the third snapshot on, once there are such (see ``Writer``)."""
+    return values[Writer.WARM_AFTER :] if len(values) > Writer.WARM_AFTER else values
 
 
 def _median(values: list[float]) -> float:

@@ -377,6 +377,16 @@ def test_a_snapshots_cost_counts_the_steps_wait_for_a_write_that_cannot_keep_up(
     assert interval.budget_interval(r._snapshot_cost(), 1.0, 0.02) == math.ceil(want_ms / 20)
 
 
+def test_the_typical_costs_leave_out_the_first_snapshots_that_fault_their_memory_in(tmp_path: Path) -> None:
+    w = store.Writer(str(tmp_path), 0, KEY)
+    # As the auto interval sees them at its decision (6 snapshots): the first three fault pages in.
+    w.copies = [0.033, 0.030, 0.030, 0.014, 0.014, 0.014]
+    w.writes = [0.110, 0.056, 0.056, 0.056, 0.056, 0.056]
+    assert w.typical_copy_s() == 0.014 and w.typical_write_s() == 0.056
+    w.copies = [0.033, 0.030]  # too few to leave any out
+    assert w.typical_copy_s() == 0.033
+
+
 # ---------------------------------------------------------------- security: folders
 
 
