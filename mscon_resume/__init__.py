@@ -35,6 +35,7 @@ FILES = (
     "__init__.py",
     "env.py",
     "store.py",
+    "snapfile.py",
     "collective.py",
     "interval.py",
     "metrics.py",
