@@ -6,6 +6,12 @@ Publishing never blocks and never raises. Each sink has its own bounded queue an
   or whose handler raises, is detached with a Notice and the run goes on (mitmproxy's
   ``safecall`` idea). Logs are never lost for good: they are on the nodes and fetched at the end.
   The traceback of a handler that raised goes to ``console.err`` in the run folder (``errors_to``).
+
+Alarms first (issue 44): a failure (an agent's alarm message: an exit, a hang, blame, its own error),
+a lost node and the console's Stopping go ahead of the agents' bulk output (log batches, metrics,
+summaries, telemetry) queued for a sink that is ``JUMP_PAST`` or more events behind; never ahead of
+another lifecycle event, so each sink still sees those in the order they happened. A sink that keeps
+up sees everything in order (a rank's last lines before its failure).
 """
 
 from __future__ import annotations
@@ -18,26 +24,57 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from mscon.console.engine.events import AgentEvent, Event, Notice
+from mscon.console.engine.events import AgentEvent, Event, NodeState, NodeUpdate, Notice, Stopping
 from mscon.console.transport.private_copy import private_text
 
 Handler = Callable[[Event], None | Awaitable[None]]
 CONSOLE_ERR = "console.err"  # in the run folder: the tracebacks of views (sinks) that raised
+# Bulk events queued for a sink before an alarm goes ahead of them (a few milliseconds of a view's
+# work: below it, the order as it happened is worth more than the wait).
+JUMP_PAST = 256
 
 
 def _droppable(ev: Event) -> bool:
     return isinstance(ev, AgentEvent) and ev.msg.sampled
 
 
+def _bulk(ev: Event | None) -> bool:
+    """The agents' streamed output: what an alarm may overtake."""
+    return isinstance(ev, AgentEvent) and ev.msg.streamed
+
+
+def alarm_event(ev: Event) -> bool:
+    """What the operator must see ahead of a backlog of output: an agent's alarm (the message's
+    own flag, as its outbox lanes it), a node lost or unreachable, the console stopping the run."""
+    if isinstance(ev, AgentEvent):
+        return ev.msg.alarm
+    if isinstance(ev, NodeUpdate):
+        return ev.state in (NodeState.LOST, NodeState.UNREACHABLE)
+    return isinstance(ev, Stopping)
+
+
 class Subscription:
     def __init__(
-        self, name: str, lag_limit: int, hard_limit: int, busy: Callable[[], bool] | None = None
+        self,
+        name: str,
+        lag_limit: int,
+        hard_limit: int,
+        busy: Callable[[], bool] | None = None,
+        alarms_first: bool | None = None,
     ) -> None:
         self.name = name
+        # A view that may skip samples while behind sees alarms first too; a sink that takes every
+        # event (a recording: lag_limit = hard_limit) keeps the order they happened in.
+        self.alarms_first = lag_limit < hard_limit if alarms_first is None else alarms_first
         # True while the sink works through a bounded job of its own (a reporter draining stdout
         # with its own stall rule): the bus's close then does not take it for a stuck sink.
         self.busy = busy or (lambda: False)
         self._items: collections.deque[Event | None] = collections.deque()
+        # Alarms ahead of the bulk, each with the count of other events that must go before it.
+        self._alarms: collections.deque[tuple[Event, int]] = collections.deque()
+        self._bulk = 0  # bulk events in _items
+        self._others_in = 0  # events other than bulk ones put in _items so far (the end included)
+        self._others_out = 0  # and taken
         self._ready = asyncio.Event()
         self.lag_limit = lag_limit
         self.hard_limit = hard_limit
@@ -49,25 +86,53 @@ class Subscription:
         """Queue an event; False when this sink must be detached (too far behind)."""
         if self.detached is not None:
             return True
-        if event is not None and len(self._items) >= self.lag_limit and _droppable(event):
+        queued = len(self._items) + len(self._alarms)
+        if event is not None and queued >= self.lag_limit and _droppable(event):
             self.dropped += 1
             return True
-        if event is not None and len(self._items) >= self.hard_limit:
+        if event is not None and queued >= self.hard_limit:
             return False
-        self._items.append(event)
+        if event is not None and self.alarms_first and self._bulk >= JUMP_PAST and alarm_event(event):
+            self._alarms.append((event, self._others_in))
+        else:
+            self._append(event)
         self._ready.set()
         return True
 
+    def _append(self, event: Event | None) -> None:
+        self._items.append(event)
+        if _bulk(event):
+            self._bulk += 1
+        else:
+            self._others_in += 1
+
     def end(self) -> None:
-        self._items.append(None)
+        self._append(None)
         self._ready.set()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._alarms.clear()
+        self._bulk = 0
+        self._others_in = self._others_out = 0
+
+    def _next(self) -> Event | None:
+        """An alarm once every other event queued before it went; else the oldest event."""
+        if self._alarms and self._alarms[0][1] <= self._others_out:
+            return self._alarms.popleft()[0]
+        event = self._items.popleft()
+        if _bulk(event):
+            self._bulk -= 1
+        else:
+            self._others_out += 1
+        return event
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
-            while not self._items:
+            while not self._items and not self._alarms:
                 self._ready.clear()
                 await self._ready.wait()
-            event = self._items.popleft()
+            event = self._next()
             self.taken += 1
             if event is None:
                 return
@@ -95,8 +160,9 @@ class EventBus:
         lag_limit: int = 10_000,
         hard_limit: int = 200_000,
         busy: Callable[[], bool] | None = None,
+        alarms_first: bool | None = None,
     ) -> Subscription:
-        sub = Subscription(name, lag_limit, hard_limit, busy)
+        sub = Subscription(name, lag_limit, hard_limit, busy, alarms_first)
         self._subs.append(sub)
         return sub
 
@@ -107,10 +173,11 @@ class EventBus:
         lag_limit: int = 10_000,
         hard_limit: int = 200_000,
         busy: Callable[[], bool] | None = None,
+        alarms_first: bool | None = None,
     ) -> Subscription:
         """Run ``handler`` for every event in a task of its own; a handler that raises is detached.
-        ``busy``: see ``Subscription``."""
-        sub = self.subscribe(name, lag_limit, hard_limit, busy)
+        ``busy``, ``alarms_first``: see ``Subscription``."""
+        sub = self.subscribe(name, lag_limit, hard_limit, busy, alarms_first)
         task = asyncio.get_running_loop().create_task(self._pump(sub, handler), name=f"sink:{name}")
         self._pumps[sub] = task
         self._tasks.add(task)
@@ -146,7 +213,7 @@ class EventBus:
         if sub.detached is not None:
             return
         sub.detached = why
-        sub._items.clear()
+        sub.clear()
         sub.end()
         self.publish(Notice(self.attempt, f"the {sub.name} view was detached: {why}; the run goes on"))
 
