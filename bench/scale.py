@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import json
@@ -95,6 +96,11 @@ class Worker:
         self.single_metrics = single_metrics
         self.nodes: dict[str, SimNode] = {}
         self.pid = itertools_count()
+        # Nodes that read a Stop, waiting for their final flush and exits: done one node at a time
+        # between reads, so that a worker's 2,500 agents (each on a node of its own, really) read
+        # their Stops as the console writes them, not each after the others' final flushes.
+        self.stopping: collections.deque[SimNode] = collections.deque()
+        self.stopper: asyncio.Task[None] | None = None
 
     async def serve(self, path: str) -> None:
         server = await asyncio.start_unix_server(self._conn, path=path, limit=64 * 2**20)
@@ -158,22 +164,33 @@ class Worker:
         elif isinstance(msg, P.Stop):
             if node.stop_ns is None:
                 node.stop_ns = time.time_ns()
-            self._flush(node, final=True)
-            self._summary(node, force=True)
-            out: list[P.Message] = []
-            for r in node.ranks:
-                if r.alive:
-                    r.alive = False
-                    out.append(_exited(node.name, r, None, "SIGTERM", 15, by_agent=True))
-            if node.running:
-                out.append(P.AllExited(node=node.name, ts_ns=time.time_ns()))
-            node.running = False
-            self._send(node, *out)
+            self.stopping.append(node)
+            if self.stopper is None or self.stopper.done():
+                self.stopper = asyncio.get_running_loop().create_task(self._stop_each())
         elif isinstance(msg, P.Subscribe):
             node.sub = msg
         elif isinstance(msg, P.Shutdown):
             node.running = False
             node.writer.close()
+
+    async def _stop_each(self) -> None:
+        while self.stopping:
+            self._stop(self.stopping.popleft())
+            await asyncio.sleep(0)  # the other agents read meanwhile
+
+    def _stop(self, node: SimNode) -> None:
+        """What an agent does on a Stop: its ranks' last lines, its last summary, their exits."""
+        self._flush(node, final=True)
+        self._summary(node, force=True)
+        out: list[P.Message] = []
+        for r in node.ranks:
+            if r.alive:
+                r.alive = False
+                out.append(_exited(node.name, r, None, "SIGTERM", 15, by_agent=True))
+        if node.running:
+            out.append(P.AllExited(node=node.name, ts_ns=time.time_ns()))
+        node.running = False
+        self._send(node, *out)
 
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
@@ -214,7 +231,9 @@ class Worker:
             await asyncio.sleep(max(0.0, start + n * tick - loop.time()))
             if os.getppid() != parent:  # the console is gone: so are its agents
                 os._exit(0)
-            for node in list(self.nodes.values()):
+            for i, node in enumerate(list(self.nodes.values())):
+                if i % 100 == 99:
+                    await asyncio.sleep(0)  # each agent has a node of its own: the others read meanwhile
                 if node.running:
                     self._accrue(node, tick)
                     self._flush(node)
