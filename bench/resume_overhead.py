@@ -11,7 +11,9 @@ of the state. The overhead is measured over ``--steps``: use at least three inte
 ``--model resnet18`` trains MindCV's ResNet-18 instead (``bench/snapshot_cost.py``'s build: 89 MiB
 of state) and also prints each snapshot's parts (CPU time, medians): the copy on the step, the
 background write and its MAC, and the step's wait for the write before. ``--every N`` fixes the
-interval (1: a snapshot every step) instead of ``auto``.
+interval (1: a snapshot every step) instead of ``auto``. Beside the wall time's overhead it prints
+the process's CPU time's (every thread's, the background write's included): on a machine others
+load too, the wall time swings with them, the CPU time a step takes much less.
 
     .venv/bin/python bench/resume_overhead.py [--sizes-mb 10,100,1000] [--steps 60] [--budget 0.02]
     .venv/bin/python bench/resume_overhead.py --model resnet18 --steps 20 [--every 1] [--batch 8]
@@ -82,7 +84,9 @@ def main() -> None:
     ms.set_device("CPU")
     ms.set_seed(1)
     print(f"{'state':>8} {'plain s/step':>13} {'library s/step':>15} {'overhead':>9} ", end="")
-    print(f"{'every':>6} {'copy ms':>8} {'shm peak':>9}")
+    print(
+        f"{'every':>6} {'copy ms':>8} {'shm peak':>9} {'plain cpu s':>12} {'library cpu':>11} {'cpu ovh':>9}"
+    )
     if a.model == "resnet18":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from snapshot_cost import build
@@ -128,10 +132,13 @@ def measure(
 ) -> None:
     from mscon_resume import core, store
 
+    cpu: list[float] = []  # the process's CPU time of each iteration of the last run
+
     def run(n: int, resumer: Any = None) -> list[float]:
         """Each iteration's wall time: the step, and the library's work at its boundary."""
         times = []
-        last = time.perf_counter()
+        cpu.clear()
+        last, last_cpu = time.perf_counter(), time.process_time()
         for i in range(n):
             one_step().asnumpy()
             now = time.perf_counter()
@@ -139,11 +146,13 @@ def measure(
                 resumer.stepped(i + 1, 0, i + 1, now - last)
                 now = time.perf_counter()
             times.append(now - last)
-            last = now
+            cpu.append(time.process_time() - last_cpu)
+            last, last_cpu = now, time.process_time()
         return times
 
     run(2)  # compile
     before = run(steps)
+    before_cpu = list(cpu)
     state = Path(tempfile.mkdtemp(prefix="mscon-bench-state-"))
     resumer = core.Resumer(str(state), every if every == "auto" else int(every), budget)
     params = core.kept_parameters(*kept)
@@ -151,8 +160,11 @@ def measure(
     resumer.keep(params)
     with Peak(Path(store.shm_folder(str(state)))) as peak:
         lib = run(steps, resumer)
+        c0 = time.process_time()
         if resumer.writer is not None:
             resumer.writer.wait()
+        cpu[-1] += time.process_time() - c0  # the last write's rest
+        lib_cpu = list(cpu)
     interval = resumer.interval.every
     w = resumer.writer
     copy_ms = 1e3 * w.copy_s / max(w.count, 1) if w else 0.0
@@ -167,11 +179,14 @@ def measure(
     after = run(steps)
     shutil.rmtree(state, ignore_errors=True)
     base = statistics.mean(before + after)
+    base_cpu = statistics.mean(before_cpu + cpu)
     # Once the interval is chosen (auto); a fixed one's first two copies pay the memory's page faults.
-    steady = statistics.mean(lib[1 + resumer.interval.PROBE_STEPS if resumer.interval.auto else 2 :])
+    start = 1 + resumer.interval.PROBE_STEPS if resumer.interval.auto else 2
+    steady, steady_cpu = statistics.mean(lib[start:]), statistics.mean(lib_cpu[start:])
     print(
         f"{state_bytes / 2**20:>6.0f}MB {base:>13.4f} {steady:>15.4f} {100 * (steady - base) / base:>8.2f}% "
-        f"{interval:>6} {copy_ms:>8.1f} {peak.peak / state_bytes:>8.2f}x",
+        f"{interval:>6} {copy_ms:>8.1f} {peak.peak / state_bytes:>8.2f}x "
+        f"{base_cpu:>12.4f} {steady_cpu:>11.4f} {100 * (steady_cpu - base_cpu) / base_cpu:>8.2f}%",
         flush=True,
     )
 
