@@ -537,7 +537,10 @@ class Writer:
             mine = {k: np.array(v, copy=True) if into.views.get(k) is v else v for k, v in mine.items()}
             self._files.remove(into)
             into.close()
-            os.remove(into.path)
+            try:
+                os.remove(into.path)
+            except OSError:
+                pass  # a temp file: the next write drops it
             into = None
         self._last = snapfile.place(mine)
         arrays = {**mine, **(extra or {})}
