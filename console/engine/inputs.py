@@ -128,6 +128,17 @@ class Inputs:
         elif self._jump(*item):
             self._in_order(item)
 
+    async def room_for(self, sampled: bool) -> bool:
+        """Before a reader decodes a message of its: wait as ``put`` would for room (once); False
+        when it is a sample to drop (counted), so a console behind decodes no sample it drops."""
+        if self._agent_items < self.backlog:
+            return True
+        if sampled:
+            self.dropped += 1
+            return False
+        await self._room.wait()
+        return True
+
     async def _put_in_order(self, item: tuple[str, Message | None]) -> None:
         """``item``'s place in order, once there is room (its jump, if any, already queued)."""
         msg = item[1]

@@ -34,6 +34,7 @@ from mscon.console.engine.aio import cancel_and_wait, cancels, raise_if_cancelle
 from mscon.console.engine.events import Event, FetchProgress, LogsFetched, NodeState, NodeUpdate, Notice
 from mscon.console.engine.plan import NodePlan
 from mscon.console.transport import AgentChannel, NodeTransport, NodeUnreachable, SshOptions, make_transport
+from mscon.console.transport.base import decode_line, line_class
 from mscon.console.transport.bundle import REMOVE_OLD_AGENTS, WorkdirArchive, agent_bundle, workdir_archive
 from mscon.console.transport.reach import line as reach_line
 from mscon.console.transport.workdir import GIB, WorkdirRefused
@@ -250,8 +251,8 @@ class ClusterSession:
         try:
             # What is buffered is taken together, so that an exit or a hang among it reaches the
             # policy before the reader waits with a backlog ahead of it (issue 44).
-            while msgs := await channel.recv_ready():
-                await _put_all(self.inbox, link.name, [m for m in msgs if not self._answered(link, m)])
+            while lines := await channel.read_ready():
+                await self._hand_on(link, lines)
         except Exception as exc:  # noqa: BLE001 - a broken channel is a lost node, not a crash
             link.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -266,6 +267,26 @@ class ClusterSession:
                     tail = channel.stderr_tail().strip().splitlines()
                     link.error = tail[-1] if tail else "agent connection closed"
                 self.inbox.put_nowait((link.name, None))
+
+    async def _hand_on(self, link: NodeLink, lines: list[str]) -> None:
+        """A channel's lines as read together. With an alarm among them, all are decoded and the
+        alarms go ahead before anything waits; else each is decoded only once the inbox has room
+        for it, and a sample the console would drop is dropped undecoded (at 3,000 nodes the
+        readers decoded a summary tick's 6,000 messages in one turn of the loop, most of them
+        dropped, before the supervisor could take an exit: issue 44)."""
+        classes = [line_class(line) for line in lines]
+        if any(cls is not None and cls.alarm for cls in classes):
+            decoded = (decode_line(line) for line in lines)
+            msgs = [m for m in decoded if m is not None and not self._answered(link, m)]
+            await _put_all(self.inbox, link.name, msgs)
+            return
+        room = getattr(self.inbox, "room_for", None)
+        for line, cls in zip(lines, classes, strict=True):
+            if room is not None and not await room(cls is not None and cls.sampled):
+                continue
+            msg = decode_line(line)
+            if msg is not None and not self._answered(link, msg):
+                await self.inbox.put((link.name, msg))
 
     @staticmethod
     def _answered(link: NodeLink, msg: Message) -> bool:

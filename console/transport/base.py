@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from mscon.agent import layout
-from mscon.agent.protocol import Message, ProtocolError, decode, encode
+from mscon.agent.protocol import Message, ProtocolError, decode, encode, message_class
 from mscon.console.config.inventory import NodeSpec
 from mscon.console.config.safepath import UnsafePath, label, remote_within, within
 from mscon.console.transport.bundle import AgentBundle, WorkdirArchive
@@ -121,30 +121,58 @@ class AgentChannel(abc.ABC):
             line = await self._readline()
             if not line:
                 return None
-            msg = _decoded(line)
+            msg = decode_line(line)
             if msg is not None:
                 return msg
 
     async def recv_ready(self, max_bytes: int = READY_BYTES) -> list[Message]:
         """The next message and those whose lines are already buffered behind it (about
-        ``max_bytes`` of lines at most), in order; [] once the agent's output ends. A reader that
-        has them all can hand on the alarms among them before it waits with the rest (issue 44)."""
-        first = await self.recv()
-        if first is None:
-            return []
+        ``max_bytes`` of lines at most), in order; [] once the agent's output ends."""
+        return [m for m in map(decode_line, await self.read_ready(max_bytes)) if m is not None]
+
+    async def read_ready(self, max_bytes: int = READY_BYTES) -> list[str]:
+        """The next line and those already buffered behind it (about ``max_bytes`` of them at
+        most), undecoded; [] once the agent's output ends. A reader that has them all can hand on
+        the alarms among them before it waits with the rest, and decode the rest only once the
+        console has room for them (issue 44)."""
+        while True:
+            first = await self._readline()
+            if not first:
+                return []
+            if first.strip():
+                break
         out, taken = [first], 0
         while taken < max_bytes and self._line_ready():
             line = await self._readline()  # buffered: no wait
             if not line:
-                break  # the end: the next recv says so
+                break  # the end: the next read says so
             taken += len(line)
-            msg = _decoded(line)
-            if msg is not None:
-                out.append(msg)
+            out.append(line)
         return out
 
 
-def _decoded(line: str) -> Message | None:
+_TAG_AT = len('{"type":"')
+_CLASSES: dict[str, type[Message] | None] = {}
+
+
+def line_class(line: str) -> type[Message] | None:
+    """The message class a line holds, told by its first bytes without decoding it (exact for
+    lines ``encode`` wrote: the type tag first); None where they do not say."""
+    if not line.startswith('{"type":"'):
+        return None
+    tag = line[_TAG_AT : line.find('"', _TAG_AT)]
+    cls = _CLASSES.get(tag, Message)
+    if cls is Message:
+        try:
+            cls = message_class(tag)
+        except ProtocolError:
+            cls = None
+        if len(_CLASSES) < 1024:  # tags are a fixed set; a stray line's are not kept
+            _CLASSES[tag] = cls
+    return cls
+
+
+def decode_line(line: str) -> Message | None:
     """A line's message; None for a blank line or something else that wrote to stdout (a login
     banner, a stray print): skipped."""
     if not line.strip():

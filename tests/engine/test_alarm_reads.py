@@ -180,3 +180,57 @@ def test_an_ssh_channel_tells_when_a_whole_line_is_buffered() -> None:
         assert not ssh_line_ready(reader)  # the partial line at the end: readline deals with it
 
     asyncio.run(main())
+
+
+def test_a_reader_behind_decodes_no_sample_it_drops(tmp_path: Path, monkeypatch: Any) -> None:
+    """A summary tick of thousands of nodes arrives while the queue is full: the samples are dropped
+    undecoded (the readers decoded them all in one turn of the loop, then dropped them, while an exit
+    waited for the supervisor's next turn)."""
+    from mscon.agent.protocol import NodeSummary, RankCount
+    from mscon.console.transport import base as base_mod
+
+    decoded: list[str] = []
+    real = base_mod.decode
+
+    def counting(line: str) -> Message:
+        decoded.append(line)
+        return real(line)
+
+    monkeypatch.setattr(base_mod, "decode", counting)  # what a channel's lines are decoded with
+
+    async def main() -> None:
+        inv = inventory(tmp_path)
+        channels: dict[str, StreamChannel] = {}
+        inbox = Inputs(backlog=4)
+        session = ClusterSession(
+            inv,
+            build_plan(inv, "train.py", []),
+            "run-1",
+            lambda ev: None,
+            inbox,
+            transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
+        )
+        assert await session.open() == []
+        for _ in range(4):
+            await inbox.put(("a", LOG))
+        decoded.clear()
+        summary = NodeSummary("a", 1.0, (RankCount("r0", 0, 5, 1),))
+        channels["a"].feed(*[summary] * 30, LOG)
+        await until(lambda: inbox.dropped == 30, "the samples dropped")
+        assert decoded == [], "samples decoded only to be dropped"
+        while not inbox.empty():
+            inbox.get_nowait()
+        await until(lambda: inbox.queued == 1, "the log batch after them")
+        assert len(decoded) == 1
+        await session.abort()
+
+    asyncio.run(main())
+
+
+def test_a_lines_class_is_told_by_its_first_bytes() -> None:
+    from mscon.console.transport.base import line_class
+
+    assert line_class(encode(FAILED)) is ProcExited
+    assert line_class(encode(LOG)) is LogBatch
+    assert line_class('{"type":"no_such_message"}\n') is None
+    assert line_class("a login banner\n") is None
