@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from mscon.agent import protocol as P
 
@@ -66,3 +69,20 @@ def test_garbage(line: str) -> None:
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     assert P.decode('{"type": "stop", "reason": "r", "grace_s": 1.0, "added_later": 1}') == P.Stop("r", 1.0)
+
+
+def test_a_message_encodes_as_asdict_makes_it() -> None:
+    """The encoder's own walk (no deep copy) writes what ``dataclasses.asdict`` would: nested
+    specs with their environments, plain fields."""
+    env = {f"K{k}": str(k) for k in range(30)}
+    specs = tuple(P.ProcSpec(f"r{i}", i, i, ("python", "t.py", "--x"), env) for i in range(8))
+    start = P.Start(run_id="x", node="n", attempt=2, run_dir="/r", cwd="/w", procs=specs, grace_s=1.5)
+    for msg in (start, P.Stop(reason="why", grace_s=2.0)):
+        reference = {"type": msg.type}
+        for f in dataclasses.fields(msg):
+            v = getattr(msg, f.name)
+            if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):
+                v = [dataclasses.asdict(x) for x in v]
+            reference[f.name] = v
+        assert json.loads(P.encode(msg)) == json.loads(json.dumps(reference))
+        assert P.decode(P.encode(msg)) == msg
