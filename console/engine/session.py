@@ -282,7 +282,8 @@ class ClusterSession:
             return
         room = getattr(self.inbox, "room_for", None)
         for line, cls in zip(lines, classes, strict=True):
-            if room is not None and not await room(cls is not None and cls.sampled):
+            awaited = cls is Hello or (cls is not None and cls.type in link.waiters)  # not for the inbox
+            if room is not None and not awaited and not await room(cls is not None and cls.sampled):
                 continue
             msg = decode_line(line)
             if msg is not None and not self._answered(link, msg):

@@ -234,3 +234,30 @@ def test_a_lines_class_is_told_by_its_first_bytes() -> None:
     assert line_class(encode(LOG)) is LogBatch
     assert line_class('{"type":"no_such_message"}\n') is None
     assert line_class("a login banner\n") is None
+
+
+def test_an_answer_someone_waits_for_does_not_wait_for_room_in_the_queue(tmp_path: Path) -> None:
+    from mscon.agent.protocol import Resolve, Resolved
+
+    async def main() -> None:
+        inv = inventory(tmp_path)
+        channels: dict[str, StreamChannel] = {}
+        inbox = Inputs(backlog=4)
+        session = ClusterSession(
+            inv,
+            build_plan(inv, "train.py", []),
+            "run-1",
+            lambda ev: None,
+            inbox,
+            transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
+        )
+        assert await session.open() == []
+        for _ in range(4):  # full, and nobody takes from it meanwhile
+            await inbox.put(("a", LOG))
+        asked = asyncio.ensure_future(session.request("a", Resolve(host="sched"), Resolved, 5.0))
+        await until(lambda: "resolved" in session.links["a"].waiters, "the request")
+        channels["a"].feed(Resolved(node="a", host="sched", address="10.0.0.9"))
+        assert await asyncio.wait_for(asked, 5) == Resolved(node="a", host="sched", address="10.0.0.9")
+        await session.abort()
+
+    asyncio.run(main())
