@@ -917,6 +917,19 @@ def test_the_wire_means_the_same_to_both_hosts() -> None:
     assert wire.StandbyState.reported
 
 
+def test_a_standbys_state_is_one_of_three_words_on_the_wire() -> None:
+    joining = wire.StandbyState("b", 2, wire.StandbyPhase.JOINING)
+    line = wire.encode(joining)
+    assert '"state":"joining"' in line
+    back = wire.decode(line)
+    assert back == joining and back.state is wire.StandbyPhase.JOINING  # type: ignore[attr-defined]
+    assert (back.joining, back.ready) == (True, False)  # type: ignore[attr-defined]
+    assert P.from_message("b", back, 5.0) == P.StandbyChanged("b", 2, wire.StandbyPhase.JOINING, 5.0)
+    assert wire.decode(line.replace("joining", "ready")).ready  # type: ignore[attr-defined]
+    with pytest.raises(wire.ProtocolError, match="state 'almost' is none of joining, ready, lost"):
+        wire.decode(line.replace("joining", "almost"))
+
+
 def test_standby_ports_alternate_above_the_base_and_never_meet_it() -> None:
     ports = [wire.standby_port(8118, a) for a in range(4)]
     assert ports == [8119, 8120, 8119, 8120]
