@@ -96,7 +96,7 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
-        for name in _names(type(self)):
+        for name in field_names(type(self)):
             out[name] = _plain(getattr(self, name))
         return out
 
@@ -104,8 +104,9 @@ class Message:
 _NAMES: dict[type, tuple[str, ...]] = {}
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names, worked out once per class (not dataclasses.fields per message)."""
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, worked out once per class (not dataclasses.fields per message or
+    per rank of a summary)."""
     names = _NAMES.get(cls)
     if names is None:
         names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
@@ -119,7 +120,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
         return [_plain(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _plain(getattr(value, name)) for name in _names(type(value))}
+        return {name: _plain(getattr(value, name)) for name in field_names(type(value))}
     return value
 
 

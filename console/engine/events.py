@@ -562,17 +562,6 @@ def to_json(event: Event) -> dict[str, Any]:
     return typing.cast(dict[str, Any], dump(event))
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names, once per class: ``json_default`` runs once per rank of a summary."""
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
 def json_default(value: Any) -> Any:
     """``dump`` one level at a time, as ``json``'s ``default``: what it returns holds the value's
     fields as they are, and the encoder comes back here for each that is not plain JSON. A summary
@@ -583,7 +572,7 @@ def json_default(value: Any) -> Any:
         return dump(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {"kind": value.kind} if isinstance(value, Event) else {}
-        for name in _field_names(type(value)):
+        for name in wire.field_names(type(value)):
             v = getattr(value, name)
             out[name] = dump(v) if isinstance(v, dict) else v  # its keys as dump writes them
         return out

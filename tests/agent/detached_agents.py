@@ -28,18 +28,6 @@ _AGENT = (
 )
 
 
-def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``pred`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 class DetachedAgent:
     """One agent process: ``start`` a fake rank, ``detach`` it; its output is collected as it comes."""
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from detached_agents import DetachedAgent, wait_until
+from conftest import wait_for
+from detached_agents import DetachedAgent
 from mscon.agent import protocol as P
 from mscon.agent.detached import daemon
 from mscon.agent.streams import LineSplitter, LineTooLong, read_lines
@@ -74,7 +75,7 @@ def test_clients_that_leave_without_a_word_leave_no_thread_behind(agent: tuple[D
         if i % 2:
             assert isinstance(c.message(), P.Hello)  # served, then gone (no end())
         c.close()  # or gone at once, as `mscon ls` checks that a run is alive
-    wait_until(lambda: a.threads() <= baseline, 5, f"the agent back to {baseline} threads")
+    wait_for(lambda: a.threads() <= baseline, 5, f"the agent back to {baseline} threads")
     # And the agent still serves.
     c = Console(path)
     assert isinstance(c.message(), P.Hello)

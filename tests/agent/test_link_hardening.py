@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from detached_agents import RUN_TLS, DetachedAgent, wait_until
+from conftest import wait_for
+from detached_agents import RUN_TLS, DetachedAgent
 from mscon.agent import protocol as P
 from mscon.agent import tls
 from mscon.agent.detached import coord
@@ -161,9 +162,9 @@ def test_handshakes_in_progress_are_capped_the_oldest_closed_first(
     srv, inbox = server
     threads = threading.active_count()
     silent = [_raw(srv.port) for _ in range(10)]  # taken in this order; never a TLS byte
-    wait_until(lambda: len(srv._pending) == 4, 5, "four handshakes in progress")
+    wait_for(lambda: len(srv._pending) == 4, 5, "four handshakes in progress")
     assert threading.active_count() == threads, "a thread per connection that has not authenticated"
-    wait_until(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
+    wait_for(lambda: all(_closed_by_peer(s) for s in silent[:6]), 5, "the six oldest closed")
     assert not any(_closed_by_peer(s) for s in silent[6:]), "the four newest wait for their deadline"
     # A follower gets in all the same (it pushes the oldest silent one out).
     link = _dial(srv.port, "node2", queue.Queue())
@@ -189,7 +190,7 @@ def test_a_flood_pushes_out_its_own_connections_never_a_follower_past_tls(
     follower = _connect(srv.port)  # a slow follower: the oldest handshake of all
     nonce = _read_obj(follower)["nonce"]
     flood = [_raw(srv.port, source=flood_from) for _ in range(20)]  # no certificate: never past TLS
-    wait_until(lambda: all(_closed_by_peer(s) for s in flood[:17]), 5, "the flood's oldest closed")
+    wait_for(lambda: all(_closed_by_peer(s) for s in flood[:17]), 5, "the flood's oldest closed")
     assert not _closed_by_peer(follower)
     mac = coord._mac(SECRET.encode(), "f", nonce, "node2")
     follower.sendall(json.dumps({"node": "node2", "nonce": "00", "mac": mac}).encode() + b"\n")
@@ -305,7 +306,7 @@ def _from(inbox: queue.Queue, link: coord.PeerLink, timeout: float = 5.0) -> dic
 
 def _signed_lines(mitm: Middle, way: str, count: int) -> list[bytes]:
     """The signed lines seen going ``way``, once ``count`` are there (the handshake's are skipped)."""
-    wait_until(lambda: len([x for x in mitm.lines[way] if b'"s"' in x]) >= count, 5, f"{count} {way} lines")
+    wait_for(lambda: len([x for x in mitm.lines[way] if b'"s"' in x]) >= count, 5, f"{count} {way} lines")
     return [x for x in mitm.lines[way] if b'"s"' in x]
 
 
@@ -466,7 +467,7 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
         assert port
         threads, fds = n0.threads(), n0.ps.num_fds()
         threading.Thread(target=attack, args=(port,), daemon=True).start()
-        wait_until(lambda: len(silent) >= 100 or refused, 10, "the flood under way")
+        wait_for(lambda: len(silent) >= 100 or refused, 10, "the flood under way")
         # The follower detaches (dials in) while the flood goes on.
         joined = n1.detach(role=P.Role.FOLLOWER, coordinator_host="127.0.0.1", coordinator_port=port)
         assert joined.error == ""
@@ -486,7 +487,7 @@ def test_a_detached_run_is_untouched_by_1025_connections_that_never_authenticate
         lines_during = sum(len(m.lines) for m in n0.seen if isinstance(m, P.LogBatch)) - lines_before
         assert lines_during >= 30, f"r0 printed {lines_during} lines in 6 s at 20 a second"
         assert not [m for m in n0.seen + n1.seen if isinstance(m, (P.Coord, P.ProcExited, P.AgentError))]
-        wait_until(lambda: all(_closed_by_peer(s) for s in silent), 10, "every silent connection closed")
+        wait_for(lambda: all(_closed_by_peer(s) for s in silent), 10, "every silent connection closed")
         # The link carries the policy both ways: r0 fails, the coordinator stops r1 on n1, n1
         # reports its end back, and the coordinator closes the attempt.
         os.kill(r0.pid, signal.SIGKILL)
