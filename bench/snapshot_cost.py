@@ -5,6 +5,7 @@ smoothing; synthetic images), ``examples/net.py``'s network (one Dense on 28x28 
 
     .venv/bin/python bench/snapshot_cost.py [--model resnet18|netpy|dense] [--snapshots 10] [--steps 3]
         [--batch 8] [--image 32]
+    .venv/bin/python bench/snapshot_cost.py --primitives 89   # each way to MAC and store 89 MiB, no model
 
 Reported per snapshot, taken by ``store.Writer`` as the library takes them (medians from the
 third on, once the memory's pages are in; CPU time of the thread doing it): the copy the training
@@ -74,6 +75,92 @@ def build(model: str, batch: int, image: int) -> tuple[object, object, tuple]:
     return train, train, (data, label)
 
 
+def primitives(mib: int) -> None:
+    """What each way of making and keeping a snapshot's bytes costs on this machine, over ``mib`` MiB
+    of float32 in 104 arrays (about ResNet-18's): the keyed hashes the standard library has, the
+    zip's CRC-32, and the ways to put the bytes into /dev/shm. CPU time of this thread, best of 5."""
+    import hashlib
+    import hmac
+    import mmap
+    import zlib
+
+    rng = np.random.default_rng(0)
+    n = mib * 2**20 // 4
+    arrays = [rng.standard_normal(k).astype(np.float32) for k in [n // 2, n // 4, n // 8] + [n // 800] * 101]
+    views = [memoryview(a).cast("B") for a in arrays]
+    total = sum(len(v) for v in views)
+    key = os.urandom(32)
+
+    def best(f: object, setup: object = None) -> float:
+        got = []
+        for _ in range(5):
+            if setup is not None:
+                setup()  # type: ignore[operator]
+            c0 = time.thread_time()
+            f()  # type: ignore[operator]
+            got.append(time.thread_time() - c0)
+        return min(got)
+
+    def keyed(make: object) -> object:
+        def run() -> None:
+            h = make()  # type: ignore[operator]
+            for v in views:
+                h.update(v)
+            h.digest()
+
+        return run
+
+    rows: list[tuple] = [
+        ("HMAC-SHA256", keyed(lambda: hmac.new(key, digestmod=hashlib.sha256))),
+        ("HMAC-SHA1", keyed(lambda: hmac.new(key, digestmod=hashlib.sha1))),
+        ("HMAC-SHA512", keyed(lambda: hmac.new(key, digestmod=hashlib.sha512))),
+        ("BLAKE2b keyed", keyed(lambda: hashlib.blake2b(key=key))),
+        ("BLAKE2s keyed", keyed(lambda: hashlib.blake2s(key=key))),
+        ("zip's CRC-32", lambda: [zlib.crc32(v) for v in views]),
+    ]
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as root:
+        where = os.path.join(root, "f")
+
+        def write(flags: int) -> None:
+            fd = os.open(where, flags, 0o600)
+            for v in views:
+                os.write(fd, v)
+            os.close(fd)
+
+        def gone() -> None:
+            if os.path.exists(where):
+                os.remove(where)
+
+        def new() -> None:
+            gone()
+            write(os.O_WRONLY | os.O_CREAT)
+
+        def copy(into: list[np.ndarray]) -> None:
+            for dst, src in zip(into, arrays, strict=True):
+                np.copyto(dst, src)
+
+        rows.append(("write, a new file", lambda: write(os.O_WRONLY | os.O_CREAT), gone))
+        rows.append(("remove that file", gone, new))
+        rows.append(
+            ("write over its pages", lambda: write(os.O_WRONLY), lambda: os.path.exists(where) or new())
+        )
+        for name, f, *setup in rows:
+            print(f"  {name:28s} {1e3 * best(f, setup[0] if setup else None):8.1f} ms")
+        fd = os.open(where, os.O_RDWR)
+        mapped = mmap.mmap(fd, total)
+        os.close(fd)
+        at, into = 0, []
+        for arr in arrays:
+            into.append(np.frombuffer(mapped, np.float32, arr.size, at))
+            at += arr.nbytes
+        warm = [arr.copy() for arr in arrays]
+        print(f"  {'copy into host memory (warm)':28s} {1e3 * best(lambda: copy(warm)):8.1f} ms")
+        print(f"  {'copy into the mapped file':28s} {1e3 * best(lambda: copy(into)):8.1f} ms")
+        into.clear()  # the views go before the map can close
+        mapped.close()
+    print(f"  ({total / 2**20:.1f} MiB)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("resnet18", "netpy", "dense"), default="resnet18")
@@ -81,7 +168,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="training steps timed (after one warm-up)")
     ap.add_argument("--batch", type=int, default=8, help="a rank's batch (bench/mindcv_resnet.py's)")
     ap.add_argument("--image", type=int, default=32, help="resnet18: the synthetic images' side")
+    ap.add_argument("--primitives", type=int, metavar="MIB", help="time the primitives over MIB MiB instead")
     args = ap.parse_args()
+    if args.primitives:
+        primitives(args.primitives)
+        return 0
 
     train, keep, batch = build(args.model, args.batch, args.image)
     train(*batch)  # compile
