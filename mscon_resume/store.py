@@ -522,6 +522,9 @@ class Writer:
         self.count = 0
         self._files: list[Mapped] = []  # oldest first: at most ``keep``
         self._last: tuple[list[list], int] | None = None  # where the copy before went in its file
+        # The copy before, when it went to host memory (no mapped file): written by the time the
+        # next copy is taken (submit waits first), so that copy goes over its warm pages.
+        self._host: dict[str, np.ndarray] | None = None
         self._said_unmapped = False
 
     def submit(self, step: int, params: list[tuple[str, Any]], meta: dict, extra: dict | None = None) -> None:
@@ -529,7 +532,7 @@ class Writer:
         self.wait()  # the file this copy goes into is a snapshot until the write before is done
         t1, c1 = time.perf_counter(), time.thread_time()
         into = self._file(step)
-        mine = take(params, into=into.views if into is not None else None)
+        mine = take(params, into=into.views if into is not None else self._host)
         placed: frozenset = frozenset()
         if into is not None and [e[:3] for e in snapfile.place(mine)[0]] == into.layout:
             placed = frozenset(n for n, v in into.views.items() if mine[n] is v)
@@ -543,6 +546,7 @@ class Writer:
                 pass  # a temp file: the next write drops it
             into = None
         self._last = snapfile.place(mine)
+        self._host = mine if into is None else None
         arrays = {**mine, **(extra or {})}
         self.copies.append(time.thread_time() - c1)
         self.copy_s += time.perf_counter() - t1

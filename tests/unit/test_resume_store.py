@@ -898,6 +898,13 @@ def test_no_room_to_map_falls_back_to_host_memory_said_once(
         w.wait()
     assert w._files == [] and w.error is None
     assert [s.step for s in store.newest_valid([root], 0, KEY)] == [3, 2]
+    # Each copy went over the one before (written by then) in host memory: one copy kept, warm.
+    held = w._host
+    assert held is not None
+    w.submit(4, [("w", _Param("w", np.full(4, 4, dtype=np.float32)))], {})
+    assert w._host is not None and w._host["w"] is held["w"]
+    w.wait()
+    np.testing.assert_array_equal(store.newest_valid([root], 0, KEY)[0].arrays["w"], np.full(4, 4.0))
     said = [line for line in _said(capsys) if "host memory" in line]
     assert len(said) == 1 and "No space left on device" in said[0]
     assert not [n for n in os.listdir(store.rank_dir(root, 0)) if n.endswith(".tmp")]
