@@ -129,27 +129,26 @@ class Inputs:
             self._in_order(item)
 
     async def room_for(self, sampled: bool) -> bool:
-        """Before a reader decodes a message of its: wait as ``put`` would for room (once); False
-        when it is a sample to drop (counted), so a console behind decodes no sample it drops."""
+        """Whether a message may go in: at once below ``backlog``; past it False for a sample
+        (dropped, counted), and True for any other once there is room. A reader asks before it
+        decodes, so a console behind decodes no sample it drops."""
         if self._agent_items < self.backlog:
             return True
         if sampled:
             self.dropped += 1
             return False
+        # Once, not in a loop: the room opens at half the bound and lets every reader waiting
+        # in (a reader per node at most past it). Re-checking would wake all of them at every
+        # message taken: quadratic at 10,000 nodes.
         await self._room.wait()
         return True
 
     async def _put_in_order(self, item: tuple[str, Message | None]) -> None:
-        """``item``'s place in order, once there is room (its jump, if any, already queued)."""
+        """``item``'s place in order, once there is room (its jump, if any, already queued); an
+        alarm never waits."""
         msg = item[1]
-        if self._agent_items >= self.backlog and msg is not None and msg.sampled:
-            self.dropped += 1
+        if not alarming(msg) and not await self.room_for(msg is not None and msg.sampled):
             return
-        if self._agent_items >= self.backlog and not alarming(msg):
-            # Once, not in a loop: the room opens at half the bound and lets every reader
-            # waiting in (a reader per node at most past it). Re-checking would wake all of
-            # them at every message taken: quadratic at 10,000 nodes.
-            await self._room.wait()
         if isinstance(msg, Evidence):
             self._jump(*item)  # blame goes in as its own jump
         else:
