@@ -69,7 +69,6 @@ from mscon.console.engine.lines_wanted import (  # noqa: E402
     default_lines,
     summary_tick_s,
 )
-from mscon.console.views.tui import app as tui_app  # noqa: E402
 from mscon.console.views.tui.app import MsconApp  # noqa: E402
 from mscon.console.views.tui.feed import Changes  # noqa: E402
 from mscon.console.views.tui.source import TUI_HARD_LIMIT, TUI_LAG_LIMIT, Handler, Source  # noqa: E402
@@ -354,9 +353,9 @@ async def with_console(
     app = MsconApp(src, on_paint=on_paint, toasts=False)
     drain = app.feed.drain
 
-    def timed_drain(limit: int = 200_000, budget_s: float | None = None) -> Changes:
+    def timed_drain(limit: int = 200_000) -> Changes:
         c0 = time.thread_time()
-        ch = drain(limit, budget_s)
+        ch = drain(limit)
         if ch.events:
             cpu_at[id(ch)] = c0
         return ch
@@ -447,11 +446,6 @@ def main() -> int:
     p.add_argument(
         "--queries", nargs="*", default=[], help="filters to time a whole refresh with (the last stays on)"
     )
-    p.add_argument(
-        "--no-drain-budget",
-        action="store_true",
-        help="the view drains its whole buffer at each flush (as before its budget): for a before/after",
-    )
     p.add_argument("--type", nargs="*", default=[], help="queries to type key by key in the filter box")
     p.add_argument("--typing-seconds", type=float, default=10.0, help="how long to go on typing them")
     p.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE, help="ranks of one node's agent")
@@ -464,8 +458,6 @@ def main() -> int:
         a.ranks_per_node,
     )
     RATES_QUERIES.extend(a.queries)
-    if a.no_drain_budget:
-        tui_app.DRAIN_BUDGET_S = None
     sizes = [n * a.ranks_per_node for n in a.nodes] if a.nodes else (a.ranks or [64, 256, 1024])
     os.environ.pop("NO_COLOR", None)
     print(

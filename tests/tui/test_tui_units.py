@@ -7,15 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mscon.agent.protocol import Metric, MetricBatch
-from mscon.console.engine.events import AgentEvent
+from mscon.agent.protocol import Metric
 from mscon.console.engine.state_views import RankView
 from mscon.console.engine.stragglers import StepTimes, StragglerPolicy, find_stragglers
-from mscon.console.views.tui.feed import Feed
 from mscon.console.views.tui.filtering import rank_filter
 from mscon.console.views.tui.linestore import LineStore
 from mscon.console.views.tui.series import ClusterSeries
-from mscon.console.views.tui.source import ReplaySource
 from mscon.console.views.tui.widgets.log_view import line_style
 from tui_helpers import DATA
 
@@ -286,18 +283,3 @@ def test_the_failure_screen_and_restart_question_say_whether_r_would_start_warm(
     st.apply(AttemptStarted(1, refs, "a", 8119, warm=True))
     assert st.attempt is not None and st.attempt.warm
     assert st.restart_outlook() == (False, "no standby cluster has joined")
-
-
-def test_a_drain_past_its_budget_leaves_the_rest_for_the_next(tmp_path: Path) -> None:
-    """A burst (80,000 ranks' first summaries at 10,000 nodes) is taken in slices, none lost, so a
-    paint never waits for the whole of it."""
-    store = LineStore(tmp_path)
-    feed = Feed(ReplaySource([]), store)
-    for i in range(100):
-        feed.handle(AgentEvent(0, MetricBatch("n", f"r{i}", i, (_metric(f"r{i}", 1, 100.0),))))
-    first = feed.drain(budget_s=0.0)  # over budget at its first look at the clock
-    assert 0 < first.events < 100 and feed.backlog == 100 - first.events
-    rest = feed.drain()
-    assert rest.events == 100 - first.events and feed.backlog == 0
-    assert first.ranks | rest.ranks == {f"r{i}" for i in range(100)}
-    store.close()

@@ -35,9 +35,6 @@ from textual.screen import Screen
 FLUSH_S = 0.25  # the longest an event waits for a flush (the timer's period)
 MIN_GAP_S = 0.033  # the shortest pause between two flushes
 GAP_FACTOR = 3.0  # ... and at least this many times the last flush's cost (its share of a core <= 1/4)
-# The longest one flush takes in events before it paints (the rest waits for the next flush, after
-# the gap): at 10,000 nodes a first summary tick brings 80,000 ranks' first metrics in 10 s.
-DRAIN_BUDGET_S: float | None = 0.015
 
 RESTART_BODY = (
     "Every rank on every node is stopped and the whole group starts again as a new attempt, from "
@@ -141,10 +138,8 @@ class MsconApp(App[int]):
             self._frozen = True
             gc.freeze()
         t0 = self._last_flush = time.perf_counter()
-        ch = self.feed.drain(budget_s=DRAIN_BUDGET_S)
+        ch = self.feed.drain()
         self.flushes += 1
-        if self.feed.backlog:  # over budget: the rest after the gap, whether more arrives or not
-            self._wake()
         if ch.failure or ch.structure:
             self.model.invalidate_roles()
         try:

@@ -73,9 +73,6 @@ class Changes:
         return self.events > 0 or self.stragglers
 
 
-_CLOCK_EVERY = 16  # events between two looks at the clock in a budgeted drain (a look costs ~0.1 us)
-
-
 class Feed:
     def __init__(self, source: Source, store: LineStore) -> None:
         self.source = source
@@ -104,19 +101,13 @@ class Feed:
         timed = self.step_times.observe(m)
         self.series.observe(m, self.step_times.latest(m.name) if timed else None)
 
-    def drain(self, limit: int = 200_000, budget_s: float | None = None) -> Changes:
-        """Take what has arrived, up to ``limit`` events or about ``budget_s`` seconds (what is left
-        waits for the next drain: a burst, such as 80,000 ranks' first summaries, never holds a
-        paint back by more than the budget)."""
+    def drain(self, limit: int = 200_000) -> Changes:
         ch = Changes()
         self._woken = False
         pending = self._pending
         metrics_seen = False
         n = 0
-        give_up = time.perf_counter() + budget_s if budget_s is not None else None
         while pending and n < limit:
-            if give_up is not None and not n % _CLOCK_EVERY and n and time.perf_counter() > give_up:
-                break
             arrival, ev = pending.popleft()
             n += 1
             ch.arrivals.append(arrival)
