@@ -286,7 +286,11 @@ class ClusterSession:
             if room is not None and not awaited and not await room(cls is not None and cls.sampled):
                 continue
             msg = decode_line(line)
-            if msg is not None and not self._answered(link, msg):
+            if msg is None or self._answered(link, msg):
+                continue
+            if room is not None:
+                self.inbox.put_nowait((link.name, msg))  # its room waited for once already, not twice
+            else:
                 await self.inbox.put((link.name, msg))
 
     @staticmethod
