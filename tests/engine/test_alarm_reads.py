@@ -6,12 +6,11 @@ StreamReader fed the real protocol's lines, as a local or Slurm channel is."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import until
 from mscon.agent.protocol import PROTOCOL_VERSION, Hello, LogBatch, Message, ProcExited, encode
 from mscon.console.config.inventory import Inventory, NodeSpec, load_inventory
 from mscon.console.engine.inputs import Alarm, Inputs
@@ -98,31 +97,30 @@ def inventory(tmp_path: Path, nodes: int = 1) -> Inventory:
     return load_inventory(path)
 
 
-async def until(cond: Callable[[], bool], what: str, limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+async def behind(tmp_path: Path) -> tuple[ClusterSession, dict[str, StreamChannel], Inputs]:
+    """A session of one node "a" whose console is behind: its queue (4) full of log batches."""
+    inv = inventory(tmp_path)
+    channels: dict[str, StreamChannel] = {}
+    inbox = Inputs(backlog=4)
+    session = ClusterSession(
+        inv,
+        build_plan(inv, "train.py", []),
+        "run-1",
+        lambda ev: None,
+        inbox,
+        transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
+    )
+    assert await session.open() == []
+    for _ in range(4):
+        await inbox.put(("a", LOG))
+    return session, channels, inbox
 
 
 def test_an_exit_behind_a_backlog_in_the_channel_reaches_the_queue_while_the_batches_wait(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        inv = inventory(tmp_path)
-        channels: dict[str, StreamChannel] = {}
-        inbox = Inputs(backlog=4)
-        session = ClusterSession(
-            inv,
-            build_plan(inv, "train.py", []),
-            "run-1",
-            lambda ev: None,
-            inbox,
-            transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
-        )
-        assert await session.open() == []
-        for _ in range(4):  # the queue is full: the console is behind
-            await inbox.put(("a", LOG))
+        session, channels, inbox = await behind(tmp_path)
         channels["a"].feed(*[LOG] * 50, FAILED)  # the agent wrote these before the console read
         got: list[object] = []
 
@@ -134,7 +132,7 @@ def test_an_exit_behind_a_backlog_in_the_channel_reaches_the_queue_while_the_bat
                 break  # one at a time: each take lets the reader in when there is room
             return False
 
-        await until(alarm_in, "the exit's alarm")
+        await until(alarm_in, 5, "the exit's alarm")
         assert got[-1] == Alarm("a", FAILED)
         assert got.count(("a", LOG)) < 50, "the alarm came only after the backlog ahead of it"
         await session.abort()
@@ -199,28 +197,15 @@ def test_a_reader_behind_decodes_no_sample_it_drops(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(base_mod, "decode", counting)  # what a channel's lines are decoded with
 
     async def main() -> None:
-        inv = inventory(tmp_path)
-        channels: dict[str, StreamChannel] = {}
-        inbox = Inputs(backlog=4)
-        session = ClusterSession(
-            inv,
-            build_plan(inv, "train.py", []),
-            "run-1",
-            lambda ev: None,
-            inbox,
-            transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
-        )
-        assert await session.open() == []
-        for _ in range(4):
-            await inbox.put(("a", LOG))
+        session, channels, inbox = await behind(tmp_path)
         decoded.clear()
         summary = NodeSummary("a", 1.0, (RankCount("r0", 0, 5, 1),))
         channels["a"].feed(*[summary] * 30, LOG)
-        await until(lambda: inbox.dropped == 30, "the samples dropped")
+        await until(lambda: inbox.dropped == 30, 5, "the samples dropped")
         assert decoded == [], "samples decoded only to be dropped"
         while not inbox.empty():
             inbox.get_nowait()
-        await until(lambda: inbox.queued == 1, "the log batch after them")
+        await until(lambda: inbox.queued == 1, 5, "the log batch after them")
         assert len(decoded) == 1
         await session.abort()
 
@@ -240,22 +225,9 @@ def test_an_answer_someone_waits_for_does_not_wait_for_room_in_the_queue(tmp_pat
     from mscon.agent.protocol import Resolve, Resolved
 
     async def main() -> None:
-        inv = inventory(tmp_path)
-        channels: dict[str, StreamChannel] = {}
-        inbox = Inputs(backlog=4)
-        session = ClusterSession(
-            inv,
-            build_plan(inv, "train.py", []),
-            "run-1",
-            lambda ev: None,
-            inbox,
-            transport_factory=lambda inv, node, ssh: StreamTransport(node, channels),
-        )
-        assert await session.open() == []
-        for _ in range(4):  # full, and nobody takes from it meanwhile
-            await inbox.put(("a", LOG))
+        session, channels, inbox = await behind(tmp_path)
         asked = asyncio.ensure_future(session.request("a", Resolve(host="sched"), Resolved, 5.0))
-        await until(lambda: "resolved" in session.links["a"].waiters, "the request")
+        await until(lambda: "resolved" in session.links["a"].waiters, 5, "the request")
         channels["a"].feed(Resolved(node="a", host="sched", address="10.0.0.9"))
         assert await asyncio.wait_for(asked, 5) == Resolved(node="a", host="sched", address="10.0.0.9")
         await session.abort()
