@@ -99,10 +99,14 @@ def done(t: float, *nodes: str) -> list[P.Input]:
     return [P.NodeDone(n, t) for n in nodes or NODES]
 
 
+# A row's steps: each input (or inputs) and the actions it must give (per host where they differ).
+Steps = list[tuple[P.Input | list[P.Input], list[str] | dict[str, list[str]]]]
+
+
 @dataclass
 class Row:
     name: str
-    steps: list[tuple[P.Input | list[P.Input], list[str] | dict[str, list[str]]]]
+    steps: Steps
     settings: dict[str, Any] = field(default_factory=dict)  # PolicyConfig fields for this row
     per_host: dict[str, dict[str, Any]] = field(default_factory=dict)  # and for one host only
 
@@ -614,6 +618,26 @@ TABLE += [
 ]
 
 
+def cold_then_warm(standby_1: Steps) -> Steps:
+    """Attempt 0 cold (10 s to every worker's first step; ``standby_1``: its spares' words), a
+    fault, attempt 1 warm (3 s: a wait for a standby is worth 10 - 3 = 7 s at most), then attempt
+    2's standby joining at 15.5."""
+    return [
+        (P.Begin(0.0), ["start 0"]),
+        (started(), []),
+        *standby_1,
+        (first_steps(10.0), []),
+        (exited("r1", 12.0, code=7), [FAIL_R1]),
+        (done(12.0), ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"]),
+        (started(12.1), []),
+        (first_steps(15.0), []),
+        (standby(2, 15.5, state=JOINING), []),
+    ]
+
+
+JOINED_IN_8_5 = [(standby(1, 0.5, state=JOINING), []), (standby(1, 9.0), [])]  # this run's standby: 8.5 s
+
+
 ADOPT = P.ADOPT_WAIT_S
 ASKED = P.AwaitAdoption(NODES, 0.0)  # the console asked both nodes to adopt their kept standby
 
@@ -638,18 +662,7 @@ TABLE += [
     Row(
         "the wait for a joining standby lasts at most the cold start-up over the warm one, as measured",
         [
-            (P.Begin(0.0), ["start 0"]),
-            (started(), []),
-            (standby(1, 0.5), []),
-            (first_steps(10.0), []),  # a cold start-up: 10 s to every worker's first step
-            (exited("r1", 12.0, code=7), [FAIL_R1]),
-            (
-                done(12.0),
-                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
-            ),
-            (started(12.1), []),
-            (first_steps(15.0), []),  # a warm one: 3 s
-            (standby(2, 15.5, state=JOINING), []),
+            *cold_then_warm([(standby(1, 0.5), [])]),
             (exited("r1", 16.0, code=7), [FAIL_R1]),
             (done(16.0), ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed"]),
             (P.Tick(22.9), []),  # 10 - 3 = 7 s: waiting longer could not beat a cold start
@@ -661,19 +674,7 @@ TABLE += [
     Row(
         "a joining standby not expected ready before the wait stops paying is not waited for: cold at once",
         [
-            (P.Begin(0.0), ["start 0"]),
-            (started(), []),
-            (standby(1, 0.5, state=JOINING), []),
-            (standby(1, 9.0), []),  # this run's standby joins in 8.5 s
-            (first_steps(10.0), []),  # a cold start-up: 10 s
-            (exited("r1", 12.0, code=7), [FAIL_R1]),
-            (
-                done(12.0),
-                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
-            ),
-            (started(12.1), []),
-            (first_steps(15.0), []),  # a warm one: 3 s; a wait is worth 7 s at most
-            (standby(2, 15.5, state=JOINING), []),  # expected ready at 24.0
+            *cold_then_warm(JOINED_IN_8_5),  # attempt 2's standby expected ready at 15.5 + 8.5 = 24.0
             (exited("r1", 16.0, code=7), [FAIL_R1]),
             (
                 done(16.0),  # 24.0 is past 16 + 7: no better than a cold start now
@@ -685,19 +686,7 @@ TABLE += [
     Row(
         "a joining standby expected ready in time is waited for: the same fault later, warm",
         [
-            (P.Begin(0.0), ["start 0"]),
-            (started(), []),
-            (standby(1, 0.5, state=JOINING), []),
-            (standby(1, 9.0), []),  # this run's standby joins in 8.5 s
-            (first_steps(10.0), []),  # a cold start-up: 10 s
-            (exited("r1", 12.0, code=7), [FAIL_R1]),
-            (
-                done(12.0),
-                ["attempt 0 failed", "restart as 1 in 0 s, 2 left: attempt 0 failed", "start 1 warm"],
-            ),
-            (started(12.1), []),
-            (first_steps(15.0), []),  # a warm one: 3 s; a wait is worth 7 s at most
-            (standby(2, 15.5, state=JOINING), []),  # expected ready at 24.0
+            *cold_then_warm(JOINED_IN_8_5),  # attempt 2's standby expected ready at 15.5 + 8.5 = 24.0
             (exited("r1", 20.0, code=7), [FAIL_R1]),
             (done(20.0), ["attempt 1 failed", "restart as 2 in 0 s, 1 left: attempt 1 failed"]),
             (standby(2, 23.0), ["start 2 warm"]),  # expected by 24.0, within 20 + 7
