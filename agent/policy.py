@@ -31,6 +31,7 @@ small handler per row (the shape of h11's ``_state.py``). Neither host decides a
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, List
 
@@ -194,6 +195,63 @@ class HangRule:
             self._gap[name] = gap
 
 
+class SilenceWatch:
+    """Each rank's last progress (the host's monotonic seconds), and a heap of the moments each
+    rank's silence may reach its hang limit, so that a tick looks at the ranks whose moment has
+    come, not at every rank: at 80,000 ranks a pass over all of them every tick was the policy's
+    largest cost (bench/scale.py --profile-phases).
+
+    A moment is a lower bound: first the progress plus the shortest limit any rank can have
+    (``HangRule.floor``), then, once it comes, plus the rank's own limit. A rank's limit only grows
+    (its longest gap between steps, a worker finished), so a moment is never late. A newer progress
+    leaves the older entry stale, dropped when it comes to the top; a rank not watched when its
+    moment comes (exited, being inspected) is dropped until its next progress."""
+
+    def __init__(self, floor: float) -> None:
+        self.floor = floor
+        self._last: dict[str, float] = {}
+        self._heap: list[tuple[float, str, float]] = []  # (moment, rank, its last progress then)
+
+    def __getitem__(self, name: str) -> float:
+        return self._last[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._last.get(name, default)
+
+    def set(self, name: str, when: float) -> None:
+        self._last[name] = when
+        heapq.heappush(self._heap, (when + self.floor, name, when))
+        if len(self._heap) > 4 * len(self._last) + 1024:  # stale entries: the heap kept small
+            live = {(n, w): m for m, n, w in self._heap if self._last.get(n) == w}
+            self._heap = [(m, n, w) for (n, w), m in live.items()]
+            heapq.heapify(self._heap)
+
+    def near(
+        self, now: float, early: float, limit_of: Callable[[str], tuple], watched: Callable[[str], bool]
+    ) -> list[tuple[str, float, float, str]]:
+        """(rank, last progress, limit, why) of each watched rank silent for more than its limit
+        less ``early``; they stay watched (the caller's inspection is what drops them)."""
+        heap, last = self._heap, self._last
+        found: list[tuple[str, float, float, str]] = []
+        seen: set[str] = set()
+        later: list[tuple[float, str, float]] = []
+        # A moment is when + limit; the rule is now - when > limit - early: the two round apart by
+        # far less than a microsecond, so moments that close are looked at too (and kept).
+        horizon = now + early + 1e-6
+        while heap and heap[0][0] < horizon:
+            _, name, when = heapq.heappop(heap)
+            if last.get(name) != when or name in seen or not watched(name):
+                continue
+            seen.add(name)
+            limit, why = limit_of(name)
+            later.append((when + limit, name, when))
+            if silent_too_long(when, now, limit) or silent_too_long(when, now, limit - early):
+                found.append((name, when, limit, why))  # past its limit, or within ``early`` of it
+        for entry in later:
+            heapq.heappush(heap, entry)
+        return found
+
+
 # ------------------------------------------------------------------ the machine
 
 
@@ -243,13 +301,16 @@ class _Attempt:
     restart_after: bool = False  # the operator asked for a restart while a failure stop ran
     workers_done_at: float | None = None
     sched_stopped: bool = False
-    progress: dict[str, float] = field(default_factory=dict)
+    progress: SilenceWatch = field(init=False)  # each rank's last progress (HangRule.floor)
     inspected: set[str] = field(default_factory=set)
     stepped: bool = False  # a rank reported a step: past start-up (a failure now restarts at once)
     hang: HangRule = field(default_factory=HangRule)
     warm: bool = False  # started on the standby cluster
     timed: bool = True  # its start is known (not one a coordinator took over): its start-up is timed
     first_steps: set[str] = field(default_factory=set)  # workers that made their first step
+
+    def __post_init__(self) -> None:
+        self.progress = SilenceWatch(self.hang.floor())
 
 
 class PolicyError(RuntimeError):
@@ -415,7 +476,7 @@ class RunPolicy:
     def _rank_started(self, ev: RankStarted, out: list[Action]) -> None:
         att = self.att
         att.started_nodes.add(ev.node)
-        att.progress[ev.name] = ev.now
+        att.progress.set(ev.name, ev.now)
         if ev.name in self._workers:
             att.live.add(ev.name)
 
@@ -434,7 +495,7 @@ class RunPolicy:
     def _rank_stepped(self, ev: RankStepped, out: list[Action]) -> None:
         att = self.att
         att.stepped = True
-        att.progress[ev.name] = ev.now
+        att.progress.set(ev.name, ev.now)
         if att.timed and ev.name in self._workers and ev.name not in att.first_steps:
             att.first_steps.add(ev.name)
             if len(att.first_steps) == len(self._workers):  # every worker's first step: started up
@@ -456,7 +517,7 @@ class RunPolicy:
         att = self.att
         if ev.now <= att.progress.get(ev.name, float("-inf")):
             return
-        att.progress[ev.name] = ev.now
+        att.progress.set(ev.name, ev.now)
         att.inspected.discard(ev.name)  # alive after all (its agent saw it too): watched again
 
     def _step_report(self, ev: StepReport, out: list[Action]) -> None:
@@ -696,17 +757,17 @@ class RunPolicy:
         att, cfg = self.att, self.config
         due: dict[tuple[str, float, str], list[str]] = {}
         near: dict[tuple[str, float, str], list[str]] = {}
-        # Only the ranks silent past the shortest limit any rank can have get their own limit
-        # worked out: every tick, over every rank, that was most of the console's policy time at
-        # 24,000 ranks (bench/scale.py --profile).
-        floor, progress, started = att.hang.floor() - SILENT_TOGETHER_S, att.progress, att.started
-        quiet = [n for n in att.live - att.inspected if now - progress.get(n, started) > floor]
-        for name in sorted(quiet):
-            limit, why = att.hang.limit(name, finishing=bool(att.ok_workers))
-            last = att.progress.get(name, att.started)
+        finishing = bool(att.ok_workers)
+        quiet = att.progress.near(
+            now,
+            SILENT_TOGETHER_S,
+            lambda n: att.hang.limit(n, finishing=finishing),
+            lambda n: n in att.live and n not in att.inspected,
+        )
+        for name, last, limit, why in sorted(quiet):
             if silent_too_long(last, now, limit):
                 due.setdefault((cfg.workers[name], limit, why), []).append(name)
-            elif silent_too_long(last, now, limit - SILENT_TOGETHER_S):
+            else:
                 near.setdefault((cfg.workers[name], limit, why), []).append(name)
         if not due:
             return
